@@ -1,0 +1,74 @@
+// Shapes, strides and pointers of one attention call, shared by the CPU and
+// CUDA paths. Every tensor is BTNH ([batch, seq, heads, head_dim]) as in
+// jax.nn.dot_product_attention; leading dims beyond the four (from vmap) are
+// folded into `batch`. Strides are in elements so kernels never assume a
+// layout beyond "head_dim is contiguous".
+#pragma once
+
+#include <cstdint>
+
+// Members used by both host and device code.
+#ifdef __CUDACC__
+#define JAX_FLASH_HOST_DEVICE __host__ __device__
+#else
+#define JAX_FLASH_HOST_DEVICE
+#endif
+
+namespace jax_flash {
+
+struct Strides {
+  int64_t batch = 0;  // between consecutive batch entries
+  int64_t row = 0;    // between consecutive sequence positions
+  int64_t head = 0;   // between consecutive heads
+};
+
+// Strides of a contiguous [batch, seq, heads, head_dim] tensor.
+inline Strides ContiguousBtnh(int64_t seq, int64_t heads, int64_t head_dim) {
+  return Strides{seq * heads * head_dim, heads * head_dim, head_dim};
+}
+
+struct AttentionShape {
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t num_heads = 0;    // query heads (N)
+  int64_t num_heads_k = 0;  // key/value heads (K); N % K == 0 (GQA/MQA)
+  int64_t head_dim = 0;
+  JAX_FLASH_HOST_DEVICE int64_t group() const { return num_heads / num_heads_k; }
+};
+
+// Pointers are untyped: the element type is a template parameter of the
+// kernels, chosen once by the dispatch after the FFI handler. Pointers a pass
+// does not use stay null. lse and delta are float32 [batch, heads, seqlen_q].
+struct AttentionParams {
+  AttentionShape shape;
+  Strides q_stride;  // shared by q, out, dout, dq (query-shaped tensors)
+  Strides k_stride;  // shared by k, v, dk, dv (key-shaped tensors)
+
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;  // natural-log logsumexp of the scaled, masked logits
+
+  // Backward only.
+  const void* dout = nullptr;
+  float* delta = nullptr;  // rowsum(dout * out), written by the backward
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+
+  float scale = 1.0f;      // multiplies q.k before the softmax
+  bool is_causal = false;  // top-left aligned: query i sees keys j <= i
+
+  // lse/delta index of (batch b, head h, query row i).
+  JAX_FLASH_HOST_DEVICE int64_t row_stat_index(int64_t b, int64_t h, int64_t i) const {
+    return (b * shape.num_heads + h) * shape.seqlen_q + i;
+  }
+};
+
+// log2(e): kernels fold it into the scale and use exp2.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+}  // namespace jax_flash

@@ -1,0 +1,81 @@
+// Dense block kernels of the CPU path, written so that GCC/Clang vectorize
+// them (compiled with -O3 and, by default, -march=native): register tiles of
+// kRowTile x kColTile accumulators with the column loop innermost and
+// contiguous. All blocks are padded so column counts are multiples of
+// kColTile; only the row count may be ragged.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace jax_flash::cpu {
+
+constexpr int kColTile = 16;  // one AVX-512 float vector, two AVX2 vectors
+constexpr int kRowTile = 4;
+
+// C[r][c] += sum_k A[r][k] * B[k][c] for a kRows x kColTile tile.
+template <typename T, int kRows>
+inline void GemmTile(int depth, const T* __restrict a, int lda,
+                     const T* __restrict b, int ldb, T* __restrict c, int ldc) {
+  T acc[kRows][kColTile];
+  for (int r = 0; r < kRows; ++r)
+    for (int j = 0; j < kColTile; ++j) acc[r][j] = c[r * ldc + j];
+  for (int k = 0; k < depth; ++k) {
+    const T* brow = b + int64_t(k) * ldb;
+    for (int r = 0; r < kRows; ++r) {
+      const T av = a[r * lda + k];
+      for (int j = 0; j < kColTile; ++j) acc[r][j] += av * brow[j];
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int j = 0; j < kColTile; ++j) c[r * ldc + j] = acc[r][j];
+}
+
+// C[rows][cols] += A[rows][depth] * B[depth][cols]; cols % kColTile == 0.
+template <typename T>
+void GemmAcc(int rows, int cols, int depth, const T* a, int lda, const T* b,
+             int ldb, T* c, int ldc) {
+  int r = 0;
+  for (; r + kRowTile <= rows; r += kRowTile)
+    for (int j = 0; j < cols; j += kColTile)
+      GemmTile<T, kRowTile>(depth, a + r * lda, lda, b + j, ldb,
+                            c + r * ldc + j, ldc);
+  for (; r < rows; ++r)
+    for (int j = 0; j < cols; j += kColTile)
+      GemmTile<T, 1>(depth, a + r * lda, lda, b + j, ldb, c + r * ldc + j, ldc);
+}
+
+// dst[cols][rows] = src[rows][cols] (rows, cols <= block size).
+template <typename T>
+void Transpose(int rows, int cols, const T* src, int lds, T* dst, int ldd) {
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
+}
+
+// 2^x for float, vectorizable: 2^floor(x) by exponent bits times a degree-6
+// polynomial for 2^f, f in [-0.5, 0.5] (Cephes exp2f coefficients, relative
+// error about 2e-7). Inputs below -126 (masked logits are -inf) give exactly 0.
+inline float Exp2(float x) {
+  const float xc = x < -126.0f ? -126.0f : (x > 127.0f ? 127.0f : x);
+  const float n = std::floor(xc + 0.5f);
+  const float f = xc - n;
+  float p = 1.535336188319500e-4f;
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.0f;
+  uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return x < -126.0f ? 0.0f : p * scale;
+}
+inline double Exp2(double x) { return std::exp2(x); }
+
+template <typename T>
+constexpr T NegInf() { return -std::numeric_limits<T>::infinity(); }
+
+}  // namespace jax_flash::cpu

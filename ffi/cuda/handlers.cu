@@ -1,0 +1,114 @@
+// XLA FFI handlers of the CUDA platform: decode buffers, choose the kernel
+// instantiation (dtype x padded head dim) in this one place, launch on XLA's
+// stream. Nothing here allocates or synchronizes, so the handlers are safe
+// inside CUDA graphs (command buffers).
+#include "cuda/handlers.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "common/ffi_decode.h"
+#include "cuda/generic/launch.h"
+
+namespace jax_flash::cuda {
+namespace {
+
+// Calls fn(Element{}, std::integral_constant<int, kHeadDim>{}) for the
+// instantiation that serves this dtype and head dim.
+template <typename Fn>
+ffi::Error Dispatch(ffi::DataType dtype, int64_t head_dim, Fn&& fn) {
+  auto by_head_dim = [&](auto element) -> std::string {
+    if (head_dim <= 32) return fn(element, std::integral_constant<int, 32>{});
+    if (head_dim <= 64) return fn(element, std::integral_constant<int, 64>{});
+    if (head_dim <= 128) return fn(element, std::integral_constant<int, 128>{});
+    if (head_dim <= 256) return fn(element, std::integral_constant<int, 256>{});
+    return "jax_flash: head dim " + std::to_string(head_dim) +
+           " is not supported on the GPU (at most 256)";
+  };
+  std::string err;
+  switch (dtype) {
+    case ffi::DataType::F16: err = by_head_dim(__half{}); break;
+    case ffi::DataType::BF16: err = by_head_dim(__nv_bfloat16{}); break;
+    case ffi::DataType::F32: err = by_head_dim(float{}); break;
+    case ffi::DataType::F64:
+      return ffi::Error::InvalidArgument(
+          "jax_flash: float64 is not supported by the CUDA kernels; use float32 or run on the CPU");
+    default:
+      return ffi::Error::InvalidArgument(
+          "jax_flash: unsupported dtype; expected float16, bfloat16 or float32");
+  }
+  if (!err.empty()) return ffi::Error::Internal(err);
+  return ffi::Error::Success();
+}
+
+ffi::Error PoisonAsync(cudaStream_t stream, std::initializer_list<const ffi::AnyBuffer*> bufs) {
+  for (const ffi::AnyBuffer* b : bufs) {
+    // 0xff bytes are NaN in every float format we write.
+    if (cudaMemsetAsync(b->untyped_data(), 0xff, b->size_bytes(), stream) != cudaSuccess)
+      return ffi::Error::Internal("jax_flash: poisoning outputs failed");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                       ffi::AnyBuffer v, float scale, int32_t is_causal,
+                       ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
+  AttentionParams p;
+  if (auto e = BuildForwardParams(q, k, v, *out, *lse, scale, is_causal, &p); e.failure())
+    return e;
+  if (PoisonOutputsRequested()) {
+    if (auto e = PoisonAsync(stream, {&*out, &*lse}); e.failure()) return e;
+  }
+  return Dispatch(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
+    return LaunchGenericForward<decltype(element), decltype(head_dim)::value>(p, stream);
+  });
+}
+
+ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                        ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
+                        ffi::AnyBuffer dout, float scale, int32_t is_causal,
+                        ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                        ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> delta) {
+  AttentionParams p;
+  if (auto e = BuildBackwardParams(q, k, v, out, lse, dout, *dq, *dk, *dv, *delta, scale,
+                                   is_causal, &p);
+      e.failure())
+    return e;
+  if (PoisonOutputsRequested()) {
+    if (auto e = PoisonAsync(stream, {&*dq, &*dk, &*dv, &*delta}); e.failure()) return e;
+  }
+  return Dispatch(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
+    return LaunchGenericBackward<decltype(element), decltype(head_dim)::value>(p, stream);
+  });
+}
+
+}  // namespace
+}  // namespace jax_flash::cuda
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashForwardCuda, jax_flash::cuda::ForwardImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // q
+                                  .Arg<xla::ffi::AnyBuffer>()  // k
+                                  .Arg<xla::ffi::AnyBuffer>()  // v
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("is_causal")
+                                  .Ret<xla::ffi::AnyBuffer>()   // out
+                                  .Ret<xla::ffi::AnyBuffer>());  // lse
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBackwardCuda, jax_flash::cuda::BackwardImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // q
+                                  .Arg<xla::ffi::AnyBuffer>()  // k
+                                  .Arg<xla::ffi::AnyBuffer>()  // v
+                                  .Arg<xla::ffi::AnyBuffer>()  // out
+                                  .Arg<xla::ffi::AnyBuffer>()  // lse
+                                  .Arg<xla::ffi::AnyBuffer>()  // dout
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("is_causal")
+                                  .Ret<xla::ffi::AnyBuffer>()   // dq
+                                  .Ret<xla::ffi::AnyBuffer>()   // dk
+                                  .Ret<xla::ffi::AnyBuffer>()   // dv
+                                  .Ret<xla::ffi::AnyBuffer>());  // delta (scratch)

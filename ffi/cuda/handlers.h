@@ -1,0 +1,6 @@
+#pragma once
+
+#include "xla/ffi/api/ffi.h"
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashForwardCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashBackwardCuda);

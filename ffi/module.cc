@@ -1,0 +1,54 @@
+// The nanobind extension jax_flash._ffi: hands the FFI handlers to Python as
+// capsules (registered with XLA by jax_flash/_ffi.py) and says what was built.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "cpu/handlers.h"
+#ifdef JAX_FLASH_WITH_CUDA
+#include "cuda/handlers.h"
+#endif
+
+namespace nb = nanobind;
+
+namespace {
+
+template <typename Fn>
+nb::capsule Capsule(Fn* fn) {
+  static_assert(std::is_invocable_r_v<XLA_FFI_Error*, Fn, XLA_FFI_CallFrame*>,
+                "an XLA FFI handler");
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+
+NB_MODULE(_ffi, m) {
+  m.def("cpu_targets", [] {
+    nb::dict d;
+    d["jax_flash_fwd"] = Capsule(JaxFlashForwardCpu);
+    d["jax_flash_bwd"] = Capsule(JaxFlashBackwardCpu);
+    return d;
+  });
+  m.def("cuda_targets", [] {
+    nb::dict d;
+#ifdef JAX_FLASH_WITH_CUDA
+    d["jax_flash_fwd"] = Capsule(JaxFlashForwardCuda);
+    d["jax_flash_bwd"] = Capsule(JaxFlashBackwardCuda);
+#endif
+    return d;
+  });
+  m.def("build_info", [] {
+    nb::dict d;
+#ifdef JAX_FLASH_WITH_CUDA
+    d["cuda"] = true;
+    d["cuda_archs"] = std::string(JAX_FLASH_CUDA_ARCHS);
+    d["cuda_version"] = std::string(JAX_FLASH_CUDA_VERSION);
+#else
+    d["cuda"] = false;
+    d["cuda_archs"] = std::string();
+    d["cuda_version"] = std::string();
+#endif
+    d["jax_headers_version"] = std::string(JAX_FLASH_JAX_VERSION);
+    d["cpu_native"] = bool(JAX_FLASH_CPU_NATIVE);
+    return d;
+  });
+}
