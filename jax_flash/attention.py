@@ -156,34 +156,58 @@ _flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
 
 
 # --- FFI calls --------------------------------------------------------------
-# Attributes must be typed NumPy scalars: a Python float arrives as f64 and
-# does not decode as the handlers' f32. vmap_method="broadcast_all" gives the
-# handlers inputs with extra leading (batch) dims, which they fold into batch.
+# Attributes are typed NumPy scalars matching the handlers' Attr types: scale
+# is float64 (exact for float64 inputs), is_causal int32. vmap_method=
+# "broadcast_all" gives the handlers inputs with extra leading (batch) dims,
+# which they fold into batch.
 
 
-def _row_stats_shape(q: jax.Array) -> tuple[int, ...]:
+def _result_type(like: jax.Array, shape, dtype):
+    """The type of an FFI result, derived from the input `like`.
+
+    ffi_call outputs take exactly the type we declare. Inside shard_map a
+    result must vary over the same manual mesh axes as the inputs (else the
+    custom VJP's cotangent types stop matching the primal's), so the result
+    is `like`'s abstract value with a new shape and dtype, keeping its mesh.
+    """
+    aval = jax.typeof(like)
+    sharding = getattr(aval, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        # Same (abstract) mesh, nothing partitioned, at the result's rank.
+        spec = jax.sharding.PartitionSpec(*([None] * len(shape)))
+        return aval.update(
+            shape=tuple(shape),
+            dtype=jnp.dtype(dtype),
+            weak_type=False,
+            sharding=jax.sharding.NamedSharding(sharding.mesh, spec),
+        )
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _row_stats_type(q: jax.Array) -> jax.ShapeDtypeStruct:
+    """lse/delta: [..., N, T], float32 (float64 for float64 inputs)."""
     *batch, t, n, _ = q.shape
-    return (*batch, n, t)
+    return _result_type(q, (*batch, n, t), jnp.promote_types(q.dtype, jnp.float32))
 
 
 def _forward_call(q, k, v, scale, is_causal):
     result_types = (
-        jax.ShapeDtypeStruct(q.shape, q.dtype),  # out
-        jax.ShapeDtypeStruct(_row_stats_shape(q), jnp.float32),  # lse
+        _result_type(q, q.shape, q.dtype),  # out
+        _row_stats_type(q),  # lse
     )
     call = jax.ffi.ffi_call(_registration.FWD_TARGET, result_types, vmap_method="broadcast_all")
-    return call(q, k, v, scale=np.float32(scale), is_causal=np.int32(is_causal))
+    return call(q, k, v, scale=np.float64(scale), is_causal=np.int32(is_causal))
 
 
 def _backward_call(q, k, v, out, lse, dout, scale, is_causal):
     result_types = (
-        jax.ShapeDtypeStruct(q.shape, q.dtype),  # dq
-        jax.ShapeDtypeStruct(k.shape, k.dtype),  # dk
-        jax.ShapeDtypeStruct(v.shape, v.dtype),  # dv
-        jax.ShapeDtypeStruct(_row_stats_shape(q), jnp.float32),  # delta (scratch)
+        _result_type(q, q.shape, q.dtype),  # dq
+        _result_type(k, k.shape, k.dtype),  # dk
+        _result_type(v, v.shape, v.dtype),  # dv
+        _row_stats_type(q),  # delta (scratch)
     )
     call = jax.ffi.ffi_call(_registration.BWD_TARGET, result_types, vmap_method="broadcast_all")
     dq, dk, dv, _ = call(
-        q, k, v, out, lse, dout, scale=np.float32(scale), is_causal=np.int32(is_causal)
+        q, k, v, out, lse, dout, scale=np.float64(scale), is_causal=np.int32(is_causal)
     )
     return dq, dk, dv

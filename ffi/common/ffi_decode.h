@@ -88,12 +88,16 @@ inline ffi::Error ExpectSameShape(const char* name, const ffi::AnyBuffer& buf,
   return ffi::Error::Success();
 }
 
-// lse/delta: [..., N, Tq] float32, leading dims as the query's.
+// lse/delta: [..., N, Tq], float32 (float64 for float64 inputs), leading
+// dims as the query's.
 inline ffi::Error ExpectRowStats(const char* name, const ffi::AnyBuffer& buf,
+                                 ffi::DataType input_dtype,
                                  const AttentionShape& s) {
-  if (buf.element_type() != ffi::DataType::F32) {
+  const ffi::DataType want =
+      input_dtype == ffi::DataType::F64 ? ffi::DataType::F64 : ffi::DataType::F32;
+  if (buf.element_type() != want) {
     return ffi::Error::InvalidArgument(std::string("jax_flash: ") + name +
-                                       " must be float32");
+                                       " must be float32 (float64 for float64 inputs)");
   }
   auto d = buf.dimensions();
   int64_t count = 1;
@@ -123,20 +127,21 @@ inline ffi::Error BuildForwardParams(const ffi::AnyBuffer& q,
                                      const ffi::AnyBuffer& k,
                                      const ffi::AnyBuffer& v,
                                      const ffi::AnyBuffer& out,
-                                     const ffi::AnyBuffer& lse, float scale,
+                                     const ffi::AnyBuffer& lse, double scale,
                                      int32_t is_causal, AttentionParams* p) {
   if (auto e = DecodeShape(q, k, v, &p->shape); e.failure()) return e;
   if (auto e = ExpectSameShape("out", out, q.dimensions()); e.failure())
     return e;
   if (out.element_type() != q.element_type())
     return ffi::Error::InvalidArgument("jax_flash: out dtype != query dtype");
-  if (auto e = ExpectRowStats("lse", lse, p->shape); e.failure()) return e;
+  if (auto e = ExpectRowStats("lse", lse, q.element_type(), p->shape); e.failure())
+    return e;
   FillStrides(p);
   p->q = q.untyped_data();
   p->k = k.untyped_data();
   p->v = v.untyped_data();
   p->out = out.untyped_data();
-  p->lse = static_cast<float*>(lse.untyped_data());
+  p->lse = lse.untyped_data();
   p->scale = scale;
   p->is_causal = is_causal != 0;
   return ffi::Error::Success();
@@ -148,7 +153,7 @@ inline ffi::Error BuildBackwardParams(
     const ffi::AnyBuffer& out, const ffi::AnyBuffer& lse,
     const ffi::AnyBuffer& dout, const ffi::AnyBuffer& dq,
     const ffi::AnyBuffer& dk, const ffi::AnyBuffer& dv,
-    const ffi::AnyBuffer& delta, float scale, int32_t is_causal,
+    const ffi::AnyBuffer& delta, double scale, int32_t is_causal,
     AttentionParams* p) {
   if (auto e = BuildForwardParams(q, k, v, out, lse, scale, is_causal, p);
       e.failure())
@@ -161,7 +166,8 @@ inline ffi::Error BuildBackwardParams(
     return e;
   if (auto e = ExpectSameShape("dv", dv, k.dimensions()); e.failure())
     return e;
-  if (auto e = ExpectRowStats("delta", delta, p->shape); e.failure()) return e;
+  if (auto e = ExpectRowStats("delta", delta, q.element_type(), p->shape); e.failure())
+    return e;
   for (const ffi::AnyBuffer* b : {&dout, &dq, &dk, &dv}) {
     if (b->element_type() != q.element_type())
       return ffi::Error::InvalidArgument(
@@ -171,7 +177,7 @@ inline ffi::Error BuildBackwardParams(
   p->dq = dq.untyped_data();
   p->dk = dk.untyped_data();
   p->dv = dv.untyped_data();
-  p->delta = static_cast<float*>(delta.untyped_data());
+  p->delta = delta.untyped_data();
   return ffi::Error::Success();
 }
 

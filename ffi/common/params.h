@@ -39,7 +39,8 @@ struct AttentionShape {
 
 // Pointers are untyped: the element type is a template parameter of the
 // kernels, chosen once by the dispatch after the FFI handler. Pointers a pass
-// does not use stay null. lse and delta are float32 [batch, heads, seqlen_q].
+// does not use stay null. lse and delta are [batch, heads, seqlen_q] in the
+// accumulation type: float32, or float64 for float64 inputs (CPU only).
 struct AttentionParams {
   AttentionShape shape;
   Strides q_stride;  // shared by q, out, dout, dq (query-shaped tensors)
@@ -49,16 +50,16 @@ struct AttentionParams {
   const void* k = nullptr;
   const void* v = nullptr;
   void* out = nullptr;
-  float* lse = nullptr;  // natural-log logsumexp of the scaled, masked logits
+  void* lse = nullptr;  // natural-log logsumexp of the scaled, masked logits
 
   // Backward only.
   const void* dout = nullptr;
-  float* delta = nullptr;  // rowsum(dout * out), written by the backward
+  void* delta = nullptr;  // rowsum(dout * out), written by the backward
   void* dq = nullptr;
   void* dk = nullptr;
   void* dv = nullptr;
 
-  float scale = 1.0f;      // multiplies q.k before the softmax
+  double scale = 1.0;      // multiplies q.k before the softmax (double: exact for float64)
   bool is_causal = false;  // top-left aligned: query i sees keys j <= i
 
   // lse/delta index of (batch b, head h, query row i).
@@ -70,5 +71,7 @@ struct AttentionParams {
 // log2(e): kernels fold it into the scale and use exp2.
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr double kLog2eF64 = 1.4426950408889634;
+constexpr double kLn2F64 = 0.6931471805599453;
 
 }  // namespace jax_flash

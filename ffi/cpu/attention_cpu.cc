@@ -75,7 +75,7 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
   Acc* row_max = s_blk + kBlockM * kBlockN;  // running max (log2 units)
   Acc* row_sum = row_max + kBlockM;          // running sum of P
 
-  const Acc scale_log2 = Acc(p.scale) * Acc(kLog2e);
+  const Acc scale_log2 = Acc(p.scale) * Acc(kLog2eF64);
   LoadRows(q, p.q_stride.row, q0, rows, d, scale_log2, q_blk, dp);
   std::fill(o_acc, o_acc + kBlockM * dp, Acc(0));
   std::fill(row_max, row_max + kBlockM, NegInf<Acc>());
@@ -121,8 +121,8 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
     const Acc inv = l > 0 ? Acc(1) / l : Acc(0);
     Element* orow = out + (q0 + r) * p.q_stride.row;
     for (int c = 0; c < d; ++c) orow[c] = FromFloat<Element>(o_acc[r * dp + c] * inv);
-    p.lse[p.row_stat_index(b, h, q0 + r)] =
-        l > 0 ? float((row_max[r] + std::log2(l)) * Acc(kLn2)) : NegInf<float>();
+    static_cast<Acc*>(p.lse)[p.row_stat_index(b, h, q0 + r)] =
+        l > 0 ? (row_max[r] + std::log2(l)) * Acc(kLn2F64) : NegInf<Acc>();
   }
 }
 
@@ -139,7 +139,7 @@ void DeltaTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block) 
     Acc acc = 0;
     for (int64_t c = 0; c < s.head_dim; ++c)
       acc += Acc(ToFloat(o[i * p.q_stride.row + c])) * Acc(ToFloat(dout[i * p.q_stride.row + c]));
-    p.delta[p.row_stat_index(b, h, i)] = float(acc);
+    static_cast<Acc*>(p.delta)[p.row_stat_index(b, h, i)] = acc;
   }
 }
 
@@ -154,7 +154,7 @@ void BackwardTask(const AttentionParams& p, int64_t b, int64_t hk, int64_t split
   using Acc = typename AccumFor<Element>::type;
   const auto& s = p.shape;
   const int d = int(s.head_dim), dp = PaddedHeadDim(d);
-  const Acc scale_log2 = Acc(p.scale) * Acc(kLog2e);
+  const Acc scale_log2 = Acc(p.scale) * Acc(kLog2eF64);
   const int64_t k_base = b * p.k_stride.batch + hk * p.k_stride.head;
   const Element* k = static_cast<const Element*>(p.k) + k_base;
   const Element* v = static_cast<const Element*>(p.v) + k_base;
@@ -201,10 +201,10 @@ void BackwardTask(const AttentionParams& p, int64_t b, int64_t hk, int64_t split
         LoadRows(q, p.q_stride.row, q0, rows, d, Acc(1), q_blk, dp);
         LoadRows(dout, p.q_stride.row, q0, rows, d, Acc(1), do_blk, dp);
         for (int r = 0; r < rows; ++r) {
-          const float l = p.lse[p.row_stat_index(b, h, q0 + r)];
+          const Acc l = static_cast<const Acc*>(p.lse)[p.row_stat_index(b, h, q0 + r)];
           // A row that saw no key (lse = -inf) must get P = 0, not inf.
-          lse2[r] = std::isinf(l) && l < 0 ? std::numeric_limits<Acc>::infinity() : Acc(l) * Acc(kLog2e);
-          delta[r] = p.delta[p.row_stat_index(b, h, q0 + r)];
+          lse2[r] = l == NegInf<Acc>() ? -NegInf<Acc>() : l * Acc(kLog2eF64);
+          delta[r] = static_cast<const Acc*>(p.delta)[p.row_stat_index(b, h, q0 + r)];
         }
         std::fill(p_blk, p_blk + kBlockM * kBlockN, Acc(0));
         std::fill(dp_blk, dp_blk + kBlockM * kBlockN, Acc(0));

@@ -15,22 +15,44 @@ namespace jax_flash::cpu {
 constexpr int kColTile = 16;  // one AVX-512 float vector, two AVX2 vectors
 constexpr int kRowTile = 4;
 
+// kColTile elements as one GCC/Clang vector: the compiler maps it onto
+// whatever SIMD width the target has (one zmm, two ymm, four xmm). Plain
+// arrays here were left scalar by GCC 12's SLP vectorizer.
+// (An alias template with a dependent vector_size is silently dropped by GCC,
+// hence one explicit typedef per element type.)
+template <typename T> struct ColVecOf;
+template <> struct ColVecOf<float> {
+  typedef float type __attribute__((vector_size(sizeof(float) * kColTile)));
+};
+template <> struct ColVecOf<double> {
+  typedef double type __attribute__((vector_size(sizeof(double) * kColTile)));
+};
+template <typename T>
+using ColVec = typename ColVecOf<T>::type;
+static_assert(sizeof(ColVec<float>) == sizeof(float) * kColTile);
+static_assert(sizeof(ColVec<double>) == sizeof(double) * kColTile);
+
+template <typename T>
+inline ColVec<T> LoadVec(const T* p) {
+  ColVec<T> v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <typename T>
+inline void StoreVec(T* p, ColVec<T> v) { std::memcpy(p, &v, sizeof(v)); }
+
 // C[r][c] += sum_k A[r][k] * B[k][c] for a kRows x kColTile tile.
 template <typename T, int kRows>
 inline void GemmTile(int depth, const T* __restrict a, int lda,
                      const T* __restrict b, int ldb, T* __restrict c, int ldc) {
-  T acc[kRows][kColTile];
-  for (int r = 0; r < kRows; ++r)
-    for (int j = 0; j < kColTile; ++j) acc[r][j] = c[r * ldc + j];
+  ColVec<T> acc[kRows];
+  for (int r = 0; r < kRows; ++r) acc[r] = LoadVec(c + r * ldc);
   for (int k = 0; k < depth; ++k) {
-    const T* brow = b + int64_t(k) * ldb;
-    for (int r = 0; r < kRows; ++r) {
-      const T av = a[r * lda + k];
-      for (int j = 0; j < kColTile; ++j) acc[r][j] += av * brow[j];
-    }
+    const ColVec<T> brow = LoadVec(b + int64_t(k) * ldb);
+    for (int r = 0; r < kRows; ++r) acc[r] += a[r * lda + k] * brow;
   }
-  for (int r = 0; r < kRows; ++r)
-    for (int j = 0; j < kColTile; ++j) c[r * ldc + j] = acc[r][j];
+  for (int r = 0; r < kRows; ++r) StoreVec(c + r * ldc, acc[r]);
 }
 
 // C[rows][cols] += A[rows][depth] * B[depth][cols]; cols % kColTile == 0.
@@ -40,11 +62,12 @@ void GemmAcc(int rows, int cols, int depth, const T* a, int lda, const T* b,
   int r = 0;
   for (; r + kRowTile <= rows; r += kRowTile)
     for (int j = 0; j < cols; j += kColTile)
-      GemmTile<T, kRowTile>(depth, a + r * lda, lda, b + j, ldb,
-                            c + r * ldc + j, ldc);
+      GemmTile<T, kRowTile>(depth, a + int64_t(r) * lda, lda, b + j, ldb,
+                            c + int64_t(r) * ldc + j, ldc);
   for (; r < rows; ++r)
     for (int j = 0; j < cols; j += kColTile)
-      GemmTile<T, 1>(depth, a + r * lda, lda, b + j, ldb, c + r * ldc + j, ldc);
+      GemmTile<T, 1>(depth, a + int64_t(r) * lda, lda, b + j, ldb,
+                     c + int64_t(r) * ldc + j, ldc);
 }
 
 // dst[cols][rows] = src[rows][cols] (rows, cols <= block size).

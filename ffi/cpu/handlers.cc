@@ -45,7 +45,7 @@ ffi::Error Guarded(Fn&& fn) {
 }
 
 ffi::Error ForwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                       float scale, int32_t is_causal,
+                       double scale, int32_t is_causal,
                        ffi::Result<ffi::AnyBuffer> out,
                        ffi::Result<ffi::AnyBuffer> lse) {
   AttentionParams p;
@@ -64,7 +64,7 @@ ffi::Error ForwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
 
 ffi::Error BackwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                         ffi::AnyBuffer out, ffi::AnyBuffer lse,
-                        ffi::AnyBuffer dout, float scale, int32_t is_causal,
+                        ffi::AnyBuffer dout, double scale, int32_t is_causal,
                         ffi::Result<ffi::AnyBuffer> dq,
                         ffi::Result<ffi::AnyBuffer> dk,
                         ffi::Result<ffi::AnyBuffer> dv,
@@ -92,7 +92,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashForwardCpu, jax_flash::cpu::ForwardImpl,
                                   .Arg<xla::ffi::AnyBuffer>()  // q
                                   .Arg<xla::ffi::AnyBuffer>()  // k
                                   .Arg<xla::ffi::AnyBuffer>()  // v
-                                  .Attr<float>("scale")
+                                  .Attr<double>("scale")
                                   .Attr<int32_t>("is_causal")
                                   .Ret<xla::ffi::AnyBuffer>()   // out
                                   .Ret<xla::ffi::AnyBuffer>());  // lse
@@ -105,7 +105,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBackwardCpu, jax_flash::cpu::BackwardImpl,
                                   .Arg<xla::ffi::AnyBuffer>()  // out
                                   .Arg<xla::ffi::AnyBuffer>()  // lse
                                   .Arg<xla::ffi::AnyBuffer>()  // dout
-                                  .Attr<float>("scale")
+                                  .Attr<double>("scale")
                                   .Attr<int32_t>("is_causal")
                                   .Ret<xla::ffi::AnyBuffer>()   // dq
                                   .Ret<xla::ffi::AnyBuffer>()   // dk

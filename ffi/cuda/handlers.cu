@@ -52,7 +52,7 @@ ffi::Error PoisonAsync(cudaStream_t stream, std::initializer_list<const ffi::Any
 }
 
 ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                       ffi::AnyBuffer v, float scale, int32_t is_causal,
+                       ffi::AnyBuffer v, double scale, int32_t is_causal,
                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
   AttentionParams p;
   if (auto e = BuildForwardParams(q, k, v, *out, *lse, scale, is_causal, &p); e.failure())
@@ -67,7 +67,7 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
 
 ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
-                        ffi::AnyBuffer dout, float scale, int32_t is_causal,
+                        ffi::AnyBuffer dout, double scale, int32_t is_causal,
                         ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                         ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> delta) {
   AttentionParams p;
@@ -92,7 +92,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashForwardCuda, jax_flash::cuda::ForwardImpl,
                                   .Arg<xla::ffi::AnyBuffer>()  // q
                                   .Arg<xla::ffi::AnyBuffer>()  // k
                                   .Arg<xla::ffi::AnyBuffer>()  // v
-                                  .Attr<float>("scale")
+                                  .Attr<double>("scale")
                                   .Attr<int32_t>("is_causal")
                                   .Ret<xla::ffi::AnyBuffer>()   // out
                                   .Ret<xla::ffi::AnyBuffer>());  // lse
@@ -106,7 +106,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBackwardCuda, jax_flash::cuda::BackwardImp
                                   .Arg<xla::ffi::AnyBuffer>()  // out
                                   .Arg<xla::ffi::AnyBuffer>()  // lse
                                   .Arg<xla::ffi::AnyBuffer>()  // dout
-                                  .Attr<float>("scale")
+                                  .Attr<double>("scale")
                                   .Attr<int32_t>("is_causal")
                                   .Ret<xla::ffi::AnyBuffer>()   // dq
                                   .Ret<xla::ffi::AnyBuffer>()   // dk

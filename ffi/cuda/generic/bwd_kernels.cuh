@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(256) DeltaKernel(const AttentionParams p) {
   float acc = 0.0f;
   for (int64_t c = lane; c < s.head_dim; c += 32) acc += ToFloat(o[c]) * ToFloat(dout[c]);
   acc = WarpSum(acc);
-  if (lane == 0) p.delta[row_id] = acc;
+  if (lane == 0) static_cast<float*>(p.delta)[row_id] = acc;
 }
 
 // lse in log2 units; a row that saw no key (lse = -inf) gets +inf so that
@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
 
   StageRows<Tr::kRowsPerBlock, kHeadDim, Tr::kThreads>(
       q_s, kHeadDim, static_cast<const Element*>(p.q) + q_off, p.q_stride.row, block_row0,
-      s.seqlen_q, d, p.scale * kLog2e);
+      s.seqlen_q, d, float(p.scale) * kLog2e);
   StageRows<Tr::kRowsPerBlock, kHeadDim, Tr::kThreads>(
       do_s, kHeadDim, static_cast<const Element*>(p.dout) + q_off, p.q_stride.row, block_row0,
       s.seqlen_q, d, 1.0f);
@@ -70,8 +70,8 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int64_t row = min(warp_row0 + r, s.seqlen_q - 1);  // rows past the end are discarded
-    lse2[r] = Lse2(p.lse[p.row_stat_index(b, h, row)]);
-    delta[r] = p.delta[p.row_stat_index(b, h, row)];
+    lse2[r] = Lse2(static_cast<float*>(p.lse)[p.row_stat_index(b, h, row)]);
+    delta[r] = static_cast<float*>(p.delta)[p.row_stat_index(b, h, row)];
   }
   float acc[R][C] = {};
 
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       const int col = c * 32 + lane;
-      if (col < d) dq[row * p.q_stride.row + col] = FromFloat<Element>(acc[r][c] * p.scale);
+      if (col < d) dq[row * p.q_stride.row + col] = FromFloat<Element>(acc[r][c] * float(p.scale));
     }
   }
 }
@@ -173,13 +173,13 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
     for (int64_t t0 = q_start; t0 < s.seqlen_q; t0 += Tr::kTile) {
       __syncthreads();
       StageRows<Tr::kTile, kHeadDim, Tr::kThreads>(q_s, P, q, p.q_stride.row, t0, s.seqlen_q, d,
-                                                   p.scale * kLog2e);
+                                                   float(p.scale) * kLog2e);
       StageRows<Tr::kTile, kHeadDim, Tr::kThreads>(do_s, P, dout, p.q_stride.row, t0, s.seqlen_q,
                                                    d, 1.0f);
       if (threadIdx.x < Tr::kTile) {
         const int64_t row = min(t0 + threadIdx.x, s.seqlen_q - 1);
-        lse2_s[threadIdx.x] = Lse2(p.lse[p.row_stat_index(b, h, row)]);
-        delta_s[threadIdx.x] = p.delta[p.row_stat_index(b, h, row)];
+        lse2_s[threadIdx.x] = Lse2(static_cast<float*>(p.lse)[p.row_stat_index(b, h, row)]);
+        delta_s[threadIdx.x] = static_cast<float*>(p.delta)[p.row_stat_index(b, h, row)];
       }
       __syncthreads();
 

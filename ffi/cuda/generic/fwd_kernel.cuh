@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
   const Element* v = static_cast<const Element*>(p.v) + b * p.k_stride.batch + hk * p.k_stride.head;
 
   StageRows<Tr::kRowsPerBlock, kHeadDim, Tr::kThreads>(q_s, kHeadDim, q, p.q_stride.row, block_row0,
-                                                       s.seqlen_q, d, p.scale * kLog2e);
+                                                       s.seqlen_q, d, float(p.scale) * kLog2e);
   float acc[R][C] = {};
   float row_max[R], lane_sum[R];  // lane_sum: this lane's share of the row sum
 #pragma unroll
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
       if (col < d) out[row * p.q_stride.row + col] = FromFloat<Element>(acc[r][c] * inv);
     }
     if (lane == 0)
-      p.lse[p.row_stat_index(b, h, row)] =
+      static_cast<float*>(p.lse)[p.row_stat_index(b, h, row)] =
           l > 0.0f ? (row_max[r] + log2f(l)) * kLn2 : -CUDART_INF_F;
   }
 }

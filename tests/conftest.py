@@ -1,0 +1,37 @@
+"""Test configuration shared by every test module.
+
+Set before jax is imported: four host devices (pmap/shard_map tests on the
+CPU), float64 enabled (the ground truth), and output poisoning so any element
+a kernel forgets to write is NaN and fails the comparison.
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+).strip()
+os.environ.setdefault("JAX_FLASH_POISON_OUTPUTS", "1")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+import jax_flash  # noqa: E402
+
+
+def pytest_report_header(config):
+    return [
+        f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}",
+        f"jax_flash build: {jax_flash.build_info()}",
+    ]
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh generator per test, seeded from the test's name (reproducible)."""
+    import zlib
+
+    import numpy as np
+
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))

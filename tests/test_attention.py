@@ -1,0 +1,116 @@
+"""Forward and backward against the float64 reference, every element checked."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+from helpers import (
+    FLOAT_DTYPES,
+    GRAD_FACTOR,
+    ON_GPU,
+    assert_close,
+    random_qkv,
+    reference_f64,
+    reference_grads_f64,
+)
+
+HEAD_DIMS = [16, 40, 64, 80, 128, 256]
+# (seqlen_q, seqlen_k): single tokens, odd lengths, Tq != Tk both ways, and
+# lengths past one kernel block (64 on the CPU, 32 on the GPU).
+LENGTHS = [(1, 1), (17, 17), (97, 33), (33, 97), (130, 130)]
+
+
+def _skip_unsupported(dtype):
+    if ON_GPU and dtype == "float64":
+        pytest.skip("float64 runs on the CPU only (test_float64_on_gpu_is_a_clear_error)")
+
+
+@pytest.mark.parametrize("lengths", LENGTHS, ids=lambda l: f"T{l[0]}S{l[1]}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda h: f"H{h}")
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_forward(rng, dtype, head_dim, causal, lengths):
+    _skip_unsupported(dtype)
+    tq, tk = lengths
+    q, k, v = random_qkv(rng, 2, tq, tk, 4, 2, head_dim, dtype)
+    scale = 0.7 / np.sqrt(head_dim)  # a custom scale, not the default
+    out, residual = jax.jit(
+        lambda q, k, v: jax_flash.attention(
+            q, k, v, scale=scale, is_causal=causal, return_residual=True
+        )
+    )(q, k, v)
+    ref_out, ref_lse = reference_f64(q, k, v, scale=scale, is_causal=causal)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert residual.dtype == q.dtype and residual.shape == q.shape[:-1]
+    assert_close("out", out, ref_out, dtype)
+    assert_close("lse", residual, np.swapaxes(ref_lse, -1, -2), dtype)
+
+
+@pytest.mark.parametrize("lengths", [(17, 17), (97, 33), (33, 130)], ids=lambda l: f"T{l[0]}S{l[1]}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda h: f"H{h}")
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_gradients(rng, dtype, head_dim, causal, lengths):
+    _skip_unsupported(dtype)
+    tq, tk = lengths
+    q, k, v = random_qkv(rng, 2, tq, tk, 4, 2, head_dim, dtype)
+    dout = jnp.asarray(rng.standard_normal(q.shape), dtype)
+
+    acc = jnp.promote_types(dtype, jnp.float32)
+
+    def loss(q, k, v):
+        out = jax_flash.attention(q, k, v, is_causal=causal)
+        return jnp.sum(out.astype(acc) * dout.astype(acc))
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    ref = reference_grads_f64(q, k, v, dout, is_causal=causal)
+    for name, g, r, x in zip(("dq", "dk", "dv"), grads, ref, (q, k, v)):
+        assert g.dtype == x.dtype and g.shape == x.shape
+        assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_error_at_most_twice_naive(rng, dtype):
+    """DESIGN.md numerics: error vs float64 at most ~2x that of the same math in the input dtype."""
+    q, k, v = random_qkv(rng, 2, 200, 200, 4, 4, 64, dtype)
+    ref_out, _ = reference_f64(q, k, v, is_causal=True)
+    ours = np.asarray(jax_flash.attention(q, k, v, is_causal=True), np.float64)
+    # Naive: logits, softmax and the weighted sum all rounded to the input dtype.
+    logits = jnp.einsum("btnh,bsnh->bnts", q, k) * jnp.asarray(1 / 8, dtype)
+    logits = jnp.where(jnp.tril(jnp.ones((200, 200), bool)), logits, -jnp.inf)
+    naive = jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(logits, axis=-1).astype(dtype), v)
+    err_ours = np.abs(ours - ref_out).max()
+    err_naive = np.abs(np.asarray(naive, np.float64) - ref_out).max()
+    assert err_ours <= 2 * err_naive, (err_ours, err_naive)
+
+
+def test_unbatched_inputs(rng):
+    """[T, N, H] inputs work as in jax.nn.dot_product_attention."""
+    q, k, v = random_qkv(rng, 1, 19, 23, 2, 2, 32, "float32")
+    out = jax_flash.attention(q[0], k[0], v[0])
+    assert out.shape == q.shape[1:]
+    ref_out, _ = reference_f64(q, k, v)
+    assert_close("out", out, ref_out[0], "float32")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_jax_dot_product_attention(rng, causal):
+    """Drop-in: the same call through jax.nn.dot_product_attention agrees."""
+    q, k, v = random_qkv(rng, 2, 40, 40, 8, 2, 64, "float32")
+    ours, ours_res = jax_flash.attention(q, k, v, is_causal=causal, return_residual=True)
+    theirs, theirs_res = jax.nn.dot_product_attention(
+        q, k, v, is_causal=causal, implementation="xla", return_residual=True
+    )
+    np.testing.assert_allclose(ours, theirs, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(ours_res, theirs_res, rtol=2e-5, atol=2e-5)
+
+
+def test_large_logits_stay_finite(rng):
+    """Online softmax must not overflow where exp(logit) would."""
+    q, k, v = random_qkv(rng, 1, 70, 70, 2, 2, 64, "float32")
+    q = q * 60.0  # logits in the thousands
+    out = jax_flash.attention(q, k, v)
+    ref_out, _ = reference_f64(q, k, v)
+    assert_close("out", out, ref_out, "float32", factor=10)
