@@ -1,0 +1,135 @@
+"""Times jax_flash beside jax.nn.dot_product_attention in one process.
+
+    python -m jax_flash.benchmark --help
+
+Method: for each point, every implementation is jitted, run once to compile
+and warm up, then timed `--iters` times (each call blocked on); the median is
+reported. Forward = jit(attention); backward = jit(value_and_grad) minus
+forward. FLOPs as in ../shared/GPU.md: forward 4*B*N*Tq*Tk*H (halved when
+causal), backward 2.5x forward. Writes JSON and a markdown table to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_flash
+
+IMPLEMENTATIONS = ("jax_flash", "cudnn", "xla")
+
+
+def _attention_fn(impl: str, causal: bool):
+    if impl == "jax_flash":
+        return lambda q, k, v: jax_flash.attention(q, k, v, is_causal=causal)
+    return lambda q, k, v: jax.nn.dot_product_attention(
+        q, k, v, is_causal=causal, implementation=impl
+    )
+
+
+def _median_seconds(fn, args, iters: int) -> float:
+    jax.block_until_ready(fn(*args))  # compile + warm-up
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def flops_forward(batch, seqlen, heads, head_dim, causal) -> float:
+    f = 4.0 * batch * heads * seqlen * seqlen * head_dim
+    return f / 2 if causal else f
+
+
+def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng):
+    shape = (batch, seqlen, heads, head_dim)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(3))
+    attn = _attention_fn(impl, causal)
+    fwd = jax.jit(attn)
+    fwd_bwd = jax.jit(
+        jax.value_and_grad(lambda q, k, v: jnp.sum(attn(q, k, v).astype(jnp.float32)), (0, 1, 2))
+    )
+    t_fwd = _median_seconds(fwd, (q, k, v), iters)
+    t_total = _median_seconds(fwd_bwd, (q, k, v), iters)
+    t_bwd = max(t_total - t_fwd, 1e-9)
+    f = flops_forward(batch, seqlen, heads, head_dim, causal)
+    return {
+        "impl": impl, "batch": batch, "seqlen": seqlen, "heads": heads, "head_dim": head_dim,
+        "causal": causal, "dtype": jnp.dtype(dtype).name,
+        "fwd_ms": t_fwd * 1e3, "bwd_ms": t_bwd * 1e3,
+        "fwd_tflops": f / t_fwd / 1e12, "bwd_tflops": 2.5 * f / t_bwd / 1e12,
+    }
+
+
+def markdown_table(rows) -> str:
+    lines = [
+        "| impl | B | T | N | H | causal | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(
+                f"| {r['impl']} | {r['batch']} | {r['seqlen']} | {r['heads']} | {r['head_dim']} "
+                f"| {int(r['causal'])} | err | err | | |"
+            )
+            continue
+        lines.append(
+            f"| {r['impl']} | {r['batch']} | {r['seqlen']} | {r['heads']} | {r['head_dim']} "
+            f"| {int(r['causal'])} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} "
+            f"| {r['fwd_tflops']:.1f} | {r['bwd_tflops']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--impl", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS)
+    parser.add_argument("--head-dim", nargs="+", type=int, default=[64, 128, 256])
+    parser.add_argument("--seqlen", nargs="+", type=int, default=[1024, 4096, 16384])
+    parser.add_argument("--tokens", type=int, default=16384, help="B = tokens / T")
+    parser.add_argument("--width", type=int, default=2048, help="N = width / H")
+    parser.add_argument("--causal", nargs="+", type=int, default=[0, 1], choices=[0, 1])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--out", default="bench_out", help="directory for results.json and results.md")
+    args = parser.parse_args(argv)
+
+    rng = np.random.default_rng(0)
+    rows = []
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; jax_flash {jax_flash.build_info()}")
+    for head_dim in args.head_dim:
+        for seqlen in args.seqlen:
+            for causal in args.causal:
+                batch, heads = max(1, args.tokens // seqlen), max(1, args.width // head_dim)
+                for impl in args.impl:
+                    try:
+                        row = bench_point(impl, batch, seqlen, heads, head_dim, bool(causal),
+                                          args.dtype, args.iters, rng)
+                    except Exception as e:  # e.g. cudnn on the CPU, xla out of memory
+                        row = {"impl": impl, "batch": batch, "seqlen": seqlen, "heads": heads,
+                               "head_dim": head_dim, "causal": bool(causal), "dtype": args.dtype,
+                               "error": f"{type(e).__name__}: {str(e)[:200]}"}
+                    rows.append(row)
+                    print(markdown_table([row]).splitlines()[-1], flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    meta = {"jax": jax.__version__, "device": jax.devices()[0].device_kind,
+            "build": jax_flash.build_info(), "iters": args.iters}
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    table = markdown_table(rows)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
