@@ -24,5 +24,7 @@ def test_train_gpt_flax_loss_falls(tmp_path):
          "--depth", "2", "--heads", "2", "--warmup", "5", "--log-every", "10",
          "--out", str(tmp_path)]
     )
-    assert history[-1]["loss"] < history[0]["loss"] - 0.3, history
+    # Uniform guessing over the ~100-character vocabulary costs ln(100) = 4.6.
+    first, last = history[0]["loss"], history[-1]["loss"]
+    assert last < first and last < 3.4, history
     assert (tmp_path / "metrics.json").exists()
