@@ -13,6 +13,8 @@ import numpy as np
 from jax_flash import _registration
 
 MAX_HEAD_DIM = 256
+# `implementation` values and the FFI attribute each maps to.
+IMPLEMENTATIONS = {None: 0, "generic": 1, "sm80": 2}
 SUPPORTED_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
 
 # Arguments of jax.nn.dot_product_attention that later work implements; until
@@ -33,6 +35,7 @@ def attention(
     key_value_seq_lengths: jax.Array | None = None,
     local_window_size: int | tuple[int, int] | None = None,
     return_residual: bool = False,
+    implementation: str | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Fused scaled dot-product attention, a drop-in for ``jax.nn.dot_product_attention``.
 
@@ -58,6 +61,12 @@ def attention(
       return_residual: also return the natural-log logsumexp of the scaled
         logits, shape ``[B, T, N]`` (or ``[T, N]``) in the query's dtype, as jax
         does. It carries no gradient.
+      implementation: which CUDA kernel family runs the forward: ``None``
+        picks the fastest that supports the inputs, ``"sm80"`` forces the
+        mma.sync tensor-core kernels (float16/bfloat16, head dim a multiple of
+        8, compute capability >= 8.0; an error otherwise), ``"generic"`` the
+        exact SIMT kernels that take every dtype and head dim. The backward
+        currently always runs the generic kernels. Ignored on the CPU.
 
     Returns:
       The attention output, shaped and typed like ``query``; with
@@ -71,11 +80,17 @@ def attention(
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"is_causal must be a Python bool, got {type(is_causal).__name__}")
     scale = _static_scale(scale, query.shape[-1])
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"implementation must be one of {sorted(IMPLEMENTATIONS, key=str)}; got {implementation!r}"
+        )
 
     unbatched = query.ndim == 3
     if unbatched:
         query, key, value = query[None], key[None], value[None]
-    out, lse = _flash_attention(query, key, value, scale, bool(is_causal))
+    out, lse = _flash_attention(
+        query, key, value, scale, bool(is_causal), IMPLEMENTATIONS[implementation]
+    )
     if unbatched:
         out, lse = out[0], lse[0]
     if not return_residual:
@@ -135,20 +150,22 @@ def _static_scale(scale: Any, head_dim: int) -> float:
 # --- custom VJP -----------------------------------------------------------
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _flash_attention(q, k, v, scale, is_causal):
-    return _forward_call(q, k, v, scale, is_causal)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _flash_attention(q, k, v, scale, is_causal, implementation):
+    return _forward_call(q, k, v, scale, is_causal, implementation)
 
 
-def _flash_attention_fwd(q, k, v, scale, is_causal):
-    out, lse = _forward_call(q, k, v, scale, is_causal)
+def _flash_attention_fwd(q, k, v, scale, is_causal, implementation):
+    out, lse = _forward_call(q, k, v, scale, is_causal, implementation)
     return (out, lse), (q, k, v, out, lse)
 
 
-def _flash_attention_bwd(scale, is_causal, residuals, cotangents):
+def _flash_attention_bwd(scale, is_causal, implementation, residuals, cotangents):
     q, k, v, out, lse = residuals
     dout, _ = cotangents  # lse leaves attention() under stop_gradient
-    dq, dk, dv = _backward_call(q, k, v, out, lse, dout.astype(q.dtype), scale, is_causal)
+    dq, dk, dv = _backward_call(
+        q, k, v, out, lse, dout.astype(q.dtype), scale, is_causal, implementation
+    )
     return dq, dk, dv
 
 
@@ -157,9 +174,9 @@ _flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
 
 # --- FFI calls --------------------------------------------------------------
 # Attributes are typed NumPy scalars matching the handlers' Attr types: scale
-# is float64 (exact for float64 inputs), is_causal int32. vmap_method=
-# "broadcast_all" gives the handlers inputs with extra leading (batch) dims,
-# which they fold into batch.
+# is float64 (exact for float64 inputs), is_causal and implementation int32.
+# vmap_method="broadcast_all" gives the handlers inputs with extra leading
+# (batch) dims, which they fold into batch.
 
 
 def _result_type(like: jax.Array, shape, dtype):
@@ -190,16 +207,24 @@ def _row_stats_type(q: jax.Array) -> jax.ShapeDtypeStruct:
     return _result_type(q, (*batch, n, t), jnp.promote_types(q.dtype, jnp.float32))
 
 
-def _forward_call(q, k, v, scale, is_causal):
+def _attributes(scale, is_causal, implementation):
+    return dict(
+        scale=np.float64(scale),
+        is_causal=np.int32(is_causal),
+        implementation=np.int32(implementation),
+    )
+
+
+def _forward_call(q, k, v, scale, is_causal, implementation):
     result_types = (
         _result_type(q, q.shape, q.dtype),  # out
         _row_stats_type(q),  # lse
     )
     call = jax.ffi.ffi_call(_registration.FWD_TARGET, result_types, vmap_method="broadcast_all")
-    return call(q, k, v, scale=np.float64(scale), is_causal=np.int32(is_causal))
+    return call(q, k, v, **_attributes(scale, is_causal, implementation))
 
 
-def _backward_call(q, k, v, out, lse, dout, scale, is_causal):
+def _backward_call(q, k, v, out, lse, dout, scale, is_causal, implementation):
     result_types = (
         _result_type(q, q.shape, q.dtype),  # dq
         _result_type(k, k.shape, k.dtype),  # dk
@@ -207,7 +232,5 @@ def _backward_call(q, k, v, out, lse, dout, scale, is_causal):
         _row_stats_type(q),  # delta (scratch)
     )
     call = jax.ffi.ffi_call(_registration.BWD_TARGET, result_types, vmap_method="broadcast_all")
-    dq, dk, dv, _ = call(
-        q, k, v, out, lse, dout, scale=np.float64(scale), is_causal=np.int32(is_causal)
-    )
+    dq, dk, dv, _ = call(q, k, v, out, lse, dout, **_attributes(scale, is_causal, implementation))
     return dq, dk, dv

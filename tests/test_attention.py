@@ -16,7 +16,10 @@ from helpers import (
     reference_grads_f64,
 )
 
-HEAD_DIMS = [16, 40, 64, 80, 128, 256]
+HEAD_DIMS = [16, 20, 40, 64, 80, 128, 256]  # 20: not a multiple of 8 (generic kernels only)
+# On a GPU, run every forward case through the auto-selected kernels and
+# again through the generic ones, so both families stay covered.
+IMPLEMENTATIONS = [None, "generic"] if ON_GPU else [None]
 # (seqlen_q, seqlen_k): single tokens, odd lengths, Tq != Tk both ways, and
 # lengths past one kernel block (64 on the CPU, 32 on the GPU).
 LENGTHS = [(1, 1), (17, 17), (97, 33), (33, 97), (130, 130)]
@@ -27,18 +30,20 @@ def _skip_unsupported(dtype):
         pytest.skip("float64 runs on the CPU only (test_float64_on_gpu_is_a_clear_error)")
 
 
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS, ids=lambda i: i or "auto")
 @pytest.mark.parametrize("lengths", LENGTHS, ids=lambda l: f"T{l[0]}S{l[1]}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda h: f"H{h}")
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_forward(rng, dtype, head_dim, causal, lengths):
+def test_forward(rng, dtype, head_dim, causal, lengths, implementation):
     _skip_unsupported(dtype)
     tq, tk = lengths
     q, k, v = random_qkv(rng, 2, tq, tk, 4, 2, head_dim, dtype)
     scale = 0.7 / np.sqrt(head_dim)  # a custom scale, not the default
     out, residual = jax.jit(
         lambda q, k, v: jax_flash.attention(
-            q, k, v, scale=scale, is_causal=causal, return_residual=True
+            q, k, v, scale=scale, is_causal=causal, return_residual=True,
+            implementation=implementation,
         )
     )(q, k, v)
     ref_out, ref_lse = reference_f64(q, k, v, scale=scale, is_causal=causal)
@@ -115,3 +120,19 @@ def test_large_logits_stay_finite(rng):
     out = jax_flash.attention(q, k, v)
     ref_out, _ = reference_f64(q, k, v)
     assert_close("out", out, ref_out, "float32", factor=10)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="kernel families are a GPU matter")
+def test_forced_sm80_rejects_unsupported_inputs(rng):
+    q, k, v = random_qkv(rng, 1, 8, 8, 2, 2, 64, "float32")
+    with pytest.raises(Exception, match="implementation='sm80' needs float16/bfloat16"):
+        jax.block_until_ready(jax_flash.attention(q, k, v, implementation="sm80"))
+
+
+def test_sm80_forward_long_rows(rng):
+    """Several key and query blocks, causal and not, bf16 (mma path on a GPU)."""
+    for causal in (False, True):
+        q, k, v = random_qkv(rng, 1, 300, 520, 2, 1, 128, "bfloat16")
+        out = jax_flash.attention(q, k, v, is_causal=causal)
+        ref_out, _ = reference_f64(q, k, v, is_causal=causal)
+        assert_close("out", out, ref_out, "bfloat16")

@@ -93,6 +93,12 @@ def test_float64_on_gpu_is_a_clear_error(qkv):
         jax.block_until_ready(jax_flash.attention(q, k, v))
 
 
+def test_unknown_implementation(qkv):
+    q, k, v = qkv
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        jax_flash.attention(q, k, v, implementation="triton")
+
+
 def test_build_info_reports_platforms():
     info = jax_flash.build_info()
     assert "cpu" in info["platforms"]

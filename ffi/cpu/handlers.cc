@@ -45,7 +45,7 @@ ffi::Error Guarded(Fn&& fn) {
 }
 
 ffi::Error ForwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                       double scale, int32_t is_causal,
+                       double scale, int32_t is_causal, int32_t /*implementation*/,
                        ffi::Result<ffi::AnyBuffer> out,
                        ffi::Result<ffi::AnyBuffer> lse) {
   AttentionParams p;
@@ -65,6 +65,7 @@ ffi::Error ForwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
 ffi::Error BackwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                         ffi::AnyBuffer out, ffi::AnyBuffer lse,
                         ffi::AnyBuffer dout, double scale, int32_t is_causal,
+                        int32_t /*implementation: one CPU kernel family*/,
                         ffi::Result<ffi::AnyBuffer> dq,
                         ffi::Result<ffi::AnyBuffer> dk,
                         ffi::Result<ffi::AnyBuffer> dv,
@@ -94,6 +95,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashForwardCpu, jax_flash::cpu::ForwardImpl,
                                   .Arg<xla::ffi::AnyBuffer>()  // v
                                   .Attr<double>("scale")
                                   .Attr<int32_t>("is_causal")
+                                  .Attr<int32_t>("implementation")
                                   .Ret<xla::ffi::AnyBuffer>()   // out
                                   .Ret<xla::ffi::AnyBuffer>());  // lse
 
@@ -107,6 +109,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBackwardCpu, jax_flash::cpu::BackwardImpl,
                                   .Arg<xla::ffi::AnyBuffer>()  // dout
                                   .Attr<double>("scale")
                                   .Attr<int32_t>("is_causal")
+                                  .Attr<int32_t>("implementation")
                                   .Ret<xla::ffi::AnyBuffer>()   // dq
                                   .Ret<xla::ffi::AnyBuffer>()   // dk
                                   .Ret<xla::ffi::AnyBuffer>()   // dv

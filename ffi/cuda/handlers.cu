@@ -10,6 +10,7 @@
 
 #include "common/ffi_decode.h"
 #include "cuda/generic/launch.h"
+#include "cuda/sm80/launch.h"
 
 namespace jax_flash::cuda {
 namespace {
@@ -42,6 +43,38 @@ ffi::Error Dispatch(ffi::DataType dtype, int64_t head_dim, Fn&& fn) {
   return ffi::Error::Success();
 }
 
+// Kernel families, as the Python `implementation` argument names them.
+enum class Family : int32_t { kAuto = 0, kGeneric = 1, kSm80 = 2 };
+
+int ComputeCapabilityMajor() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+    return 0;
+  return major;
+}
+
+// The mma.sync kernels take 16-bit inputs whose rows are whole 16-byte chunks.
+bool Sm80Supports(ffi::DataType dtype, int64_t head_dim) {
+  return (dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16) && head_dim % 8 == 0 &&
+         head_dim <= 256 && ComputeCapabilityMajor() >= 8;
+}
+
+// Calls fn(Element{}, std::integral_constant<int, kHeadDim>{}) for 16-bit
+// dtypes with the head dim rounded up to 64, 128 or 256.
+template <typename Fn>
+ffi::Error DispatchSm80(ffi::DataType dtype, int64_t head_dim, Fn&& fn) {
+  auto by_head_dim = [&](auto element) -> std::string {
+    if (head_dim <= 64) return fn(element, std::integral_constant<int, 64>{});
+    if (head_dim <= 128) return fn(element, std::integral_constant<int, 128>{});
+    return fn(element, std::integral_constant<int, 256>{});
+  };
+  const std::string err = dtype == ffi::DataType::F16 ? by_head_dim(__half{})
+                                                      : by_head_dim(__nv_bfloat16{});
+  if (!err.empty()) return ffi::Error::Internal(err);
+  return ffi::Error::Success();
+}
+
 ffi::Error PoisonAsync(cudaStream_t stream, std::initializer_list<const ffi::AnyBuffer*> bufs) {
   for (const ffi::AnyBuffer* b : bufs) {
     // 0xff bytes are NaN in every float format we write.
@@ -52,13 +85,24 @@ ffi::Error PoisonAsync(cudaStream_t stream, std::initializer_list<const ffi::Any
 }
 
 ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                       ffi::AnyBuffer v, double scale, int32_t is_causal,
+                       ffi::AnyBuffer v, double scale, int32_t is_causal, int32_t family,
                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
   AttentionParams p;
   if (auto e = BuildForwardParams(q, k, v, *out, *lse, scale, is_causal, &p); e.failure())
     return e;
   if (PoisonOutputsRequested()) {
     if (auto e = PoisonAsync(stream, {&*out, &*lse}); e.failure()) return e;
+  }
+  const bool sm80_ok = Sm80Supports(q.element_type(), p.shape.head_dim);
+  if (Family(family) == Family::kSm80 && !sm80_ok) {
+    return ffi::Error::InvalidArgument(
+        "jax_flash: implementation='sm80' needs float16/bfloat16 inputs, a head dim that is a "
+        "multiple of 8 (at most 256) and a GPU of compute capability 8.0 or newer");
+  }
+  if (Family(family) != Family::kGeneric && sm80_ok) {
+    return DispatchSm80(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
+      return sm80::LaunchForward<decltype(element), decltype(head_dim)::value>(p, stream);
+    });
   }
   return Dispatch(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
     return LaunchGenericForward<decltype(element), decltype(head_dim)::value>(p, stream);
@@ -68,6 +112,7 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
 ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                         ffi::AnyBuffer dout, double scale, int32_t is_causal,
+                        int32_t /*family: the backward has only the generic kernels so far*/,
                         ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                         ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> delta) {
   AttentionParams p;
@@ -94,6 +139,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashForwardCuda, jax_flash::cuda::ForwardImpl,
                                   .Arg<xla::ffi::AnyBuffer>()  // v
                                   .Attr<double>("scale")
                                   .Attr<int32_t>("is_causal")
+                                  .Attr<int32_t>("implementation")
                                   .Ret<xla::ffi::AnyBuffer>()   // out
                                   .Ret<xla::ffi::AnyBuffer>());  // lse
 
@@ -108,6 +154,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBackwardCuda, jax_flash::cuda::BackwardImp
                                   .Arg<xla::ffi::AnyBuffer>()  // dout
                                   .Attr<double>("scale")
                                   .Attr<int32_t>("is_causal")
+                                  .Attr<int32_t>("implementation")
                                   .Ret<xla::ffi::AnyBuffer>()   // dq
                                   .Ret<xla::ffi::AnyBuffer>()   // dk
                                   .Ret<xla::ffi::AnyBuffer>()   // dv

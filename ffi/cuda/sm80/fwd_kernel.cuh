@@ -1,0 +1,195 @@
+// FlashAttention-2 forward on mma.sync (m16n8k16, float accumulation) for
+// float16/bfloat16, any GPU from sm_80. One block per (128 query rows, head,
+// batch); K and V blocks stream through shared memory with cp.async, the next
+// K block loading while P V runs and V loading while the softmax runs.
+#pragma once
+
+#include <math_constants.h>
+
+#include "common/params.h"
+#include "cuda/sm80/kernel_traits.cuh"
+#include "cuda/sm80/mma.cuh"
+
+namespace jax_flash::cuda::sm80 {
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
+    ForwardKernel(const AttentionParams p) {
+  using Tr = FwdTraits<kHeadDim>;
+  constexpr int kM = Tr::kMTiles, kN = Tr::kNTiles, kD = Tr::kDTiles, kC = Tr::kChunks;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t q_tile = SmemAddr(smem);                            // [kBlockM][kHeadDim]
+  const uint32_t k_tile = q_tile + Tr::kBlockM * kHeadDim * 2;       // [kBlockN][kHeadDim]
+  const uint32_t v_tile = k_tile + Tr::kBlockN * kHeadDim * 2;       // [kBlockN][kHeadDim]
+
+  const auto& s = p.shape;
+  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / s.group();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;  // MMA fragment row / column-pair owner
+  const int64_t m0 = int64_t(blockIdx.x) * Tr::kBlockM;
+  const int warp_row = warp * kM * 16;  // first row of this warp inside the block
+  const int d = int(s.head_dim);
+
+  const Element* q = static_cast<const Element*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head;
+  const Element* k = static_cast<const Element*>(p.k) + b * p.k_stride.batch + hk * p.k_stride.head;
+  const Element* v = static_cast<const Element*>(p.v) + b * p.k_stride.batch + hk * p.k_stride.head;
+
+  const int64_t kv_end = p.is_causal ? min(s.seqlen_k, m0 + Tr::kBlockM) : s.seqlen_k;
+  const int n_blocks = int((kv_end + Tr::kBlockN - 1) / Tr::kBlockN);
+
+  LoadTileAsync<Tr::kBlockM, kHeadDim, Tr::kThreads>(q_tile, q, p.q_stride.row, m0, s.seqlen_q, d);
+  LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(k_tile, k, p.k_stride.row, 0, s.seqlen_k, d);
+  CpAsyncCommit();
+
+  float o[kM][kD][4] = {};
+  float row_max[kM][2], row_sum[kM][2];  // [m-tile][row g or g + 8]; row_sum is this thread's share
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+    for (int hh = 0; hh < 2; ++hh) row_max[mt][hh] = -CUDART_INF_F, row_sum[mt][hh] = 0.0f;
+  const float scale_log2 = float(p.scale) * kLog2e;
+
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int64_t n0 = int64_t(nb) * Tr::kBlockN;
+    CpAsyncWait<0>();
+    __syncthreads();  // K[nb] (and Q) landed; every warp is done with V[nb - 1]
+    LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(v_tile, v, p.k_stride.row, n0, s.seqlen_k, d);
+    CpAsyncCommit();
+
+    // S = Q K^T  [kM x 16 rows][kBlockN]
+    float acc[kM][kN][4] = {};
+    // Partly rolled (the loop indexes only shared memory): fully unrolled,
+    // the compiler hoists fragment loads across iterations and spills.
+#pragma unroll Tr::kQkUnroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      uint32_t a[kM][4];
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt)
+        LdMatrixX4(a[mt], q_tile + SwizzledOffset<kC>(warp_row + mt * 16 + (lane / 8 % 2) * 8 + lane % 8,
+                                                      ks * 2 + lane / 16));
+#pragma unroll
+      for (int nt = 0; nt < kN; nt += 2) {
+        uint32_t bk[4];
+        LdMatrixX4(bk, k_tile + SwizzledOffset<kC>(nt * 8 + (lane / 16) * 8 + lane % 8,
+                                                   ks * 2 + lane / 8 % 2));
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt) {
+          Mma16816<Element>(acc[mt][nt], a[mt], bk[0], bk[1]);
+          Mma16816<Element>(acc[mt][nt + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+
+    // Scale to log2 units and mask (tails, causal) where this block needs it.
+    // In block-relative int32 indices: key column c is visible to row r when
+    // c < col_limit and (not causal or c <= r + diagonal).
+    const int col_limit = int(min(int64_t(Tr::kBlockN), s.seqlen_k - n0));
+    const int diagonal = int(m0 - n0);
+    const bool needs_mask = col_limit < Tr::kBlockN || (p.is_causal && Tr::kBlockN - 1 > diagonal);
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float x = acc[mt][nt][i] * scale_log2;
+          if (needs_mask) {
+            const int row = warp_row + mt * 16 + g + (i / 2) * 8;
+            const int col = nt * 8 + 2 * t + (i % 2);
+            if (col >= col_limit || (p.is_causal && col > row + diagonal)) x = -CUDART_INF_F;
+          }
+          acc[mt][nt][i] = x;
+        }
+
+    // Online softmax; a row's 4 owners (lanes 4g..4g+3) combine by shuffles.
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float mx = row_max[mt][hh];
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt)
+          mx = fmaxf(mx, fmaxf(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_use = mx == -CUDART_INF_F ? 0.0f : mx;  // nothing visible yet: P = 0
+        const float alpha = exp2f(row_max[mt][hh] - m_use);
+        row_max[mt][hh] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const float e = exp2f(acc[mt][nt][2 * hh + j] - m_use);
+            acc[mt][nt][2 * hh + j] = e;
+            sum += e;
+          }
+        row_sum[mt][hh] = row_sum[mt][hh] * alpha + sum;
+#pragma unroll
+        for (int dt = 0; dt < kD; ++dt) {
+          o[mt][dt][2 * hh] *= alpha;
+          o[mt][dt][2 * hh + 1] *= alpha;
+        }
+      }
+
+    CpAsyncWait<0>();
+    __syncthreads();  // V[nb] landed; every warp is done with K[nb]
+    if (nb + 1 < n_blocks) {
+      LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(k_tile, k, p.k_stride.row,
+                                                         n0 + Tr::kBlockN, s.seqlen_k, d);
+    }
+    CpAsyncCommit();
+
+    // O += P V: P's accumulator layout is the A-fragment layout of m16n8k16.
+#pragma unroll
+    for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
+      uint32_t a[kM][4];
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        a[mt][0] = Pack2<Element>(acc[mt][2 * kk][0], acc[mt][2 * kk][1]);
+        a[mt][1] = Pack2<Element>(acc[mt][2 * kk][2], acc[mt][2 * kk][3]);
+        a[mt][2] = Pack2<Element>(acc[mt][2 * kk + 1][0], acc[mt][2 * kk + 1][1]);
+        a[mt][3] = Pack2<Element>(acc[mt][2 * kk + 1][2], acc[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dt = 0; dt < kD; dt += 2) {
+        uint32_t bv[4];
+        LdMatrixX4Trans(bv, v_tile + SwizzledOffset<kC>(kk * 16 + (lane / 8 % 2) * 8 + lane % 8,
+                                                        dt + lane / 16));
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt) {
+          Mma16816<Element>(o[mt][dt], a[mt], bv[0], bv[1]);
+          Mma16816<Element>(o[mt][dt + 1], a[mt], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();
+
+  // Epilogue: normalize, write out (pairs of elements) and lse.
+  Element* out = static_cast<Element*>(p.out) + b * p.q_stride.batch + h * p.q_stride.head;
+  float* lse = static_cast<float*>(p.lse);
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float l = row_sum[mt][hh];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;
+      if (row >= s.seqlen_q) continue;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: zeros
+#pragma unroll
+      for (int dt = 0; dt < kD; ++dt) {
+        const int col = dt * 8 + 2 * t;
+        if (col < d) {
+          *reinterpret_cast<uint32_t*>(out + row * p.q_stride.row + col) =
+              Pack2<Element>(o[mt][dt][2 * hh] * inv, o[mt][dt][2 * hh + 1] * inv);
+        }
+      }
+      if (t == 0)
+        lse[p.row_stat_index(b, h, row)] =
+            l > 0.0f ? (row_max[mt][hh] + log2f(l)) * kLn2 : -CUDART_INF_F;
+    }
+}
+
+}  // namespace jax_flash::cuda::sm80

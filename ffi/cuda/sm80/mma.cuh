@@ -1,0 +1,114 @@
+// Thin wrappers over the sm_80 tensor-core and async-copy instructions used by
+// the mma.sync kernels (also valid on sm_90): ldmatrix, mma.m16n8k16, cp.async.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace jax_flash::cuda::sm80 {
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8
+// and receives, per matrix, elements (row l / 4, cols 2 * (l % 4) + {0, 1}).
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// As LdMatrixX4, each matrix transposed: lane l receives (rows 2 * (l % 4) + {0, 1}, col l / 4).
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// D[16x8] += A[16x16] * B[16x8], float accumulators. Fragments (g = lane / 4,
+// t = lane % 4): A {(g, 2t..), (g + 8, 2t..), (g, 8 + 2t..), (g + 8, 8 + 2t..)},
+// B {(k = 2t.., n = g), (k = 8 + 2t.., n = g)}, D {(g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)}.
+template <typename Element>
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1);
+
+template <>
+__device__ __forceinline__ void Mma16816<__half>(float (&d)[4], const uint32_t (&a)[4],
+                                                 uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void Mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4],
+                                                        uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats rounded to a packed pair of 16-bit elements (lo = a).
+template <typename Element>
+__device__ __forceinline__ uint32_t Pack2(float a, float b);
+
+template <>
+__device__ __forceinline__ uint32_t Pack2<__half>(float a, float b) {
+  __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+template <>
+__device__ __forceinline__ uint32_t Pack2<__nv_bfloat16>(float a, float b) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// 16-byte global -> shared copy; when !valid the destination is zero-filled
+// and nothing is read (src-size 0), which is how tails are predicated.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile whose rows hold
+// kChunks chunks (kChunks >= 8). XOR-ing the chunk with row % 8 spreads the 8
+// rows an ldmatrix reads at one column over all 32 banks.
+template <int kChunks>
+__device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
+  static_assert(kChunks >= 8 && kChunks % 8 == 0);
+  return uint32_t((row * kChunks + (chunk ^ (row & 7))) * 16);
+}
+
+// Copies rows [row0, row0 + kRows) x [0, kHeadDim) of a 16-bit tensor into a
+// swizzled shared tile; rows >= num_rows and columns >= head_dim read as zero.
+// head_dim must be a multiple of 8 (whole 16-byte chunks).
+template <int kRows, int kHeadDim, int kThreads, typename Element>
+__device__ __forceinline__ void LoadTileAsync(uint32_t smem_tile, const Element* src,
+                                              int64_t row_stride, int64_t row0,
+                                              int64_t num_rows, int head_dim) {
+  constexpr int kChunks = kHeadDim / 8;
+  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int64_t row = row0 + r;
+    const bool valid = row < num_rows && c * 8 < head_dim;
+    const Element* g = valid ? src + row * row_stride + c * 8 : src;
+    CpAsync16(smem_tile + SwizzledOffset<kChunks>(r, c), g, valid);
+  }
+}
+
+}  // namespace jax_flash::cuda::sm80
