@@ -65,8 +65,9 @@ def attention(
         picks the fastest that supports the inputs, ``"sm80"`` forces the
         mma.sync tensor-core kernels (float16/bfloat16, head dim a multiple of
         8, compute capability >= 8.0; an error otherwise), ``"generic"`` the
-        exact SIMT kernels that take every dtype and head dim. The backward
-        currently always runs the generic kernels. Ignored on the CPU.
+        exact SIMT kernels that take every dtype and head dim. The mma.sync
+        backward covers head dims up to 128; above that the backward runs the
+        generic kernels. Ignored on the CPU.
 
     Returns:
       The attention output, shaped and typed like ``query``; with

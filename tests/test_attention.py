@@ -53,11 +53,12 @@ def test_forward(rng, dtype, head_dim, causal, lengths, implementation):
     assert_close("lse", residual, np.swapaxes(ref_lse, -1, -2), dtype)
 
 
-@pytest.mark.parametrize("lengths", [(17, 17), (97, 33), (33, 130)], ids=lambda l: f"T{l[0]}S{l[1]}")
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS, ids=lambda i: i or "auto")
+@pytest.mark.parametrize("lengths", [(17, 17), (97, 33), (33, 130), (200, 300)], ids=lambda l: f"T{l[0]}S{l[1]}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda h: f"H{h}")
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_gradients(rng, dtype, head_dim, causal, lengths):
+def test_gradients(rng, dtype, head_dim, causal, lengths, implementation):
     _skip_unsupported(dtype)
     tq, tk = lengths
     q, k, v = random_qkv(rng, 2, tq, tk, 4, 2, head_dim, dtype)
@@ -66,7 +67,7 @@ def test_gradients(rng, dtype, head_dim, causal, lengths):
     acc = jnp.promote_types(dtype, jnp.float32)
 
     def loss(q, k, v):
-        out = jax_flash.attention(q, k, v, is_causal=causal)
+        out = jax_flash.attention(q, k, v, is_causal=causal, implementation=implementation)
         return jnp.sum(out.astype(acc) * dout.astype(acc))
 
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)

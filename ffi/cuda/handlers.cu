@@ -112,7 +112,7 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
 ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                         ffi::AnyBuffer dout, double scale, int32_t is_causal,
-                        int32_t /*family: the backward has only the generic kernels so far*/,
+                        int32_t family,
                         ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                         ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> delta) {
   AttentionParams p;
@@ -122,6 +122,17 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
     return e;
   if (PoisonOutputsRequested()) {
     if (auto e = PoisonAsync(stream, {&*dq, &*dk, &*dv, &*delta}); e.failure()) return e;
+  }
+  // The mma.sync backward covers head dims up to 128; 256 stays generic.
+  if (Family(family) != Family::kGeneric && p.shape.head_dim <= 128 &&
+      Sm80Supports(q.element_type(), p.shape.head_dim)) {
+    return DispatchSm80(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
+      if constexpr (decltype(head_dim)::value <= 128) {
+        return sm80::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);
+      } else {
+        return std::string("jax_flash: unreachable sm80 backward head dim");
+      }
+    });
   }
   return Dispatch(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
     return LaunchGenericBackward<decltype(element), decltype(head_dim)::value>(p, stream);

@@ -9,6 +9,7 @@
 #include "common/params.h"
 #include "cuda/sm80/kernel_traits.cuh"
 #include "cuda/sm80/mma.cuh"
+#include "cuda/sm80/warp_gemm.cuh"
 
 namespace jax_flash::cuda::sm80 {
 
@@ -57,27 +58,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
 
     // S = Q K^T  [kM x 16 rows][kBlockN]
     float acc[kM][kN][4] = {};
-    // Partly rolled (the loop indexes only shared memory): fully unrolled,
-    // the compiler hoists fragment loads across iterations and spills.
-#pragma unroll Tr::kQkUnroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      uint32_t a[kM][4];
-#pragma unroll
-      for (int mt = 0; mt < kM; ++mt)
-        LdMatrixX4(a[mt], q_tile + SwizzledOffset<kC>(warp_row + mt * 16 + (lane / 8 % 2) * 8 + lane % 8,
-                                                      ks * 2 + lane / 16));
-#pragma unroll
-      for (int nt = 0; nt < kN; nt += 2) {
-        uint32_t bk[4];
-        LdMatrixX4(bk, k_tile + SwizzledOffset<kC>(nt * 8 + (lane / 16) * 8 + lane % 8,
-                                                   ks * 2 + lane / 8 % 2));
-#pragma unroll
-        for (int mt = 0; mt < kM; ++mt) {
-          Mma16816<Element>(acc[mt][nt], a[mt], bk[0], bk[1]);
-          Mma16816<Element>(acc[mt][nt + 1], a[mt], bk[2], bk[3]);
-        }
-      }
-    }
+    GemmSmemSmemT<Element, kM, kN, kHeadDim, Tr::kQkUnroll>(acc, q_tile, warp_row, k_tile, 0, lane);
 
     // Scale to log2 units and mask (tails, causal) where this block needs it.
     // In block-relative int32 indices: key column c is visible to row r when
@@ -139,34 +120,12 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
     }
     CpAsyncCommit();
 
-    // O += P V: P's accumulator layout is the A-fragment layout of m16n8k16.
-#pragma unroll
-    for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
-      uint32_t a[kM][4];
-#pragma unroll
-      for (int mt = 0; mt < kM; ++mt) {
-        a[mt][0] = Pack2<Element>(acc[mt][2 * kk][0], acc[mt][2 * kk][1]);
-        a[mt][1] = Pack2<Element>(acc[mt][2 * kk][2], acc[mt][2 * kk][3]);
-        a[mt][2] = Pack2<Element>(acc[mt][2 * kk + 1][0], acc[mt][2 * kk + 1][1]);
-        a[mt][3] = Pack2<Element>(acc[mt][2 * kk + 1][2], acc[mt][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int dt = 0; dt < kD; dt += 2) {
-        uint32_t bv[4];
-        LdMatrixX4Trans(bv, v_tile + SwizzledOffset<kC>(kk * 16 + (lane / 8 % 2) * 8 + lane % 8,
-                                                        dt + lane / 16));
-#pragma unroll
-        for (int mt = 0; mt < kM; ++mt) {
-          Mma16816<Element>(o[mt][dt], a[mt], bv[0], bv[1]);
-          Mma16816<Element>(o[mt][dt + 1], a[mt], bv[2], bv[3]);
-        }
-      }
-    }
+    // O += P V
+    GemmRegsSmem<Element, kM, kN, kHeadDim>(o, acc, v_tile, 0, lane);
   }
   CpAsyncWait<0>();
 
-  // Epilogue: normalize, write out (pairs of elements) and lse.
-  Element* out = static_cast<Element*>(p.out) + b * p.q_stride.batch + h * p.q_stride.head;
+  // Epilogue: normalize rows, write lse, then out.
   float* lse = static_cast<float*>(p.lse);
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt)
@@ -175,21 +134,17 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
       float l = row_sum[mt][hh];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;
-      if (row >= s.seqlen_q) continue;
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: zeros
 #pragma unroll
-      for (int dt = 0; dt < kD; ++dt) {
-        const int col = dt * 8 + 2 * t;
-        if (col < d) {
-          *reinterpret_cast<uint32_t*>(out + row * p.q_stride.row + col) =
-              Pack2<Element>(o[mt][dt][2 * hh] * inv, o[mt][dt][2 * hh + 1] * inv);
-        }
-      }
-      if (t == 0)
+      for (int dt = 0; dt < kD; ++dt) o[mt][dt][2 * hh] *= inv, o[mt][dt][2 * hh + 1] *= inv;
+      const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;
+      if (t == 0 && row < s.seqlen_q)
         lse[p.row_stat_index(b, h, row)] =
             l > 0.0f ? (row_max[mt][hh] + log2f(l)) * kLn2 : -CUDART_INF_F;
     }
+  Element* out = static_cast<Element*>(p.out) + b * p.q_stride.batch + h * p.q_stride.head;
+  StoreAccumulator<Element, kM, kHeadDim>(o, out, p.q_stride.row, m0 + warp_row, s.seqlen_q, d,
+                                          1.0f, lane);
 }
 
 }  // namespace jax_flash::cuda::sm80

@@ -27,3 +27,26 @@ struct FwdTraits {
 };
 
 }  // namespace jax_flash::cuda::sm80
+
+namespace jax_flash::cuda::sm80 {
+
+// Backward kernels (head dims 64 and 128; 256 would need the dK and dV
+// accumulators split over warps and stays on the generic kernels for now).
+// Both use 8 warps of one 16-row m-tile each: dQ [128 queries] sweeping key
+// blocks of 64, dK/dV [128 keys] sweeping query blocks of 64.
+template <int kHeadDim_>
+struct BwdTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static_assert(kHeadDim == 64 || kHeadDim == 128);
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlockRows = kWarps * 16;  // rows each block owns (queries or keys)
+  static constexpr int kBlockCols = 64;           // rows of the other side per step
+  static constexpr int kNTiles = kBlockCols / 8;
+  static constexpr int kTileBytes = kHeadDim * 2;  // one row of a 16-bit tile
+  // Two [kBlockRows] tiles (Q, dO or K, V) and two [kBlockCols] tiles, plus
+  // lse/delta for kBlockCols rows in the dK/dV kernel.
+  static constexpr int kSmemBytes = (2 * kBlockRows + 2 * kBlockCols) * kTileBytes + 2 * kBlockCols * 4;
+};
+
+}  // namespace jax_flash::cuda::sm80

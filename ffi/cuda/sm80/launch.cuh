@@ -2,6 +2,7 @@
 #pragma once
 
 #include "cuda/generic/launch.cuh"  // CheckLaunch, PrepareSmem, CheckGrid, CeilDiv
+#include "cuda/sm80/bwd_kernels.cuh"
 #include "cuda/sm80/fwd_kernel.cuh"
 #include "cuda/sm80/launch.h"
 
@@ -19,9 +20,35 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
   return CheckLaunch("sm80 forward kernel");
 }
 
+template <typename Element, int kHeadDim>
+std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
+  using Tr = BwdTraits<kHeadDim>;
+  const auto& s = p.shape;
+  if (auto e = CheckGrid(s); !e.empty()) return e;
+  const int64_t rows = s.batch * s.num_heads * s.seqlen_q;
+  DeltaKernel<Element><<<unsigned(CeilDiv(rows, 8)), 256, 0, stream>>>(p);
+  if (auto e = CheckLaunch("delta kernel"); !e.empty()) return e;
+
+  auto dq_kernel = DqKernel<Element, kHeadDim>;
+  if (auto e = PrepareSmem(dq_kernel, Tr::kSmemBytes, "sm80 dq kernel"); !e.empty()) return e;
+  const dim3 dq_grid(unsigned(CeilDiv(s.seqlen_q, Tr::kBlockRows)), unsigned(s.num_heads),
+                     unsigned(s.batch));
+  dq_kernel<<<dq_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  if (auto e = CheckLaunch("sm80 dq kernel"); !e.empty()) return e;
+
+  auto dkv_kernel = DkvKernel<Element, kHeadDim>;
+  if (auto e = PrepareSmem(dkv_kernel, Tr::kSmemBytes, "sm80 dk/dv kernel"); !e.empty()) return e;
+  const dim3 dkv_grid(unsigned(CeilDiv(s.seqlen_k, Tr::kBlockRows)), unsigned(s.num_heads_k),
+                      unsigned(s.batch));
+  dkv_kernel<<<dkv_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  return CheckLaunch("sm80 dk/dv kernel");
+}
+
 #define JAX_FLASH_INSTANTIATE_SM80(Element)                                                  \
   template std::string LaunchForward<Element, 64>(const AttentionParams&, cudaStream_t);  \
   template std::string LaunchForward<Element, 128>(const AttentionParams&, cudaStream_t); \
-  template std::string LaunchForward<Element, 256>(const AttentionParams&, cudaStream_t);
+  template std::string LaunchForward<Element, 256>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchBackward<Element, 64>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchBackward<Element, 128>(const AttentionParams&, cudaStream_t);
 
 }  // namespace jax_flash::cuda::sm80

@@ -12,4 +12,8 @@ namespace jax_flash::cuda::sm80 {
 template <typename Element, int kHeadDim>
 std::string LaunchForward(const AttentionParams& p, cudaStream_t stream);
 
+// kHeadDim 64 or 128.
+template <typename Element, int kHeadDim>
+std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream);
+
 }  // namespace jax_flash::cuda::sm80

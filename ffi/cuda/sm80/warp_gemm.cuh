@@ -1,0 +1,97 @@
+// The two warp-level matrix products every mma.sync kernel is built from.
+// Shared tiles are swizzled (SwizzledOffset) with kHeadDim 16-bit columns.
+//
+//   GemmSmemSmemT: acc[m][n] += sum_d A[m][d] * B[n][d]   (S = Q K^T and kin)
+//   GemmRegsSmem:  out[m][d] += sum_n P[m][n] * B[n][d]   (O = P V and kin)
+//
+// A warp owns kM 16-row m-tiles of A (rows a_row0 + 16 * mt ..); the n extent
+// is kN 8-column tiles. In GemmRegsSmem the left operand is an accumulator of
+// the first: m16n8k16's float accumulator layout, rounded to 16 bits, is
+// exactly its A-fragment layout, so P never leaves registers.
+#pragma once
+
+#include "cuda/sm80/mma.cuh"
+
+namespace jax_flash::cuda::sm80 {
+
+template <typename Element, int kM, int kN, int kHeadDim, int kUnroll>
+__device__ __forceinline__ void GemmSmemSmemT(float (&acc)[kM][kN][4], uint32_t a_tile,
+                                              int a_row0, uint32_t b_tile, int b_row0,
+                                              int lane) {
+  static_assert(kN % 2 == 0);
+  constexpr int kC = kHeadDim / 8;
+#pragma unroll kUnroll
+  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt)
+      LdMatrixX4(a[mt], a_tile + SwizzledOffset<kC>(a_row0 + mt * 16 + (lane / 8 % 2) * 8 + lane % 8,
+                                                    ks * 2 + lane / 16));
+#pragma unroll
+    for (int nt = 0; nt < kN; nt += 2) {
+      uint32_t b[4];  // n-tiles nt and nt + 1, k halves 0 and 1
+      LdMatrixX4(b, b_tile + SwizzledOffset<kC>(b_row0 + nt * 8 + (lane / 16) * 8 + lane % 8,
+                                                ks * 2 + lane / 8 % 2));
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        Mma16816<Element>(acc[mt][nt], a[mt], b[0], b[1]);
+        Mma16816<Element>(acc[mt][nt + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <typename Element, int kM, int kN, int kHeadDim>
+__device__ __forceinline__ void GemmRegsSmem(float (&out)[kM][kHeadDim / 8][4],
+                                             const float (&p)[kM][kN][4], uint32_t b_tile,
+                                             int b_row0, int lane) {
+  constexpr int kC = kHeadDim / 8;
+#pragma unroll
+  for (int kk = 0; kk < kN / 2; ++kk) {
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) {
+      a[mt][0] = Pack2<Element>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+      a[mt][1] = Pack2<Element>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+      a[mt][2] = Pack2<Element>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+      a[mt][3] = Pack2<Element>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dt = 0; dt < kHeadDim / 8; dt += 2) {
+      uint32_t b[4];  // transposed: k rows kk*16.., d-tiles dt and dt + 1
+      LdMatrixX4Trans(b, b_tile + SwizzledOffset<kC>(b_row0 + kk * 16 + (lane / 8 % 2) * 8 + lane % 8,
+                                                     dt + lane / 16));
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        Mma16816<Element>(out[mt][dt], a[mt], b[0], b[1]);
+        Mma16816<Element>(out[mt][dt + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// Writes rows of a [kM x 16][kHeadDim] accumulator, times `mul`, as pairs of
+// 16-bit elements: row r = row0 + 16 * mt + g (+8), columns < head_dim.
+template <typename Element, int kM, int kHeadDim>
+__device__ __forceinline__ void StoreAccumulator(const float (&acc)[kM][kHeadDim / 8][4],
+                                                 Element* dst, int64_t row_stride, int64_t row0,
+                                                 int64_t num_rows, int head_dim, float mul,
+                                                 int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int64_t row = row0 + mt * 16 + g + hh * 8;
+      if (row >= num_rows) continue;
+#pragma unroll
+      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+        const int col = dt * 8 + 2 * t;
+        if (col < head_dim)
+          *reinterpret_cast<uint32_t*>(dst + row * row_stride + col) =
+              Pack2<Element>(acc[mt][dt][2 * hh] * mul, acc[mt][dt][2 * hh + 1] * mul);
+      }
+    }
+}
+
+}  // namespace jax_flash::cuda::sm80
