@@ -90,6 +90,35 @@ def markdown_table(rows) -> str:
     return "\n".join(lines)
 
 
+def write_chart(rows, path) -> bool:
+    """Bar chart of forward/backward TFLOP/s per point and implementation (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ok = [r for r in rows if "error" not in r]
+    points = sorted({(r["head_dim"], r["seqlen"], r["causal"]) for r in ok})
+    impls = sorted({r["impl"] for r in ok})
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, len(points) * 0.9), 7), sharex=True)
+    width = 0.8 / max(1, len(impls))
+    for ax, key in zip(axes, ("fwd_tflops", "bwd_tflops")):
+        for i, impl in enumerate(impls):
+            by_point = {(r["head_dim"], r["seqlen"], r["causal"]): r[key] for r in ok if r["impl"] == impl}
+            ax.bar([j + i * width for j in range(len(points))],
+                   [by_point.get(pt, 0.0) for pt in points], width, label=impl)
+        ax.set_ylabel(key.replace("_tflops", " TFLOP/s"))
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend()
+    axes[1].set_xticks([j + 0.4 - width / 2 for j in range(len(points))])
+    axes[1].set_xticklabels([f"H{h}\nT{t}\n{'causal' if c else 'full'}" for h, t, c in points], fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--impl", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS)
@@ -125,6 +154,7 @@ def main(argv=None):
             "build": jax_flash.build_info(), "iters": args.iters}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    write_chart(rows, os.path.join(args.out, "results.png"))
     table = markdown_table(rows)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(table + "\n")

@@ -17,5 +17,18 @@ echo "pytest rc=$?"; tail -5 "$OUT/pytest.log"
 if [ -n "${LONG_ARGS:-}" ]; then python3 "$OLDPWD/scripts/long_sequence.py" $LONG_ARGS 2>&1 | tail -3; fi
 if [ -n "${BENCH_ARGS:-}" ]; then
   python3 -m jax_flash.benchmark $BENCH_ARGS --out "$OUT/bench" 2>&1 | tail -40
-  cp "$OUT/bench/results.json" "$OUT/bench.json" 2>/dev/null; cp "$OUT/bench/results.md" "$OUT/bench.md" 2>/dev/null
+  cp "$OUT/bench/results.json" "$OUT/bench.json"; cp "$OUT/bench/results.md" "$OUT/bench.md"; cp "$OUT/bench/results.png" "$OUT/bench.png" 2>/dev/null
+fi
+if [ -n "${NCU:-}" ]; then
+  # One profiled launch of each kernel family at H=128, T=4096, bf16 (forward and backward).
+  cat > /tmp/ncu_case.py <<'PY'
+import jax, jax.numpy as jnp, numpy as np, jax_flash
+q, k, v = (jnp.asarray(np.random.default_rng(i).standard_normal((4, 4096, 16, 128)), jnp.bfloat16) for i in range(3))
+f = jax.jit(jax.grad(lambda q, k, v: jnp.sum(jax_flash.attention(q, k, v).astype(jnp.float32)), (0, 1, 2)))
+jax.block_until_ready(f(q, k, v))
+PY
+  timeout 240 ncu --clock-control none --kernel-name regex:"ForwardKernel|DqKernel|DkvKernel" --launch-count 3 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+    python3 /tmp/ncu_case.py > "$OUT/ncu.txt" 2>&1
+  grep -E "ForwardKernel|DqKernel|DkvKernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Stall|Warp Cycles Per Issued|Bank" "$OUT/ncu.txt" | head -60
 fi

@@ -46,18 +46,20 @@ ffi::Error Dispatch(ffi::DataType dtype, int64_t head_dim, Fn&& fn) {
 // Kernel families, as the Python `implementation` argument names them.
 enum class Family : int32_t { kAuto = 0, kGeneric = 1, kSm80 = 2 };
 
-int ComputeCapabilityMajor() {
-  int device = 0, major = 0;
+int DeviceAttribute(cudaDeviceAttr attr) {
+  int device = 0, value = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+      cudaDeviceGetAttribute(&value, attr, device) != cudaSuccess)
     return 0;
-  return major;
+  return value;
 }
 
-// The mma.sync kernels take 16-bit inputs whose rows are whole 16-byte chunks.
-bool Sm80Supports(ffi::DataType dtype, int64_t head_dim) {
+// The mma.sync kernels take 16-bit inputs whose rows are whole 16-byte
+// chunks, and need `smem_bytes` of shared memory per block.
+bool Sm80Supports(ffi::DataType dtype, int64_t head_dim, int smem_bytes) {
   return (dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16) && head_dim % 8 == 0 &&
-         head_dim <= 256 && ComputeCapabilityMajor() >= 8;
+         head_dim <= 256 && DeviceAttribute(cudaDevAttrComputeCapabilityMajor) >= 8 &&
+         DeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >= smem_bytes;
 }
 
 // Calls fn(Element{}, std::integral_constant<int, kHeadDim>{}) for 16-bit
@@ -93,11 +95,13 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   if (PoisonOutputsRequested()) {
     if (auto e = PoisonAsync(stream, {&*out, &*lse}); e.failure()) return e;
   }
-  const bool sm80_ok = Sm80Supports(q.element_type(), p.shape.head_dim);
+  const bool sm80_ok = Sm80Supports(q.element_type(), p.shape.head_dim,
+                                    sm80::ForwardSmemBytes(p.shape.head_dim));
   if (Family(family) == Family::kSm80 && !sm80_ok) {
     return ffi::Error::InvalidArgument(
         "jax_flash: implementation='sm80' needs float16/bfloat16 inputs, a head dim that is a "
-        "multiple of 8 (at most 256) and a GPU of compute capability 8.0 or newer");
+        "multiple of 8 (at most 256) and a GPU of compute capability 8.0 or newer with enough "
+        "shared memory for that head dim");
   }
   if (Family(family) != Family::kGeneric && sm80_ok) {
     return DispatchSm80(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
@@ -125,7 +129,8 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   }
   // The mma.sync backward covers head dims up to 128; 256 stays generic.
   if (Family(family) != Family::kGeneric && p.shape.head_dim <= 128 &&
-      Sm80Supports(q.element_type(), p.shape.head_dim)) {
+      Sm80Supports(q.element_type(), p.shape.head_dim,
+                   sm80::BackwardSmemBytes(p.shape.head_dim))) {
     return DispatchSm80(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
       if constexpr (decltype(head_dim)::value <= 128) {
         return sm80::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);

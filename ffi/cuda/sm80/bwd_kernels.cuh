@@ -30,8 +30,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t q_tile = SmemAddr(smem);                          // [kBlockRows][kHeadDim]
   const uint32_t do_tile = q_tile + Tr::kBlockRows * Tr::kTileBytes;
-  const uint32_t k_tile = do_tile + Tr::kBlockRows * Tr::kTileBytes;  // [kBlockCols][kHeadDim]
-  const uint32_t v_tile = k_tile + Tr::kBlockCols * Tr::kTileBytes;
+  // Per stage: K then V, [kBlockCols][kHeadDim] each.
+  const uint32_t kv_stages = do_tile + Tr::kBlockRows * Tr::kTileBytes;
 
   const auto& s = p.shape;
   const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / s.group();
@@ -61,13 +61,23 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   float dq[1][kD][4] = {};
 
   const int64_t kv_end = p.is_causal ? min(s.seqlen_k, m0 + Tr::kBlockRows) : s.seqlen_k;
-  for (int64_t n0 = 0; n0 < kv_end; n0 += Tr::kBlockCols) {
-    __syncthreads();  // every warp is done with the previous K/V tiles
-    LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(k_tile, k, p.k_stride.row, n0, s.seqlen_k, d);
-    LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(v_tile, v, p.k_stride.row, n0, s.seqlen_k, d);
+  const int steps = int((kv_end + Tr::kBlockCols - 1) / Tr::kBlockCols);
+  auto load_kv = [&](int step) {
+    const uint32_t stage = kv_stages + (step % Tr::kStages) * Tr::kStageBytes;
+    const int64_t n0 = int64_t(step) * Tr::kBlockCols;
+    LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(stage, k, p.k_stride.row, n0, s.seqlen_k, d);
+    LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(stage + Tr::kBlockCols * Tr::kTileBytes, v,
+                                                          p.k_stride.row, n0, s.seqlen_k, d);
     CpAsyncCommit();
+  };
+  load_kv(0);
+  for (int step = 0; step < steps; ++step) {
     CpAsyncWait<0>();
-    __syncthreads();
+    __syncthreads();  // this step's K/V landed; every warp is done with the previous step's
+    if (step + 1 < steps) load_kv(step + 1);  // into the stage the previous step used
+    const int64_t n0 = int64_t(step) * Tr::kBlockCols;
+    const uint32_t k_tile = kv_stages + (step % Tr::kStages) * Tr::kStageBytes;
+    const uint32_t v_tile = k_tile + Tr::kBlockCols * Tr::kTileBytes;
 
     float sc[1][kN][4] = {}, dp[1][kN][4] = {};
     GemmSmemSmemT<Element, 1, kN, kHeadDim, 8>(sc, q_tile, warp_row, k_tile, 0, lane);   // S
@@ -101,11 +111,9 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t k_tile = SmemAddr(smem);                          // [kBlockRows][kHeadDim]
   const uint32_t v_tile = k_tile + Tr::kBlockRows * Tr::kTileBytes;
-  const uint32_t q_tile = v_tile + Tr::kBlockRows * Tr::kTileBytes;  // [kBlockCols][kHeadDim]
-  const uint32_t do_tile = q_tile + Tr::kBlockCols * Tr::kTileBytes;
-  float* lse2_s = reinterpret_cast<float*>(smem + (2 * Tr::kBlockRows + 2 * Tr::kBlockCols) *
-                                                      Tr::kTileBytes);  // [kBlockCols]
-  float* delta_s = lse2_s + Tr::kBlockCols;                               // [kBlockCols]
+  // Per stage: Q then dO, [kBlockCols][kHeadDim] each; lse2 and delta [kBlockCols].
+  const uint32_t qdo_stages = v_tile + Tr::kBlockRows * Tr::kTileBytes;
+  float* row_stats = reinterpret_cast<float*>(smem + Tr::kRowStatsOffset);  // [kStages][2][kBlockCols]
 
   const auto& s = p.shape;
   const int64_t b = blockIdx.z, hk = blockIdx.y;
@@ -123,45 +131,60 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   const float scale_log2 = float(p.scale) * kLog2e;
   float dk[1][kD][4] = {}, dv[1][kD][4] = {};
 
-  for (int64_t gi = 0; gi < s.group(); ++gi) {
-    const int64_t h = hk * s.group() + gi;
+  // Steps run over (query head of the group, query block) pairs, flattened so
+  // the next step's tiles can load whatever head they belong to. Causal:
+  // queries before the block's first key see none of its keys.
+  const int64_t m_start = p.is_causal ? (n0 / Tr::kBlockCols) * Tr::kBlockCols : 0;
+  const int m_steps = int(max(int64_t(0), (s.seqlen_q - m_start + Tr::kBlockCols - 1) / Tr::kBlockCols));
+  const int steps = int(s.group()) * m_steps;
+  auto load_qdo = [&](int step) {
+    const int64_t h = hk * s.group() + step / m_steps;
+    const int64_t m0 = m_start + int64_t(step % m_steps) * Tr::kBlockCols;
     const int64_t q_off = b * p.q_stride.batch + h * p.q_stride.head;
-    const Element* q = static_cast<const Element*>(p.q) + q_off;
-    const Element* dout = static_cast<const Element*>(p.dout) + q_off;
-    // Causal: queries before the block's first key see none of its keys.
-    const int64_t m_start = p.is_causal ? (n0 / Tr::kBlockCols) * Tr::kBlockCols : 0;
-    for (int64_t m0 = m_start; m0 < s.seqlen_q; m0 += Tr::kBlockCols) {
-      __syncthreads();  // every warp is done with the previous Q/dO tiles
-      LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(q_tile, q, p.q_stride.row, m0, s.seqlen_q, d);
-      LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(do_tile, dout, p.q_stride.row, m0, s.seqlen_q, d);
-      CpAsyncCommit();
-      if (threadIdx.x < Tr::kBlockCols) {
-        const int64_t row = min(m0 + threadIdx.x, s.seqlen_q - 1);
-        lse2_s[threadIdx.x] = Log2Lse(static_cast<const float*>(p.lse)[p.row_stat_index(b, h, row)]);
-        delta_s[threadIdx.x] = static_cast<const float*>(p.delta)[p.row_stat_index(b, h, row)];
-      }
-      CpAsyncWait<0>();
-      __syncthreads();
-
-      float st[1][kN][4] = {}, dpt[1][kN][4] = {};
-      GemmSmemSmemT<Element, 1, kN, kHeadDim, 2>(st, k_tile, warp_row, q_tile, 0, lane);    // S^T
-      GemmSmemSmemT<Element, 1, kN, kHeadDim, 2>(dpt, v_tile, warp_row, do_tile, 0, lane);  // dP^T
-#pragma unroll
-      for (int nt = 0; nt < kN; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int64_t key = n0 + warp_row + g + (i / 2) * 8;
-          const int col = nt * 8 + 2 * t + (i % 2);
-          const int64_t query = m0 + col;
-          const bool visible =
-              query < s.seqlen_q && key < s.seqlen_k && (!p.is_causal || key <= query);
-          const float prob = visible ? exp2f(st[0][nt][i] * scale_log2 - lse2_s[col]) : 0.0f;
-          st[0][nt][i] = prob;                                  // P^T
-          dpt[0][nt][i] = prob * (dpt[0][nt][i] - delta_s[col]);  // dS^T
-        }
-      GemmRegsSmem<Element, 1, kN, kHeadDim>(dv, st, do_tile, 0, lane);  // dV += P^T dO
-      GemmRegsSmem<Element, 1, kN, kHeadDim>(dk, dpt, q_tile, 0, lane);  // dK += dS^T Q
+    const uint32_t stage = qdo_stages + (step % Tr::kStages) * Tr::kStageBytes;
+    LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(
+        stage, static_cast<const Element*>(p.q) + q_off, p.q_stride.row, m0, s.seqlen_q, d);
+    LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(
+        stage + Tr::kBlockCols * Tr::kTileBytes, static_cast<const Element*>(p.dout) + q_off,
+        p.q_stride.row, m0, s.seqlen_q, d);
+    CpAsyncCommit();
+    if (threadIdx.x < Tr::kBlockCols) {  // plain loads: visible after the next barrier
+      float* stats = row_stats + (step % Tr::kStages) * 2 * Tr::kBlockCols;
+      const int64_t row = min(m0 + threadIdx.x, s.seqlen_q - 1);
+      stats[threadIdx.x] = Log2Lse(static_cast<const float*>(p.lse)[p.row_stat_index(b, h, row)]);
+      stats[Tr::kBlockCols + threadIdx.x] =
+          static_cast<const float*>(p.delta)[p.row_stat_index(b, h, row)];
     }
+  };
+  if (steps > 0) load_qdo(0);
+  for (int step = 0; step < steps; ++step) {
+    CpAsyncWait<0>();
+    __syncthreads();  // this step's tiles landed; every warp is done with the previous step's
+    if (step + 1 < steps) load_qdo(step + 1);  // into the stage the previous step used
+    const int64_t m0 = m_start + int64_t(step % m_steps) * Tr::kBlockCols;
+    const uint32_t q_tile = qdo_stages + (step % Tr::kStages) * Tr::kStageBytes;
+    const uint32_t do_tile = q_tile + Tr::kBlockCols * Tr::kTileBytes;
+    const float* lse2_s = row_stats + (step % Tr::kStages) * 2 * Tr::kBlockCols;
+    const float* delta_s = lse2_s + Tr::kBlockCols;
+
+    float st[1][kN][4] = {}, dpt[1][kN][4] = {};
+    GemmSmemSmemT<Element, 1, kN, kHeadDim, 2>(st, k_tile, warp_row, q_tile, 0, lane);    // S^T
+    GemmSmemSmemT<Element, 1, kN, kHeadDim, 2>(dpt, v_tile, warp_row, do_tile, 0, lane);  // dP^T
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t key = n0 + warp_row + g + (i / 2) * 8;
+        const int col = nt * 8 + 2 * t + (i % 2);
+        const int64_t query = m0 + col;
+        const bool visible =
+            query < s.seqlen_q && key < s.seqlen_k && (!p.is_causal || key <= query);
+        const float prob = visible ? exp2f(st[0][nt][i] * scale_log2 - lse2_s[col]) : 0.0f;
+        st[0][nt][i] = prob;                                  // P^T
+        dpt[0][nt][i] = prob * (dpt[0][nt][i] - delta_s[col]);  // dS^T
+      }
+    GemmRegsSmem<Element, 1, kN, kHeadDim>(dv, st, do_tile, 0, lane);  // dV += P^T dO
+    GemmRegsSmem<Element, 1, kN, kHeadDim>(dk, dpt, q_tile, 0, lane);  // dK += dS^T Q
   }
 
   CpAsyncWait<0>();  // a block whose keys no query sees never waited for its K/V copies

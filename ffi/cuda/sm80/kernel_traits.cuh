@@ -44,9 +44,15 @@ struct BwdTraits {
   static constexpr int kBlockCols = 64;           // rows of the other side per step
   static constexpr int kNTiles = kBlockCols / 8;
   static constexpr int kTileBytes = kHeadDim * 2;  // one row of a 16-bit tile
-  // Two [kBlockRows] tiles (Q, dO or K, V) and two [kBlockCols] tiles, plus
-  // lse/delta for kBlockCols rows in the dK/dV kernel.
-  static constexpr int kSmemBytes = (2 * kBlockRows + 2 * kBlockCols) * kTileBytes + 2 * kBlockCols * 4;
+  // Two [kBlockRows] tiles (Q, dO or K, V) and two [kBlockCols] tiles (K, V
+  // or Q, dO) per pipeline stage, plus lse/delta for kBlockCols rows per stage
+  // in the dK/dV kernel. Two stages: the next step's tiles load while this
+  // one computes (one block per SM at 255 registers leaves nothing else to
+  // hide the copy behind).
+  static constexpr int kStages = 2;
+  static constexpr int kStageBytes = 2 * kBlockCols * kTileBytes;
+  static constexpr int kRowStatsOffset = 2 * kBlockRows * kTileBytes + kStages * kStageBytes;
+  static constexpr int kSmemBytes = kRowStatsOffset + kStages * 2 * kBlockCols * 4;
 };
 
 }  // namespace jax_flash::cuda::sm80

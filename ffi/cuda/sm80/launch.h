@@ -6,8 +6,21 @@
 #include <string>
 
 #include "common/params.h"
+#include "cuda/sm80/kernel_traits.cuh"
 
 namespace jax_flash::cuda::sm80 {
+
+// Shared memory (bytes) of the kernels serving a head dim, for the dispatch
+// to check against the device (sm_86/sm_89 allow 99 KB a block, sm_80 163 KB,
+// sm_90 227 KB).
+inline int ForwardSmemBytes(int64_t head_dim) {
+  return head_dim <= 64    ? FwdTraits<64>::kSmemBytes
+         : head_dim <= 128 ? FwdTraits<128>::kSmemBytes
+                           : FwdTraits<256>::kSmemBytes;
+}
+inline int BackwardSmemBytes(int64_t head_dim) {
+  return head_dim <= 64 ? BwdTraits<64>::kSmemBytes : BwdTraits<128>::kSmemBytes;
+}
 
 template <typename Element, int kHeadDim>
 std::string LaunchForward(const AttentionParams& p, cudaStream_t stream);
