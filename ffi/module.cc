@@ -26,6 +26,7 @@ NB_MODULE(_ffi, m) {
     nb::dict d;
     d["jax_flash_fwd"] = Capsule(JaxFlashForwardCpu);
     d["jax_flash_bwd"] = Capsule(JaxFlashBackwardCpu);
+    d["jax_flash_dbias"] = Capsule(JaxFlashBiasGradientCpu);
     return d;
   });
   m.def("cuda_targets", [] {
@@ -33,6 +34,7 @@ NB_MODULE(_ffi, m) {
 #ifdef JAX_FLASH_WITH_CUDA
     d["jax_flash_fwd"] = Capsule(JaxFlashForwardCuda);
     d["jax_flash_bwd"] = Capsule(JaxFlashBackwardCuda);
+    d["jax_flash_dbias"] = Capsule(JaxFlashBiasGradientCuda);
 #endif
     return d;
   });

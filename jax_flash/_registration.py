@@ -13,6 +13,7 @@ from jax_flash import _ffi as _ext  # the compiled nanobind module (ffi/module.c
 
 FWD_TARGET = "jax_flash_fwd"
 BWD_TARGET = "jax_flash_bwd"
+DBIAS_TARGET = "jax_flash_dbias"
 
 
 def _register() -> None:

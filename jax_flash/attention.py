@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
@@ -17,11 +18,6 @@ MAX_HEAD_DIM = 256
 IMPLEMENTATIONS = {None: 0, "generic": 1, "sm80": 2}
 SUPPORTED_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
 
-# Arguments of jax.nn.dot_product_attention that later work implements; until
-# then passing them raises instead of silently computing something else.
-_NOT_YET = ("bias", "mask", "query_seq_lengths", "key_value_seq_lengths", "local_window_size")
-
-
 def attention(
     query: jax.Array,
     key: jax.Array,
@@ -35,70 +31,238 @@ def attention(
     key_value_seq_lengths: jax.Array | None = None,
     local_window_size: int | tuple[int, int] | None = None,
     return_residual: bool = False,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    logits_soft_cap: float | None = None,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
     implementation: str | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Fused scaled dot-product attention, a drop-in for ``jax.nn.dot_product_attention``.
 
-    Computes ``softmax(scale * query @ key^T) @ value`` per head without
-    materializing the ``[T, S]`` logits, on the CPU (C++ kernels) or an NVIDIA
-    GPU (CUDA kernels), with a fused backward pass.
+    Computes ``softmax(scale * query @ key^T + bias, masked) @ value`` per head
+    without materializing the ``[T, S]`` logits, on the CPU (C++ kernels) or an
+    NVIDIA GPU (CUDA kernels), with a fused backward pass.
 
     Letters as in ``jax.nn.dot_product_attention``: B batch, T query length,
     S key/value length, N query heads, K key/value heads (K divides N: GQA/MQA),
-    H head dim (1 to 256).
+    H head dim (1 to 256). Logits are ``scale * q.k``, then
+    ``logits_soft_cap * tanh(logits / logits_soft_cap)``, then ``+ bias``, then
+    every mask below; a query row with no visible key returns zeros (and zero
+    gradients) where jax would average over all keys.
 
     Arguments:
       query: ``[B, T, N, H]`` or ``[T, N, H]``; float16, bfloat16, float32 or
         float64 (float64 on the CPU only).
       key: ``[B, S, K, H]`` or ``[S, K, H]``, the query's dtype.
       value: the key's shape and dtype.
-      bias, mask, query_seq_lengths, key_value_seq_lengths, local_window_size:
-        accepted for signature compatibility; not implemented yet (raise
-        ``NotImplementedError`` when given).
+      bias: additive, float, broadcastable to ``[B, N, T, S]`` (fewer dims are
+        padded on the left, as jax does); never materialized larger. Its
+        gradient comes back in its own shape.
+      mask: bool, broadcastable to ``[B, N, T, S]``, True = attend (e.g. a key
+        padding mask ``[B, 1, 1, S]``).
       scale: multiplies the logits; default ``1 / sqrt(H)``. A Python or NumPy
         number (it is compiled into the kernel call).
       is_causal: top-left aligned causal mask: query ``i`` attends keys ``j <= i``.
-      return_residual: also return the natural-log logsumexp of the scaled
+      query_seq_lengths, key_value_seq_lengths: int32 ``[B]``; positions at or
+        past a length are padding (padded query rows return zeros).
+      local_window_size: ``w`` or ``(left, right)``: query ``i`` attends keys
+        ``i - left <= j <= i + right``; blocks outside are skipped.
+      return_residual: also return the natural-log logsumexp of the final
         logits, shape ``[B, T, N]`` (or ``[T, N]``) in the query's dtype, as jax
         does. It carries no gradient.
-      implementation: which CUDA kernel family runs the forward: ``None``
-        picks the fastest that supports the inputs, ``"sm80"`` forces the
-        mma.sync tensor-core kernels (float16/bfloat16, head dim a multiple of
-        8, compute capability >= 8.0; an error otherwise), ``"generic"`` the
-        exact SIMT kernels that take every dtype and head dim. The mma.sync
-        backward covers head dims up to 128; above that the backward runs the
-        generic kernels. Ignored on the CPU.
+      q_segment_ids, kv_segment_ids: int32 ``[B, T]`` and ``[B, S]`` (packed
+        sequences): a query attends only keys with the same id. Both or neither.
+      logits_soft_cap: positive float ``c``: logits become ``c * tanh(logits / c)``.
+      dropout_rate: dropout on the attention probabilities, rescaled by
+        ``1 / (1 - rate)``; the mask is a function of ``dropout_rng`` and the
+        element position, regenerated in the backward, never stored.
+      dropout_rng: a jax PRNG key, required when ``dropout_rate > 0``.
+      implementation: which CUDA kernel family runs: ``None`` picks the fastest
+        that supports the inputs, ``"sm80"`` forces the mma.sync tensor-core
+        kernels (float16/bfloat16, head dim a multiple of 8, compute capability
+        >= 8.0; an error otherwise), ``"generic"`` the exact SIMT kernels that
+        take every dtype and head dim. The mma.sync backward covers head dims
+        up to 128; above that the backward runs the generic kernels. Ignored on
+        the CPU.
 
     Returns:
       The attention output, shaped and typed like ``query``; with
       ``return_residual=True`` a tuple ``(output, logsumexp)``.
     """
-    for name in _NOT_YET:
-        if locals()[name] is not None:
-            raise NotImplementedError(f"jax_flash.attention: `{name}` is not supported yet")
     query, key, value = (jnp.asarray(x) for x in (query, key, value))
     _check_inputs(query, key, value)
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"is_causal must be a Python bool, got {type(is_causal).__name__}")
-    scale = _static_scale(scale, query.shape[-1])
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
             f"implementation must be one of {sorted(IMPLEMENTATIONS, key=str)}; got {implementation!r}"
         )
-
     unbatched = query.ndim == 3
     if unbatched:
         query, key, value = query[None], key[None], value[None]
-    out, lse = _flash_attention(
-        query, key, value, scale, bool(is_causal), IMPLEMENTATIONS[implementation]
+    b, t, n, h = query.shape
+    s = key.shape[1]
+    acc_dtype = jnp.promote_types(query.dtype, jnp.float32)
+    features = 0
+    operands = []
+
+    bias4 = _broadcastable_4d("bias", bias, (b, n, t, s))
+    if bias4 is not None:
+        if not jnp.issubdtype(bias4.dtype, jnp.floating):
+            raise TypeError(f"bias must be a float array; got {bias4.dtype}")
+        features |= _HAS_BIAS
+        bias4 = bias4.astype(acc_dtype)
+    operands.append(bias4 if bias4 is not None else jnp.zeros((1, 1, 1, 1), acc_dtype))
+
+    mask4 = _broadcastable_4d("mask", mask, (b, n, t, s))
+    if mask4 is not None:
+        if mask4.dtype != jnp.bool_:
+            raise TypeError(f"mask must be bool (True = attend); got {mask4.dtype}")
+        features |= _HAS_MASK
+    operands.append(mask4 if mask4 is not None else jnp.ones((1, 1, 1, 1), jnp.bool_))
+
+    for name, lengths, bit in (
+        ("query_seq_lengths", query_seq_lengths, _HAS_Q_SEQLENS),
+        ("key_value_seq_lengths", key_value_seq_lengths, _HAS_KV_SEQLENS),
+    ):
+        if lengths is not None:
+            lengths = _int32_array(name, lengths, (b,), unbatched)
+            features |= bit
+        operands.append(lengths if lengths is not None else jnp.zeros((1,), jnp.int32))
+
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("q_segment_ids and kv_segment_ids must be given together")
+    if q_segment_ids is not None:
+        operands.append(_int32_array("q_segment_ids", q_segment_ids, (b, t), unbatched))
+        operands.append(_int32_array("kv_segment_ids", kv_segment_ids, (b, s), unbatched))
+        features |= _HAS_SEGMENTS
+    else:
+        operands += [jnp.zeros((1, 1), jnp.int32)] * 2
+
+    window = _window(local_window_size)
+    softcap = _soft_cap(logits_soft_cap)
+    rate = _dropout_rate(dropout_rate)
+    if rate > 0:
+        if dropout_rng is None:
+            raise ValueError("dropout_rate > 0 needs dropout_rng (a jax PRNG key)")
+        operands.append(jax.random.bits(dropout_rng, (2,), jnp.uint32))
+    else:
+        operands.append(jnp.zeros((2,), jnp.uint32))
+
+    static = _Static(
+        scale=_static_scale(scale, h),
+        is_causal=bool(is_causal),
+        implementation=IMPLEMENTATIONS[implementation],
+        features=features,
+        window_left=window[0],
+        window_right=window[1],
+        softcap=softcap,
+        dropout_rate=rate,
     )
+    out, lse = _flash_attention(query, key, value, *operands, static)
     if unbatched:
         out, lse = out[0], lse[0]
     if not return_residual:
         return out
-    # lse is [..., N, T] float32; jax returns [..., T, N] in the input dtype.
-    residual = jax.lax.stop_gradient(jnp.swapaxes(lse, -1, -2).astype(query.dtype))
+    # lse is [..., N, T] (float32); jax returns [..., T, N] in the input dtype.
+    residual = jax.lax.stop_gradient(jnp.swapaxes(lse, -1, -2).astype(out.dtype))
     return out, residual
+
+
+# Bits of the FFI `features` attribute (ffi/common/ffi_decode.h FeatureBits).
+_HAS_BIAS, _HAS_MASK, _HAS_Q_SEQLENS, _HAS_KV_SEQLENS, _HAS_SEGMENTS = 1, 2, 4, 8, 16
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Everything compiled into the kernel call (hashable: a nondiff argument)."""
+
+    scale: float
+    is_causal: bool
+    implementation: int
+    features: int
+    window_left: int
+    window_right: int
+    softcap: float
+    dropout_rate: float
+
+    def attributes(self) -> dict:
+        # Typed NumPy scalars matching the handlers' Attr types.
+        return dict(
+            scale=np.float64(self.scale),
+            is_causal=np.int32(self.is_causal),
+            implementation=np.int32(self.implementation),
+            features=np.int32(self.features),
+            window_left=np.int64(self.window_left),
+            window_right=np.int64(self.window_right),
+            softcap=np.float64(self.softcap),
+            dropout_rate=np.float64(self.dropout_rate),
+        )
+
+
+def _broadcastable_4d(name, x, full_shape):
+    """x padded on the left to 4 dims, each 1 or the full size; None stays None."""
+    if x is None:
+        return None
+    x = jnp.asarray(x)
+    if x.ndim > 4:
+        raise ValueError(f"{name} must have at most 4 dims [B, N, T, S]; got shape {x.shape}")
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    for dim, size, letter in zip(x.shape, full_shape, "BNTS"):
+        if dim not in (1, size):
+            raise ValueError(
+                f"{name} shape {x.shape} does not broadcast to [B, N, T, S] = {tuple(full_shape)} "
+                f"(dim {letter} is {dim})"
+            )
+    return x
+
+
+def _int32_array(name, x, shape, unbatched):
+    x = jnp.asarray(x)
+    if unbatched and x.shape == shape[1:]:
+        x = x[None]
+    if x.dtype != jnp.int32:
+        raise TypeError(f"{name} must be int32; got {x.dtype}")
+    if x.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}; got {x.shape}")
+    return x
+
+
+def _window(local_window_size) -> tuple[int, int]:
+    if local_window_size is None:
+        return (-1, -1)
+    if isinstance(local_window_size, (int, np.integer)):
+        local_window_size = (local_window_size, local_window_size)
+    try:
+        left, right = (int(w) for w in local_window_size)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"local_window_size must be an int or (left, right); got {local_window_size!r}"
+        ) from None
+    if left < 0 or right < 0:
+        raise ValueError(f"local_window_size must be non-negative; got {(left, right)}")
+    return (left, right)
+
+
+def _soft_cap(cap) -> float:
+    if cap is None:
+        return 0.0
+    if isinstance(cap, jax.core.Tracer):
+        raise TypeError("logits_soft_cap must be a static number, not a traced value")
+    cap = float(cap)
+    if not (cap > 0 and math.isfinite(cap)):
+        raise ValueError(f"logits_soft_cap must be a positive finite number; got {cap}")
+    return cap
+
+
+def _dropout_rate(rate) -> float:
+    if isinstance(rate, jax.core.Tracer):
+        raise TypeError("dropout_rate must be a static number, not a traced value")
+    rate = float(rate)
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"dropout_rate must be in [0, 1); got {rate}")
+    return rate
 
 
 def _check_inputs(query: jax.Array, key: jax.Array, value: jax.Array) -> None:
@@ -149,33 +313,42 @@ def _static_scale(scale: Any, head_dim: int) -> float:
 
 
 # --- custom VJP -----------------------------------------------------------
+# Primal arguments: q, k, v, then the feature operands (bias, mask, q_seqlens,
+# kv_seqlens, q_segment_ids, kv_segment_ids, dropout_seed; placeholders when
+# unused), then the static configuration.
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _flash_attention(q, k, v, scale, is_causal, implementation):
-    return _forward_call(q, k, v, scale, is_causal, implementation)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(10,))
+def _flash_attention(q, k, v, *rest):
+    *feature_ops, static = rest
+    return _forward_call(q, k, v, feature_ops, static)
 
 
-def _flash_attention_fwd(q, k, v, scale, is_causal, implementation):
-    out, lse = _forward_call(q, k, v, scale, is_causal, implementation)
-    return (out, lse), (q, k, v, out, lse)
+def _flash_attention_fwd(q, k, v, *rest):
+    *feature_ops, static = rest
+    out, lse = _forward_call(q, k, v, feature_ops, static)
+    return (out, lse), (q, k, v, out, lse, tuple(feature_ops))
 
 
-def _flash_attention_bwd(scale, is_causal, implementation, residuals, cotangents):
-    q, k, v, out, lse = residuals
+def _flash_attention_bwd(static, residuals, cotangents):
+    q, k, v, out, lse, feature_ops = residuals
     dout, _ = cotangents  # lse leaves attention() under stop_gradient
-    dq, dk, dv = _backward_call(
-        q, k, v, out, lse, dout.astype(q.dtype), scale, is_causal, implementation
-    )
-    return dq, dk, dv
+    dout = dout.astype(q.dtype)
+    dq, dk, dv = _backward_call(q, k, v, out, lse, dout, feature_ops, static)
+    bias = feature_ops[0]
+    if static.features & _HAS_BIAS:
+        # A separate call, so that XLA drops it when nobody uses the bias gradient.
+        dbias = _bias_gradient_call(q, k, v, out, lse, dout, feature_ops, static)
+    else:
+        dbias = jnp.zeros_like(bias)
+    # Integer and bool operands (mask, lengths, segments, seed) get no cotangent.
+    return (dq, dk, dv, dbias) + (None,) * (len(feature_ops) - 1)
 
 
 _flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
 
 
 # --- FFI calls --------------------------------------------------------------
-# Attributes are typed NumPy scalars matching the handlers' Attr types: scale
-# is float64 (exact for float64 inputs), is_causal and implementation int32.
 # vmap_method="broadcast_all" gives the handlers inputs with extra leading
 # (batch) dims, which they fold into batch.
 
@@ -202,30 +375,19 @@ def _result_type(like: jax.Array, shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _row_stats_type(q: jax.Array) -> jax.ShapeDtypeStruct:
+def _row_stats_type(q: jax.Array):
     """lse/delta: [..., N, T], float32 (float64 for float64 inputs)."""
     *batch, t, n, _ = q.shape
     return _result_type(q, (*batch, n, t), jnp.promote_types(q.dtype, jnp.float32))
 
 
-def _attributes(scale, is_causal, implementation):
-    return dict(
-        scale=np.float64(scale),
-        is_causal=np.int32(is_causal),
-        implementation=np.int32(implementation),
-    )
-
-
-def _forward_call(q, k, v, scale, is_causal, implementation):
-    result_types = (
-        _result_type(q, q.shape, q.dtype),  # out
-        _row_stats_type(q),  # lse
-    )
+def _forward_call(q, k, v, feature_ops, static):
+    result_types = (_result_type(q, q.shape, q.dtype), _row_stats_type(q))  # out, lse
     call = jax.ffi.ffi_call(_registration.FWD_TARGET, result_types, vmap_method="broadcast_all")
-    return call(q, k, v, **_attributes(scale, is_causal, implementation))
+    return call(q, k, v, *feature_ops, **static.attributes())
 
 
-def _backward_call(q, k, v, out, lse, dout, scale, is_causal, implementation):
+def _backward_call(q, k, v, out, lse, dout, feature_ops, static):
     result_types = (
         _result_type(q, q.shape, q.dtype),  # dq
         _result_type(k, k.shape, k.dtype),  # dk
@@ -233,5 +395,13 @@ def _backward_call(q, k, v, out, lse, dout, scale, is_causal, implementation):
         _row_stats_type(q),  # delta (scratch)
     )
     call = jax.ffi.ffi_call(_registration.BWD_TARGET, result_types, vmap_method="broadcast_all")
-    dq, dk, dv, _ = call(q, k, v, out, lse, dout, **_attributes(scale, is_causal, implementation))
+    dq, dk, dv, _ = call(q, k, v, out, lse, dout, *feature_ops, **static.attributes())
     return dq, dk, dv
+
+
+def _bias_gradient_call(q, k, v, out, lse, dout, feature_ops, static):
+    bias = feature_ops[0]
+    result_types = (_result_type(bias, bias.shape, bias.dtype), _row_stats_type(q))
+    call = jax.ffi.ffi_call(_registration.DBIAS_TARGET, result_types, vmap_method="broadcast_all")
+    dbias, _ = call(q, k, v, out, lse, dout, *feature_ops, **static.attributes())
+    return dbias

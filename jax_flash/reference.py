@@ -11,29 +11,86 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
-def attention(query, key, value, *, scale=None, is_causal=False, return_residual=False):
+def visibility(b, n, t, s, *, mask=None, is_causal=False, query_seq_lengths=None,
+               key_value_seq_lengths=None, local_window_size=None, q_segment_ids=None,
+               kv_segment_ids=None):
+    """Bool [B, N, T, S]: which (query, key) pairs the masks leave visible."""
+    i = jnp.arange(t)[:, None]
+    j = jnp.arange(s)[None, :]
+    vis = jnp.ones((b, n, t, s), bool)
+    if mask is not None:
+        m = jnp.asarray(mask)
+        vis = vis & m.reshape((1,) * (4 - m.ndim) + m.shape)
+    if is_causal:
+        vis = vis & (j <= i)
+    if local_window_size is not None:
+        left, right = (local_window_size, local_window_size) if isinstance(
+            local_window_size, int) else local_window_size
+        vis = vis & (j >= i - left) & (j <= i + right)
+    if query_seq_lengths is not None:
+        vis = vis & (jnp.arange(t)[None, None, :, None] < query_seq_lengths[:, None, None, None])
+    if key_value_seq_lengths is not None:
+        vis = vis & (jnp.arange(s)[None, None, None, :] < key_value_seq_lengths[:, None, None, None])
+    if q_segment_ids is not None:
+        vis = vis & (q_segment_ids[:, None, :, None] == kv_segment_ids[:, None, None, :])
+    return vis
+
+
+def attention(query, key, value, bias=None, *, scale=None, logits_soft_cap=None,
+              dropout_factor=None, return_residual=False, **mask_kwargs):
     """Reference attention on ``[B, T, N, H]`` / ``[B, S, K, H]`` inputs.
 
-    Rows with no visible key give zeros and a logsumexp of ``-inf`` (jax_flash's
-    contract). Returns ``out`` (input dtype) or ``(out, lse)`` with ``lse``
-    ``[B, N, T]`` in the compute dtype.
+    ``mask_kwargs`` are those of :func:`visibility`. ``dropout_factor``, if
+    given, is a ``[B, N, T, S]`` array multiplying the probabilities (0 or
+    1 / (1 - rate)). Rows with no visible key give zeros and a logsumexp of
+    ``-inf`` (jax_flash's contract). Returns ``out`` (input dtype) or
+    ``(out, lse)`` with ``lse`` ``[B, N, T]`` in the compute dtype.
     """
     b, t, n, h = query.shape
     s, k = key.shape[1], key.shape[2]
     compute = jnp.promote_types(query.dtype, jnp.float32)
     scale = 1.0 / math.sqrt(h) if scale is None else scale
-    q = query.astype(compute).reshape(b, t, k, n // k, h)
-    logits = jnp.einsum("btkgh,bskh->bkgts", q, key.astype(compute)) * scale
-    if is_causal:
-        visible = jnp.arange(s)[None, :] <= jnp.arange(t)[:, None]
-        logits = jnp.where(visible, logits, -jnp.inf)
+    kf = jnp.repeat(key.astype(compute), n // k, axis=2)
+    vf = jnp.repeat(value.astype(compute), n // k, axis=2)
+    logits = jnp.einsum("btnh,bsnh->bnts", query.astype(compute), kf) * scale
+    if logits_soft_cap is not None:
+        logits = logits_soft_cap * jnp.tanh(logits / logits_soft_cap)
+    if bias is not None:
+        bias = jnp.asarray(bias, compute)
+        logits = logits + bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
+    vis = visibility(b, n, t, s, **mask_kwargs)
+    logits = jnp.where(vis, logits, -jnp.inf)
     lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
     finite = jnp.isfinite(lse)
     probs = jnp.where(finite, jnp.exp(logits - jnp.where(finite, lse, 0.0)), 0.0)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, value.astype(compute))
-    out = out.reshape(b, t, n, h).astype(query.dtype)
+    if dropout_factor is not None:
+        probs = probs * dropout_factor
+    out = jnp.einsum("bnts,bsnh->btnh", probs, vf).astype(query.dtype)
     if return_residual:
-        return out, lse[..., 0].reshape(b, n, t)
+        return out, lse[..., 0]
     return out
+
+
+def dropout_factor(seed, b, n, t, s, rate):
+    """The [B, N, T, S] dropout multipliers jax_flash's kernels draw (NumPy).
+
+    Philox-4x32-10 keyed by ``seed`` (two uint32), counter (j, i, h, b), first
+    output word; dropped when below ``rate * 2**32``.
+    """
+    k0, k1 = (np.uint64(x) for x in np.asarray(seed, np.uint32))
+    bb, hh, ii, jj = np.meshgrid(np.arange(b), np.arange(n), np.arange(t), np.arange(s), indexing="ij")
+    c0, c1, c2, c3 = (x.astype(np.uint64) for x in (jj, ii, hh, bb))
+    mask32 = np.uint64(0xFFFFFFFF)
+    for _ in range(10):
+        p0 = np.uint64(0xD2511F53) * c0
+        p1 = np.uint64(0xCD9E8D57) * c2
+        hi0, lo0 = p0 >> np.uint64(32), p0 & mask32
+        hi1, lo1 = p1 >> np.uint64(32), p1 & mask32
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = (k0 + np.uint64(0x9E3779B9)) & mask32
+        k1 = (k1 + np.uint64(0xBB67AE85)) & mask32
+    threshold = np.uint64(int(rate * 4294967296.0))
+    return np.where(c0 < threshold, 0.0, 1.0 / (1.0 - rate))

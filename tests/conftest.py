@@ -6,6 +6,12 @@ a kernel forgets to write is NaN and fails the comparison.
 """
 
 import os
+import sys
+
+# Import the installed jax_flash, never the source tree (it has no compiled
+# extension): `python -m pytest` from the repository root would put it first.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT]
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"

@@ -37,6 +37,49 @@ struct AttentionShape {
   JAX_FLASH_HOST_DEVICE int64_t group() const { return num_heads / num_heads_k; }
 };
 
+// Optional attention features (issue: bias, masks, lengths, segments, window,
+// soft cap, dropout). A null pointer or a negative window side means "off".
+constexpr int kMaxBatchDims = 4;  // leading dims of q (vmap adds some)
+
+// Element strides of an operand broadcast against [batch..., heads, seq_q,
+// seq_k] (bias, mask): 0 along a broadcast (size-1) dim.
+struct BroadcastStrides {
+  int64_t batch[kMaxBatchDims] = {};
+  int64_t head = 0, row = 0, col = 0;
+};
+
+struct AttentionFeatures {
+  // Leading (batch) dims of q, so a flat batch index can be split into the
+  // multi-index that broadcast strides need.
+  int num_batch_dims = 1;
+  int64_t batch_dims[kMaxBatchDims] = {1, 1, 1, 1};
+
+  const void* bias = nullptr;  // accumulation type (float, double for f64)
+  BroadcastStrides bias_stride;
+  const uint8_t* mask = nullptr;  // bool, true = attend
+  BroadcastStrides mask_stride;
+  const int32_t* q_seqlens = nullptr;       // [batch]
+  const int32_t* kv_seqlens = nullptr;      // [batch]
+  const int32_t* q_segment_ids = nullptr;   // [batch, seqlen_q]
+  const int32_t* kv_segment_ids = nullptr;  // [batch, seqlen_k]
+  int64_t window_left = -1, window_right = -1;  // key j visible iff i - left <= j <= i + right
+  double softcap = 0.0;                         // > 0: logits = c * tanh(logits / c)
+  double dropout_rate = 0.0;
+  const uint32_t* dropout_seed = nullptr;  // [seed_count, 2]
+  int64_t seed_count = 1;
+
+  // Offset of a broadcast operand for flat batch b and head h.
+  JAX_FLASH_HOST_DEVICE int64_t BroadcastOffset(const BroadcastStrides& st, int64_t b,
+                                                int64_t h) const {
+    int64_t off = h * st.head;
+    for (int d = num_batch_dims - 1; d >= 0; --d) {
+      off += (b % batch_dims[d]) * st.batch[d];
+      b /= batch_dims[d];
+    }
+    return off;
+  }
+};
+
 // Pointers are untyped: the element type is a template parameter of the
 // kernels, chosen once by the dispatch after the FFI handler. Pointers a pass
 // does not use stay null. lse and delta are [batch, heads, seqlen_q] in the
@@ -58,6 +101,8 @@ struct AttentionParams {
   void* dq = nullptr;
   void* dk = nullptr;
   void* dv = nullptr;
+
+  AttentionFeatures features;
 
   double scale = 1.0;      // multiplies q.k before the softmax (double: exact for float64)
   bool is_causal = false;  // top-left aligned: query i sees keys j <= i

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/mask_policy.h"
 #include "cpu/block_math.h"
 #include "cpu/element.h"
 #include "cpu/parallel.h"
@@ -18,6 +19,7 @@ constexpr int kBlockN = 64;
 static_assert(kBlockN % kColTile == 0);
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t FloorTo(int64_t a, int64_t b) { return a / b * b; }
 int PaddedHeadDim(int64_t d) { return int(CeilDiv(d, kColTile) * kColTile); }
 
 // Loads rows [row0, row0 + rows) of one head into dst[rows][ld] as Acc,
@@ -34,7 +36,7 @@ void LoadRows(const Element* src, int64_t row_stride, int64_t row0, int rows,
 }
 
 // Loads rows [row0, row0 + rows) transposed: dst[c][r], zero-padded to
-// [ld_rows][kBlockN] (rows past `rows` and columns past head_dim are zero).
+// [padded_dim][kBlockN] (rows past `rows` and columns past head_dim are zero).
 template <typename Element, typename Acc>
 void LoadRowsTransposed(const Element* src, int64_t row_stride, int64_t row0,
                         int rows, int head_dim, int padded_dim, Acc* dst) {
@@ -45,10 +47,54 @@ void LoadRowsTransposed(const Element* src, int64_t row_stride, int64_t row0,
   }
 }
 
-// Is key `key` hidden from query `query`? (tails and the causal mask)
-inline bool Masked(bool causal, int64_t query, int64_t key, int64_t seqlen_k) {
-  return key >= seqlen_k || (causal && key > query);
-}
+// Turns a block of raw dot products q.k into logits in log2 units, in place:
+// x = log2(e) * (softcap(scale * q.k) + bias), -inf where the policy hides the
+// pair. With a soft cap, tanh_out receives tanh(scale * q.k / cap) for the
+// backward's chain rule. Everything past `rows` x `cols` of the block is -inf.
+template <typename Acc>
+struct LogitTransform {
+  const AttentionParams& p;
+  const MaskPolicy& mask;
+  const Acc* bias = nullptr;  // this (batch, head) slice, or null
+  int64_t bias_row = 0, bias_col = 0;
+  Acc scale, cap;
+
+  LogitTransform(const AttentionParams& params, const MaskPolicy& m, int64_t b, int64_t h)
+      : p(params), mask(m), scale(Acc(params.scale)), cap(Acc(params.features.softcap)) {
+    const AttentionFeatures& f = params.features;
+    if (f.bias) {
+      bias = static_cast<const Acc*>(f.bias) + f.BroadcastOffset(f.bias_stride, b, h);
+      bias_row = f.bias_stride.row;
+      bias_col = f.bias_stride.col;
+    }
+  }
+
+  void Apply(Acc* s, int64_t q0, int rows, int64_t k0, int cols, Acc* tanh_out) const {
+    const Acc log2e = Acc(kLog2eF64);
+    for (int r = 0; r < rows; ++r) {
+      Acc* srow = s + r * kBlockN;
+      if (cap > 0) {
+        Acc* trow = tanh_out + r * kBlockN;
+        for (int c = 0; c < kBlockN; ++c) {
+          trow[c] = std::tanh(srow[c] * scale / cap);
+          srow[c] = cap * trow[c];
+        }
+      } else {
+        for (int c = 0; c < kBlockN; ++c) srow[c] *= scale;
+      }
+      if (bias) {
+        const Acc* brow = bias + (q0 + r) * bias_row + k0 * bias_col;
+        for (int c = 0; c < cols; ++c) srow[c] += brow[c * bias_col];
+      }
+      for (int c = 0; c < kBlockN; ++c) srow[c] *= log2e;
+    }
+    if (mask.NeedsCheck(q0, q0 + rows, k0, k0 + kBlockN)) {
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < kBlockN; ++c)
+          if (c >= cols || !mask.Visible(q0 + r, k0 + c)) s[r * kBlockN + c] = NegInf<Acc>();
+    }
+  }
+};
 
 template <typename Element>
 void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block) {
@@ -58,6 +104,9 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
   const int64_t hk = h / s.group();
   const int64_t q0 = m_block * kBlockM;
   const int rows = int(std::min<int64_t>(kBlockM, s.seqlen_q - q0));
+  const MaskPolicy mask = MaskPolicy::For(p, b, h);
+  const DropoutPolicy dropout = DropoutPolicy::For(p, b);
+  const LogitTransform<Acc> logits(p, mask, b, h);
 
   const Element* q = static_cast<const Element*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head;
   const Element* k = static_cast<const Element*>(p.k) + b * p.k_stride.batch + hk * p.k_stride.head;
@@ -66,24 +115,24 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
 
   thread_local std::vector<Acc> buf;
   buf.resize(size_t(kBlockM) * dp * 2 + size_t(dp) * kBlockN + size_t(kBlockN) * dp +
-             kBlockM * kBlockN + 2 * kBlockM);
-  Acc* q_blk = buf.data();                   // [kBlockM][dp], pre-scaled to log2 units
+             2 * kBlockM * kBlockN + 2 * kBlockM);
+  Acc* q_blk = buf.data();                   // [kBlockM][dp]
   Acc* o_acc = q_blk + kBlockM * dp;         // [kBlockM][dp]
   Acc* kt_blk = o_acc + kBlockM * dp;        // [dp][kBlockN]  (K transposed)
   Acc* v_blk = kt_blk + dp * kBlockN;        // [kBlockN][dp]
   Acc* s_blk = v_blk + kBlockN * dp;         // [kBlockM][kBlockN] logits, then P
-  Acc* row_max = s_blk + kBlockM * kBlockN;  // running max (log2 units)
+  Acc* t_blk = s_blk + kBlockM * kBlockN;    // [kBlockM][kBlockN] tanh (soft cap only)
+  Acc* row_max = t_blk + kBlockM * kBlockN;  // running max (log2 units)
   Acc* row_sum = row_max + kBlockM;          // running sum of P
 
-  const Acc scale_log2 = Acc(p.scale) * Acc(kLog2eF64);
-  LoadRows(q, p.q_stride.row, q0, rows, d, scale_log2, q_blk, dp);
+  LoadRows(q, p.q_stride.row, q0, rows, d, Acc(1), q_blk, dp);
   std::fill(o_acc, o_acc + kBlockM * dp, Acc(0));
   std::fill(row_max, row_max + kBlockM, NegInf<Acc>());
   std::fill(row_sum, row_sum + kBlockM, Acc(0));
 
-  // Causal: query q0 + rows - 1 is the last to look; keys past it are unseen.
-  const int64_t kv_end = p.is_causal ? std::min(s.seqlen_k, q0 + rows) : s.seqlen_k;
-  for (int64_t k0 = 0; k0 < kv_end; k0 += kBlockN) {
+  int64_t kv_lo, kv_hi;
+  mask.KeyRange(q0, q0 + rows, &kv_lo, &kv_hi);
+  for (int64_t k0 = FloorTo(kv_lo, kBlockN); k0 < kv_hi; k0 += kBlockN) {
     const int cols = int(std::min<int64_t>(kBlockN, s.seqlen_k - k0));
     LoadRowsTransposed(k, p.k_stride.row, k0, cols, d, dp, kt_blk);
     LoadRows(v, p.k_stride.row, k0, cols, d, Acc(1), v_blk, dp);
@@ -91,13 +140,10 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
 
     std::fill(s_blk, s_blk + kBlockM * kBlockN, Acc(0));
     GemmAcc(rows, kBlockN, dp, q_blk, dp, kt_blk, kBlockN, s_blk, kBlockN);  // S = Q K^T
+    logits.Apply(s_blk, q0, rows, k0, cols, t_blk);
 
-    const bool needs_mask = cols < kBlockN || (p.is_causal && k0 + kBlockN - 1 > q0);
     for (int r = 0; r < rows; ++r) {
       Acc* srow = s_blk + r * kBlockN;
-      if (needs_mask)
-        for (int c = 0; c < kBlockN; ++c)
-          if (Masked(p.is_causal, q0 + r, k0 + c, s.seqlen_k)) srow[c] = NegInf<Acc>();
       Acc mx = row_max[r];
       for (int c = 0; c < kBlockN; ++c) mx = std::max(mx, srow[c]);
       // A row with nothing visible yet keeps P = 0 (exp2(-inf - 0)).
@@ -108,8 +154,10 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
         srow[c] = Exp2(srow[c] - m_use);
         sum += srow[c];
       }
-      row_sum[r] = row_sum[r] * alpha + sum;
+      row_sum[r] = row_sum[r] * alpha + sum;  // the softmax normalizer ignores dropout
       row_max[r] = mx;
+      if (dropout.active)
+        for (int c = 0; c < cols; ++c) srow[c] *= Acc(dropout.Factor(b, h, q0 + r, k0 + c));
       Acc* orow = o_acc + r * dp;
       for (int c = 0; c < dp; ++c) orow[c] *= alpha;
     }
@@ -143,39 +191,100 @@ void DeltaTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block) 
   }
 }
 
-// One task of the backward: key blocks n_block, n_block + stride, ... of key
-// head hk, for every query head of its group. dK/dV accumulate in the task's
-// buffers; dQ contributions go to dq_partial ([heads][seqlen_q][dp] floats for
-// this batch entry and split), summed over splits afterwards in a fixed order
-// so results are bitwise reproducible.
+// Recomputes one (query block, key block) tile of the backward: P (dropped
+// out where dropout is on) into p_blk and dS = dlogits into ds_blk, both
+// [kBlockM][kBlockN]; ds_raw_blk gets dS through the soft cap's derivative
+// (the gradient of scale * q.k), which is dS itself without a soft cap.
+template <typename Acc>
+struct BackwardTile {
+  Acc* q_blk;   // [kBlockM][dp] q rows, unscaled
+  Acc* do_blk;  // [kBlockM][dp]
+  Acc* kt_blk;  // [dp][kBlockN]
+  Acc* vt_blk;  // [dp][kBlockN]
+  Acc* p_blk;   // [kBlockM][kBlockN]
+  Acc* ds_blk;  // [kBlockM][kBlockN]
+  Acc* t_blk;   // [kBlockM][kBlockN] tanh values (soft cap)
+  Acc* lse2;    // [kBlockM]
+  Acc* delta;   // [kBlockM]
+};
+
+template <typename Element, typename Acc>
+void ComputeBackwardTile(const AttentionParams& p, const LogitTransform<Acc>& logits,
+                         const DropoutPolicy& dropout, int64_t b, int64_t h, const Element* q,
+                         const Element* dout, int64_t q0, int rows, int64_t k0, int cols, int dp,
+                         const BackwardTile<Acc>& t) {
+  const int d = int(p.shape.head_dim);
+  LoadRows(q, p.q_stride.row, q0, rows, d, Acc(1), t.q_blk, dp);
+  LoadRows(dout, p.q_stride.row, q0, rows, d, Acc(1), t.do_blk, dp);
+  for (int r = 0; r < rows; ++r) {
+    const Acc l = static_cast<const Acc*>(p.lse)[p.row_stat_index(b, h, q0 + r)];
+    // A row that saw no key (lse = -inf) must get P = 0, not inf.
+    t.lse2[r] = l == NegInf<Acc>() ? -NegInf<Acc>() : l * Acc(kLog2eF64);
+    t.delta[r] = static_cast<const Acc*>(p.delta)[p.row_stat_index(b, h, q0 + r)];
+  }
+  std::fill(t.p_blk, t.p_blk + kBlockM * kBlockN, Acc(0));
+  std::fill(t.ds_blk, t.ds_blk + kBlockM * kBlockN, Acc(0));
+  GemmAcc(rows, kBlockN, dp, t.q_blk, dp, t.kt_blk, kBlockN, t.p_blk, kBlockN);    // q.k
+  GemmAcc(rows, kBlockN, dp, t.do_blk, dp, t.vt_blk, kBlockN, t.ds_blk, kBlockN);  // dP = dO V^T
+  logits.Apply(t.p_blk, q0, rows, k0, cols, t.t_blk);
+  for (int r = 0; r < rows; ++r) {
+    Acc* prow = t.p_blk + r * kBlockN;
+    Acc* dsrow = t.ds_blk + r * kBlockN;
+    for (int c = 0; c < kBlockN; ++c) prow[c] = Exp2(prow[c] - t.lse2[r]);  // masked: exp2(-inf) = 0
+    if (dropout.active) {
+      for (int c = 0; c < cols; ++c) {
+        const Acc f = Acc(dropout.Factor(b, h, q0 + r, k0 + c));
+        dsrow[c] = prow[c] * (dsrow[c] * f - t.delta[r]);  // dS uses the undropped P
+        prow[c] *= f;                                      // dV uses the dropped one
+      }
+    } else {
+      for (int c = 0; c < kBlockN; ++c) dsrow[c] = prow[c] * (dsrow[c] - t.delta[r]);
+    }
+  }
+}
+
+// Applies the soft cap's derivative: d(scale * q.k) = dS * (1 - tanh^2).
+template <typename Acc>
+void SoftcapChain(const AttentionParams& p, int rows, Acc* ds_blk, const Acc* t_blk) {
+  if (p.features.softcap <= 0) return;
+  for (int i = 0; i < rows * kBlockN; ++i) ds_blk[i] *= Acc(1) - t_blk[i] * t_blk[i];
+}
+
+// One task of the backward: key blocks n_block, n_block + num_splits, ... of
+// key head hk, for every query head of its group. dK/dV accumulate in the
+// task's buffers; dQ contributions go to dq_partial ([heads][seqlen_q][dp]
+// for this batch entry and split), summed over splits afterwards in a fixed
+// order so results are bitwise reproducible.
 template <typename Element>
 void BackwardTask(const AttentionParams& p, int64_t b, int64_t hk, int64_t split,
                   int64_t num_splits, typename AccumFor<Element>::type* dq_partial) {
   using Acc = typename AccumFor<Element>::type;
   const auto& s = p.shape;
   const int d = int(s.head_dim), dp = PaddedHeadDim(d);
-  const Acc scale_log2 = Acc(p.scale) * Acc(kLog2eF64);
   const int64_t k_base = b * p.k_stride.batch + hk * p.k_stride.head;
   const Element* k = static_cast<const Element*>(p.k) + k_base;
   const Element* v = static_cast<const Element*>(p.v) + k_base;
   Element* dk = static_cast<Element*>(p.dk) + k_base;
   Element* dv = static_cast<Element*>(p.dv) + k_base;
+  const DropoutPolicy dropout = DropoutPolicy::For(p, b);
 
   thread_local std::vector<Acc> buf;
   buf.resize(size_t(kBlockN) * dp * 3 + size_t(dp) * kBlockN * 2 + size_t(kBlockM) * dp * 2 +
-             size_t(kBlockM) * kBlockN * 3 + 2 * kBlockM);
+             size_t(kBlockM) * kBlockN * 4 + 2 * kBlockM);
   Acc* k_blk = buf.data();                    // [kBlockN][dp]
   Acc* dk_acc = k_blk + kBlockN * dp;         // [kBlockN][dp]
   Acc* dv_acc = dk_acc + kBlockN * dp;        // [kBlockN][dp]
-  Acc* kt_blk = dv_acc + kBlockN * dp;        // [dp][kBlockN]
-  Acc* vt_blk = kt_blk + dp * kBlockN;        // [dp][kBlockN]
-  Acc* q_blk = vt_blk + dp * kBlockN;         // [kBlockM][dp]
-  Acc* do_blk = q_blk + kBlockM * dp;         // [kBlockM][dp]
-  Acc* p_blk = do_blk + kBlockM * dp;         // [kBlockM][kBlockN] P, then dS
-  Acc* dp_blk = p_blk + kBlockM * kBlockN;    // [kBlockM][kBlockN] dP
-  Acc* t_blk = dp_blk + kBlockM * kBlockN;    // [kBlockN][kBlockM] P^T or dS^T
-  Acc* lse2 = t_blk + kBlockN * kBlockM;      // lse in log2 units per query row
-  Acc* delta = lse2 + kBlockM;
+  BackwardTile<Acc> t;
+  t.kt_blk = dv_acc + kBlockN * dp;
+  t.vt_blk = t.kt_blk + dp * kBlockN;
+  t.q_blk = t.vt_blk + dp * kBlockN;
+  t.do_blk = t.q_blk + kBlockM * dp;
+  t.p_blk = t.do_blk + kBlockM * dp;
+  t.ds_blk = t.p_blk + kBlockM * kBlockN;
+  t.t_blk = t.ds_blk + kBlockM * kBlockN;
+  Acc* tr_blk = t.t_blk + kBlockM * kBlockN;  // [kBlockN][kBlockM] P^T or dS^T
+  t.lse2 = tr_blk + kBlockN * kBlockM;
+  t.delta = t.lse2 + kBlockM;
 
   const int64_t num_n_blocks = CeilDiv(s.seqlen_k, kBlockN);
   for (int64_t n_block = split; n_block < num_n_blocks; n_block += num_splits) {
@@ -183,8 +292,8 @@ void BackwardTask(const AttentionParams& p, int64_t b, int64_t hk, int64_t split
     const int cols = int(std::min<int64_t>(kBlockN, s.seqlen_k - k0));
     LoadRows(k, p.k_stride.row, k0, cols, d, Acc(1), k_blk, dp);
     std::fill(k_blk + cols * dp, k_blk + kBlockN * dp, Acc(0));
-    LoadRowsTransposed(k, p.k_stride.row, k0, cols, d, dp, kt_blk);
-    LoadRowsTransposed(v, p.k_stride.row, k0, cols, d, dp, vt_blk);
+    LoadRowsTransposed(k, p.k_stride.row, k0, cols, d, dp, t.kt_blk);
+    LoadRowsTransposed(v, p.k_stride.row, k0, cols, d, dp, t.vt_blk);
     std::fill(dk_acc, dk_acc + kBlockN * dp, Acc(0));
     std::fill(dv_acc, dv_acc + kBlockN * dp, Acc(0));
 
@@ -194,37 +303,20 @@ void BackwardTask(const AttentionParams& p, int64_t b, int64_t hk, int64_t split
       const Element* q = static_cast<const Element*>(p.q) + q_base;
       const Element* dout = static_cast<const Element*>(p.dout) + q_base;
       Acc* dq_head = dq_partial + h * s.seqlen_q * dp;
-      // Causal: only queries i >= k0 see this key block.
-      const int64_t q_start = p.is_causal ? (k0 / kBlockM) * kBlockM : 0;
-      for (int64_t q0 = q_start; q0 < s.seqlen_q; q0 += kBlockM) {
+      const MaskPolicy mask = MaskPolicy::For(p, b, h);
+      const LogitTransform<Acc> logits(p, mask, b, h);
+      int64_t q_lo, q_hi;
+      mask.QueryRange(k0, k0 + kBlockN, &q_lo, &q_hi);
+      for (int64_t q0 = FloorTo(q_lo, kBlockM); q0 < q_hi; q0 += kBlockM) {
         const int rows = int(std::min<int64_t>(kBlockM, s.seqlen_q - q0));
-        LoadRows(q, p.q_stride.row, q0, rows, d, Acc(1), q_blk, dp);
-        LoadRows(dout, p.q_stride.row, q0, rows, d, Acc(1), do_blk, dp);
-        for (int r = 0; r < rows; ++r) {
-          const Acc l = static_cast<const Acc*>(p.lse)[p.row_stat_index(b, h, q0 + r)];
-          // A row that saw no key (lse = -inf) must get P = 0, not inf.
-          lse2[r] = l == NegInf<Acc>() ? -NegInf<Acc>() : l * Acc(kLog2eF64);
-          delta[r] = static_cast<const Acc*>(p.delta)[p.row_stat_index(b, h, q0 + r)];
-        }
-        std::fill(p_blk, p_blk + kBlockM * kBlockN, Acc(0));
-        std::fill(dp_blk, dp_blk + kBlockM * kBlockN, Acc(0));
-        GemmAcc(rows, kBlockN, dp, q_blk, dp, kt_blk, kBlockN, p_blk, kBlockN);    // S = Q K^T
-        GemmAcc(rows, kBlockN, dp, do_blk, dp, vt_blk, kBlockN, dp_blk, kBlockN);  // dP = dO V^T
-        const bool needs_mask = cols < kBlockN || (p.is_causal && k0 + kBlockN - 1 > q0);
-        for (int r = 0; r < rows; ++r) {
-          Acc* prow = p_blk + r * kBlockN;
-          const Acc* dprow = dp_blk + r * kBlockN;
-          for (int c = 0; c < kBlockN; ++c) prow[c] = Exp2(prow[c] * scale_log2 - lse2[r]);
-          if (needs_mask)
-            for (int c = 0; c < kBlockN; ++c)
-              if (Masked(p.is_causal, q0 + r, k0 + c, s.seqlen_k)) prow[c] = 0;
-          Transpose(1, kBlockN, prow, kBlockN, t_blk + r, kBlockM);  // P^T column r
-          for (int c = 0; c < kBlockN; ++c) prow[c] *= dprow[c] - delta[r];  // dS
-        }
-        GemmAcc(kBlockN, dp, rows, t_blk, kBlockM, do_blk, dp, dv_acc, dp);  // dV += P^T dO
-        Transpose(rows, kBlockN, p_blk, kBlockN, t_blk, kBlockM);
-        GemmAcc(kBlockN, dp, rows, t_blk, kBlockM, q_blk, dp, dk_acc, dp);   // dK += dS^T Q
-        GemmAcc(rows, dp, kBlockN, p_blk, kBlockN, k_blk, dp, dq_head + q0 * dp, dp);  // dQ += dS K
+        ComputeBackwardTile<Element, Acc>(p, logits, dropout, b, h, q, dout, q0, rows, k0, cols,
+                                          dp, t);
+        Transpose(rows, kBlockN, t.p_blk, kBlockN, tr_blk, kBlockM);
+        GemmAcc(kBlockN, dp, rows, tr_blk, kBlockM, t.do_blk, dp, dv_acc, dp);  // dV += P^T dO
+        SoftcapChain(p, rows, t.ds_blk, t.t_blk);
+        Transpose(rows, kBlockN, t.ds_blk, kBlockN, tr_blk, kBlockM);
+        GemmAcc(kBlockN, dp, rows, tr_blk, kBlockM, t.q_blk, dp, dk_acc, dp);   // dK += dS^T Q
+        GemmAcc(rows, dp, kBlockN, t.ds_blk, kBlockN, k_blk, dp, dq_head + q0 * dp, dp);  // dQ += dS K
       }
     }
     for (int r = 0; r < cols; ++r) {
@@ -233,6 +325,64 @@ void BackwardTask(const AttentionParams& p, int64_t b, int64_t hk, int64_t split
       for (int c = 0; c < d; ++c) {
         dkrow[c] = FromFloat<Element>(dk_acc[r * dp + c] * Acc(p.scale));
         dvrow[c] = FromFloat<Element>(dv_acc[r * dp + c]);
+      }
+    }
+  }
+}
+
+// dbias for one slice of the bias's own shape: the (batch, head) pairs that
+// broadcast onto it, query rows [row0, row1) of it (all rows when the bias is
+// broadcast over queries). Each task owns its dbias elements: no races, a
+// fixed summation order.
+template <typename Element>
+void DbiasTask(const AttentionParams& p, int64_t bias_slice_offset, int64_t row0, int64_t row1,
+               typename AccumFor<Element>::type* dbias) {
+  using Acc = typename AccumFor<Element>::type;
+  const auto& s = p.shape;
+  const AttentionFeatures& f = p.features;
+  const int d = int(s.head_dim), dp = PaddedHeadDim(d);
+  thread_local std::vector<Acc> buf;
+  buf.resize(size_t(dp) * kBlockN * 2 + size_t(kBlockM) * dp * 2 + size_t(kBlockM) * kBlockN * 3 +
+             2 * kBlockM);
+  BackwardTile<Acc> t;
+  t.kt_blk = buf.data();
+  t.vt_blk = t.kt_blk + dp * kBlockN;
+  t.q_blk = t.vt_blk + dp * kBlockN;
+  t.do_blk = t.q_blk + kBlockM * dp;
+  t.p_blk = t.do_blk + kBlockM * dp;
+  t.ds_blk = t.p_blk + kBlockM * kBlockN;
+  t.t_blk = t.ds_blk + kBlockM * kBlockN;
+  t.lse2 = t.t_blk + kBlockM * kBlockN;
+  t.delta = t.lse2 + kBlockM;
+
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const DropoutPolicy dropout = DropoutPolicy::For(p, b);
+    for (int64_t h = 0; h < s.num_heads; ++h) {
+      if (f.BroadcastOffset(f.bias_stride, b, h) != bias_slice_offset) continue;
+      const int64_t hk = h / s.group();
+      const int64_t q_base = b * p.q_stride.batch + h * p.q_stride.head;
+      const int64_t k_base = b * p.k_stride.batch + hk * p.k_stride.head;
+      const Element* q = static_cast<const Element*>(p.q) + q_base;
+      const Element* dout = static_cast<const Element*>(p.dout) + q_base;
+      const Element* k = static_cast<const Element*>(p.k) + k_base;
+      const Element* v = static_cast<const Element*>(p.v) + k_base;
+      const MaskPolicy mask = MaskPolicy::For(p, b, h);
+      const LogitTransform<Acc> logits(p, mask, b, h);
+      for (int64_t q0 = row0; q0 < row1; q0 += kBlockM) {
+        const int rows = int(std::min<int64_t>(kBlockM, row1 - q0));
+        int64_t kv_lo, kv_hi;
+        mask.KeyRange(q0, q0 + rows, &kv_lo, &kv_hi);
+        for (int64_t k0 = FloorTo(kv_lo, kBlockN); k0 < kv_hi; k0 += kBlockN) {
+          const int cols = int(std::min<int64_t>(kBlockN, s.seqlen_k - k0));
+          LoadRowsTransposed(k, p.k_stride.row, k0, cols, d, dp, t.kt_blk);
+          LoadRowsTransposed(v, p.k_stride.row, k0, cols, d, dp, t.vt_blk);
+          ComputeBackwardTile<Element, Acc>(p, logits, dropout, b, h, q, dout, q0, rows, k0, cols,
+                                            dp, t);
+          for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c)
+              dbias[bias_slice_offset + (q0 + r) * f.bias_stride.row + (k0 + c) * f.bias_stride.col] +=
+                  t.ds_blk[r * kBlockN + c];
+        }
       }
     }
   }
@@ -251,14 +401,21 @@ void AttentionForward(const AttentionParams& p) {
 }
 
 template <typename Element>
-void AttentionBackward(const AttentionParams& p) {
-  using Acc = typename AccumFor<Element>::type;
+void ComputeDelta(const AttentionParams& p) {
   const auto& s = p.shape;
   const int64_t m_blocks = CeilDiv(s.seqlen_q, kBlockM);
   ParallelFor(s.batch * s.num_heads * m_blocks, [&](int64_t t) {
     DeltaTask<Element>(p, t / (s.num_heads * m_blocks), (t / m_blocks) % s.num_heads,
                        t % m_blocks);
   });
+}
+
+template <typename Element>
+void AttentionBackward(const AttentionParams& p) {
+  using Acc = typename AccumFor<Element>::type;
+  const auto& s = p.shape;
+  const int64_t m_blocks = CeilDiv(s.seqlen_q, kBlockM);
+  ComputeDelta<Element>(p);
 
   // Split each key head's key blocks over enough tasks to keep every thread
   // busy; each split owns a float dQ partial. Capped at 8 splits so the
@@ -293,13 +450,33 @@ void AttentionBackward(const AttentionParams& p) {
   });
 }
 
-template void AttentionForward<float>(const AttentionParams&);
-template void AttentionForward<double>(const AttentionParams&);
-template void AttentionForward<Float16>(const AttentionParams&);
-template void AttentionForward<BFloat16>(const AttentionParams&);
-template void AttentionBackward<float>(const AttentionParams&);
-template void AttentionBackward<double>(const AttentionParams&);
-template void AttentionBackward<Float16>(const AttentionParams&);
-template void AttentionBackward<BFloat16>(const AttentionParams&);
+template <typename Element>
+void AttentionBiasGradient(const AttentionParams& p, const BiasShape& bias_shape, void* dbias_out) {
+  using Acc = typename AccumFor<Element>::type;
+  ComputeDelta<Element>(p);
+  Acc* dbias = static_cast<Acc*>(dbias_out);
+  std::fill(dbias, dbias + bias_shape.num_elements, Acc(0));
+  // One task per bias slice (its leading dims and head), further split by
+  // query blocks when the bias has a full query dim.
+  const int64_t slices = bias_shape.num_elements / (bias_shape.rows * bias_shape.cols);
+  const int64_t row_blocks = bias_shape.rows == 1 ? 1 : CeilDiv(p.shape.seqlen_q, kBlockM);
+  ParallelFor(slices * row_blocks, [&](int64_t t) {
+    const int64_t slice = t / row_blocks, rb = t % row_blocks;
+    const int64_t row0 = bias_shape.rows == 1 ? 0 : rb * kBlockM;
+    const int64_t row1 = bias_shape.rows == 1 ? p.shape.seqlen_q
+                                              : std::min<int64_t>(p.shape.seqlen_q, row0 + kBlockM);
+    DbiasTask<Element>(p, slice * bias_shape.rows * bias_shape.cols, row0, row1, dbias);
+  });
+}
+
+#define JAX_FLASH_INSTANTIATE_CPU(Element)                                   \
+  template void AttentionForward<Element>(const AttentionParams&);           \
+  template void AttentionBackward<Element>(const AttentionParams&);          \
+  template void AttentionBiasGradient<Element>(const AttentionParams&, const BiasShape&, void*);
+
+JAX_FLASH_INSTANTIATE_CPU(float)
+JAX_FLASH_INSTANTIATE_CPU(double)
+JAX_FLASH_INSTANTIATE_CPU(Float16)
+JAX_FLASH_INSTANTIATE_CPU(BFloat16)
 
 }  // namespace jax_flash::cpu

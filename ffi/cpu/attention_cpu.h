@@ -14,4 +14,16 @@ void AttentionForward(const AttentionParams& p);
 template <typename Element>
 void AttentionBackward(const AttentionParams& p);
 
+// Dense shape of a bias as given (after padding to the query's rank).
+struct BiasShape {
+  int64_t num_elements = 0;
+  int64_t rows = 1;  // 1 (broadcast over queries) or seqlen_q
+  int64_t cols = 1;  // 1 (broadcast over keys) or seqlen_k
+};
+
+// Writes the bias gradient (in the bias's own shape, summed over the dims it
+// broadcasts along, accumulation dtype) and delta.
+template <typename Element>
+void AttentionBiasGradient(const AttentionParams& p, const BiasShape& bias_shape, void* dbias);
+
 }  // namespace jax_flash::cpu

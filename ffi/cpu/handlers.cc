@@ -7,6 +7,7 @@
 #include <exception>
 #include <limits>
 
+#include "common/ffi_bindings.h"
 #include "common/ffi_decode.h"
 #include "cpu/attention_cpu.h"
 #include "cpu/element.h"
@@ -45,12 +46,13 @@ ffi::Error Guarded(Fn&& fn) {
 }
 
 ffi::Error ForwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                       double scale, int32_t is_causal, int32_t /*implementation*/,
-                       ffi::Result<ffi::AnyBuffer> out,
+                       JAX_FLASH_FEATURE_PARAMS, ffi::Result<ffi::AnyBuffer> out,
                        ffi::Result<ffi::AnyBuffer> lse) {
+  (void)implementation;  // one CPU kernel family
   AttentionParams p;
   if (auto e = BuildForwardParams(q, k, v, *out, *lse, scale, is_causal, &p); e.failure())
     return e;
+  if (auto e = DecodeFeatures(q, JAX_FLASH_FEATURE_OPERANDS, &p); e.failure()) return e;
   if (PoisonOutputsRequested()) {
     Poison(*out);
     Poison(*lse);
@@ -63,18 +65,17 @@ ffi::Error ForwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
 }
 
 ffi::Error BackwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                        ffi::AnyBuffer out, ffi::AnyBuffer lse,
-                        ffi::AnyBuffer dout, double scale, int32_t is_causal,
-                        int32_t /*implementation: one CPU kernel family*/,
-                        ffi::Result<ffi::AnyBuffer> dq,
-                        ffi::Result<ffi::AnyBuffer> dk,
-                        ffi::Result<ffi::AnyBuffer> dv,
+                        ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
+                        JAX_FLASH_FEATURE_PARAMS, ffi::Result<ffi::AnyBuffer> dq,
+                        ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                         ffi::Result<ffi::AnyBuffer> delta) {
+  (void)implementation;
   AttentionParams p;
   if (auto e = BuildBackwardParams(q, k, v, out, lse, dout, *dq, *dk, *dv, *delta,
                                    scale, is_causal, &p);
       e.failure())
     return e;
+  if (auto e = DecodeFeatures(q, JAX_FLASH_FEATURE_OPERANDS, &p); e.failure()) return e;
   if (PoisonOutputsRequested()) {
     for (auto* b : {&*dq, &*dk, &*dv, &*delta}) Poison(*b);
   }
@@ -85,32 +86,46 @@ ffi::Error BackwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
   });
 }
 
+ffi::Error BiasGradientImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                            ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
+                            JAX_FLASH_FEATURE_PARAMS, ffi::Result<ffi::AnyBuffer> dbias,
+                            ffi::Result<ffi::AnyBuffer> delta) {
+  (void)implementation;
+  AttentionParams p;
+  // dq/dk/dv slots are not written by this target: pass dout in their place
+  // for the shape checks only.
+  if (auto e = BuildBackwardParams(q, k, v, out, lse, dout, dout, k, v, *delta, scale,
+                                   is_causal, &p);
+      e.failure())
+    return e;
+  BiasShape bias_shape;
+  if (auto e = DecodeFeatures(q, JAX_FLASH_FEATURE_OPERANDS, &p, &bias_shape.rows, &bias_shape.cols);
+      e.failure())
+    return e;
+  if (!(features & kHasBias))
+    return ffi::Error::InvalidArgument("jax_flash: the bias gradient needs a bias");
+  if (auto e = ExpectSameShape("dbias", *dbias, bias.dimensions()); e.failure()) return e;
+  if (dbias->element_type() != bias.element_type())
+    return ffi::Error::InvalidArgument("jax_flash: dbias dtype must match the bias");
+  bias_shape.num_elements = ElementCount(bias);
+  p.dq = p.dk = p.dv = nullptr;
+  if (PoisonOutputsRequested()) {
+    Poison(*dbias);
+    Poison(*delta);
+  }
+  return Guarded([&] {
+    return DispatchDtype(q.element_type(), [&](auto element) {
+      AttentionBiasGradient<decltype(element)>(p, bias_shape, dbias->untyped_data());
+    });
+  });
+}
+
 }  // namespace
 }  // namespace jax_flash::cpu
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashForwardCpu, jax_flash::cpu::ForwardImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()  // q
-                                  .Arg<xla::ffi::AnyBuffer>()  // k
-                                  .Arg<xla::ffi::AnyBuffer>()  // v
-                                  .Attr<double>("scale")
-                                  .Attr<int32_t>("is_causal")
-                                  .Attr<int32_t>("implementation")
-                                  .Ret<xla::ffi::AnyBuffer>()   // out
-                                  .Ret<xla::ffi::AnyBuffer>());  // lse
-
+                              JAX_FLASH_FWD_BINDING(xla::ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBackwardCpu, jax_flash::cpu::BackwardImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()  // q
-                                  .Arg<xla::ffi::AnyBuffer>()  // k
-                                  .Arg<xla::ffi::AnyBuffer>()  // v
-                                  .Arg<xla::ffi::AnyBuffer>()  // out
-                                  .Arg<xla::ffi::AnyBuffer>()  // lse
-                                  .Arg<xla::ffi::AnyBuffer>()  // dout
-                                  .Attr<double>("scale")
-                                  .Attr<int32_t>("is_causal")
-                                  .Attr<int32_t>("implementation")
-                                  .Ret<xla::ffi::AnyBuffer>()   // dq
-                                  .Ret<xla::ffi::AnyBuffer>()   // dk
-                                  .Ret<xla::ffi::AnyBuffer>()   // dv
-                                  .Ret<xla::ffi::AnyBuffer>());  // delta (scratch)
+                              JAX_FLASH_BWD_BINDING(xla::ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBiasGradientCpu, jax_flash::cpu::BiasGradientImpl,
+                              JAX_FLASH_DBIAS_BINDING(xla::ffi::Ffi::Bind()));

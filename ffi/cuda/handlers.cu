@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "common/ffi_bindings.h"
 #include "common/ffi_decode.h"
 #include "cuda/generic/launch.h"
 #include "cuda/sm80/launch.h"
@@ -86,12 +87,26 @@ ffi::Error PoisonAsync(cudaStream_t stream, std::initializer_list<const ffi::Any
   return ffi::Error::Success();
 }
 
+// Bias, masks, lengths, segments, window, soft cap and dropout run on the
+// CPU kernels so far; on the GPU they are a clear error, never ignored.
+ffi::Error RejectFeatures(const ffi::AnyBuffer& q, const FeatureOperands& o, AttentionParams* p) {
+  if (auto e = DecodeFeatures(q, o, p); e.failure()) return e;
+  if (UsesFeatures(p->features)) {
+    return ffi::Error::InvalidArgument(
+        "jax_flash: bias, mask, sequence lengths, segment ids, local_window_size, "
+        "logits_soft_cap and dropout are not implemented in the CUDA kernels yet (CPU only)");
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                       ffi::AnyBuffer v, double scale, int32_t is_causal, int32_t family,
+                       ffi::AnyBuffer v, JAX_FLASH_FEATURE_PARAMS,
                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
+  const int32_t family = implementation;
   AttentionParams p;
   if (auto e = BuildForwardParams(q, k, v, *out, *lse, scale, is_causal, &p); e.failure())
     return e;
+  if (auto e = RejectFeatures(q, JAX_FLASH_FEATURE_OPERANDS, &p); e.failure()) return e;
   if (PoisonOutputsRequested()) {
     if (auto e = PoisonAsync(stream, {&*out, &*lse}); e.failure()) return e;
   }
@@ -115,15 +130,16 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
 
 ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
-                        ffi::AnyBuffer dout, double scale, int32_t is_causal,
-                        int32_t family,
+                        ffi::AnyBuffer dout, JAX_FLASH_FEATURE_PARAMS,
                         ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                         ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> delta) {
+  const int32_t family = implementation;
   AttentionParams p;
   if (auto e = BuildBackwardParams(q, k, v, out, lse, dout, *dq, *dk, *dv, *delta, scale,
                                    is_causal, &p);
       e.failure())
     return e;
+  if (auto e = RejectFeatures(q, JAX_FLASH_FEATURE_OPERANDS, &p); e.failure()) return e;
   if (PoisonOutputsRequested()) {
     if (auto e = PoisonAsync(stream, {&*dq, &*dk, &*dv, &*delta}); e.failure()) return e;
   }
@@ -144,34 +160,25 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   });
 }
 
+ffi::Error BiasGradientImpl(cudaStream_t, ffi::AnyBuffer q, ffi::AnyBuffer, ffi::AnyBuffer,
+                            ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer,
+                            JAX_FLASH_FEATURE_PARAMS, ffi::Result<ffi::AnyBuffer>,
+                            ffi::Result<ffi::AnyBuffer>) {
+  AttentionParams p;
+  (void)scale, (void)is_causal, (void)implementation;
+  if (auto e = RejectFeatures(q, JAX_FLASH_FEATURE_OPERANDS, &p); e.failure()) return e;
+  return ffi::Error::InvalidArgument("jax_flash: the bias gradient needs a bias");
+}
+
 }  // namespace
 }  // namespace jax_flash::cuda
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashForwardCuda, jax_flash::cuda::ForwardImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // q
-                                  .Arg<xla::ffi::AnyBuffer>()  // k
-                                  .Arg<xla::ffi::AnyBuffer>()  // v
-                                  .Attr<double>("scale")
-                                  .Attr<int32_t>("is_causal")
-                                  .Attr<int32_t>("implementation")
-                                  .Ret<xla::ffi::AnyBuffer>()   // out
-                                  .Ret<xla::ffi::AnyBuffer>());  // lse
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBackwardCuda, jax_flash::cuda::BackwardImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // q
-                                  .Arg<xla::ffi::AnyBuffer>()  // k
-                                  .Arg<xla::ffi::AnyBuffer>()  // v
-                                  .Arg<xla::ffi::AnyBuffer>()  // out
-                                  .Arg<xla::ffi::AnyBuffer>()  // lse
-                                  .Arg<xla::ffi::AnyBuffer>()  // dout
-                                  .Attr<double>("scale")
-                                  .Attr<int32_t>("is_causal")
-                                  .Attr<int32_t>("implementation")
-                                  .Ret<xla::ffi::AnyBuffer>()   // dq
-                                  .Ret<xla::ffi::AnyBuffer>()   // dk
-                                  .Ret<xla::ffi::AnyBuffer>()   // dv
-                                  .Ret<xla::ffi::AnyBuffer>());  // delta (scratch)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashForwardCuda, jax_flash::cuda::ForwardImpl,
+    JAX_FLASH_FWD_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashBackwardCuda, jax_flash::cuda::BackwardImpl,
+    JAX_FLASH_BWD_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashBiasGradientCuda, jax_flash::cuda::BiasGradientImpl,
+    JAX_FLASH_DBIAS_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));

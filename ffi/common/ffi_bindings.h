@@ -1,0 +1,68 @@
+// The operand and attribute lists of the three FFI targets, shared by the CPU
+// and CUDA registrations so the two platforms cannot drift apart.
+//   jax_flash_fwd:   q, k, v, <features>                   -> out, lse
+//   jax_flash_bwd:   q, k, v, out, lse, dout, <features>   -> dq, dk, dv, delta
+//   jax_flash_dbias: q, k, v, out, lse, dout, <features>   -> dbias, delta
+// <features>: bias, mask, q_seqlens, kv_seqlens, q_segment_ids,
+// kv_segment_ids, dropout_seed operands (placeholders when unused) and the
+// attributes below.
+#pragma once
+
+#include "xla/ffi/api/ffi.h"
+
+#define JAX_FLASH_FEATURE_ARGS(binding)          \
+  binding.Arg<xla::ffi::AnyBuffer>()   /* bias */ \
+      .Arg<xla::ffi::AnyBuffer>()      /* mask */ \
+      .Arg<xla::ffi::AnyBuffer>()      /* q_seqlens */ \
+      .Arg<xla::ffi::AnyBuffer>()      /* kv_seqlens */ \
+      .Arg<xla::ffi::AnyBuffer>()      /* q_segment_ids */ \
+      .Arg<xla::ffi::AnyBuffer>()      /* kv_segment_ids */ \
+      .Arg<xla::ffi::AnyBuffer>()      /* dropout_seed */ \
+      .Attr<double>("scale")                      \
+      .Attr<int32_t>("is_causal")                 \
+      .Attr<int32_t>("implementation")            \
+      .Attr<int32_t>("features")                  \
+      .Attr<int64_t>("window_left")               \
+      .Attr<int64_t>("window_right")              \
+      .Attr<double>("softcap")                    \
+      .Attr<double>("dropout_rate")
+
+// Parameter list matching JAX_FLASH_FEATURE_ARGS, for handler signatures.
+#define JAX_FLASH_FEATURE_PARAMS                                                        \
+  xla::ffi::AnyBuffer bias, xla::ffi::AnyBuffer mask, xla::ffi::AnyBuffer q_seqlens,    \
+      xla::ffi::AnyBuffer kv_seqlens, xla::ffi::AnyBuffer q_segment_ids,               \
+      xla::ffi::AnyBuffer kv_segment_ids, xla::ffi::AnyBuffer dropout_seed, double scale, \
+      int32_t is_causal, int32_t implementation, int32_t features, int64_t window_left,  \
+      int64_t window_right, double softcap, double dropout_rate
+
+// Builds the FeatureOperands view inside a handler with those parameters.
+#define JAX_FLASH_FEATURE_OPERANDS                                                      \
+  ::jax_flash::FeatureOperands {                                                        \
+    bias, mask, q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids, dropout_seed,     \
+        features, window_left, window_right, softcap, dropout_rate                      \
+  }
+
+#define JAX_FLASH_FWD_BINDING(ctx) \
+  JAX_FLASH_FEATURE_ARGS(ctx.Arg<xla::ffi::AnyBuffer>().Arg<xla::ffi::AnyBuffer>().Arg<xla::ffi::AnyBuffer>()) \
+      .Ret<xla::ffi::AnyBuffer>()  /* out */ \
+      .Ret<xla::ffi::AnyBuffer>()  /* lse */
+
+#define JAX_FLASH_BWD_ARGS(ctx)                                                            \
+  JAX_FLASH_FEATURE_ARGS(ctx.Arg<xla::ffi::AnyBuffer>() /* q */                            \
+                             .Arg<xla::ffi::AnyBuffer>() /* k */                           \
+                             .Arg<xla::ffi::AnyBuffer>() /* v */                           \
+                             .Arg<xla::ffi::AnyBuffer>() /* out */                         \
+                             .Arg<xla::ffi::AnyBuffer>() /* lse */                         \
+                             .Arg<xla::ffi::AnyBuffer>() /* dout */)
+
+#define JAX_FLASH_BWD_BINDING(ctx)                                 \
+  JAX_FLASH_BWD_ARGS(ctx)                                          \
+      .Ret<xla::ffi::AnyBuffer>()  /* dq */                        \
+      .Ret<xla::ffi::AnyBuffer>()  /* dk */                        \
+      .Ret<xla::ffi::AnyBuffer>()  /* dv */                        \
+      .Ret<xla::ffi::AnyBuffer>()  /* delta (scratch) */
+
+#define JAX_FLASH_DBIAS_BINDING(ctx)                       \
+  JAX_FLASH_BWD_ARGS(ctx)                                  \
+      .Ret<xla::ffi::AnyBuffer>()  /* dbias */             \
+      .Ret<xla::ffi::AnyBuffer>()  /* delta (scratch) */

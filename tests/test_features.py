@@ -1,0 +1,195 @@
+"""Bias, masks, sequence lengths, segment ids, window, soft cap, dropout, GQA:
+each and combined, forward and gradients (dbias included) against the float64
+reference. These run on the CPU kernels; on a GPU they must raise a clear error
+until the CUDA kernels take them (test_features_on_gpu_are_a_clear_error)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+from jax_flash import reference
+from helpers import GRAD_FACTOR, ON_GPU, assert_close, random_qkv, to_f64_cpu
+
+pytestmark = pytest.mark.skipif(ON_GPU, reason="features run on the CPU kernels only so far")
+
+B, T, S, N, K, H = 2, 45, 70, 4, 2, 32
+
+
+def _features(name, rng):
+    """Keyword arguments (and the bias) for one named feature combination."""
+    seg = lambda n: jnp.asarray(np.sort(rng.integers(0, 3, (B, n)), axis=1), jnp.int32)
+    bias = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    cases = {
+        "bias_full": dict(bias=bias(B, N, T, S)),
+        "bias_shared_over_batch": dict(bias=bias(1, N, T, S)),
+        "bias_key_padding": dict(bias=bias(B, 1, 1, S)),
+        "bias_2d": dict(bias=bias(T, S)),
+        "mask_key_padding": dict(mask=jnp.asarray(rng.random((B, 1, 1, S)) > 0.3)),
+        "mask_full": dict(mask=jnp.asarray(rng.random((B, N, T, S)) > 0.5)),
+        "seq_lengths": dict(query_seq_lengths=jnp.array([T, 30], jnp.int32),
+                            key_value_seq_lengths=jnp.array([20, S], jnp.int32)),
+        "segments": dict(q_segment_ids=seg(T), kv_segment_ids=seg(S)),
+        "window": dict(local_window_size=(7, 3)),
+        "window_int_causal": dict(local_window_size=5, is_causal=True),
+        "soft_cap": dict(logits_soft_cap=2.0),
+        "everything": dict(bias=bias(1, N, T, S), mask=jnp.asarray(rng.random((B, 1, 1, S)) > 0.1),
+                           is_causal=True, q_segment_ids=seg(T), kv_segment_ids=seg(S),
+                           local_window_size=(20, 0), logits_soft_cap=3.0,
+                           key_value_seq_lengths=jnp.array([S, 50], jnp.int32)),
+    }
+    return cases[name]
+
+
+def _split(kwargs):
+    """(bias, our kwargs, reference kwargs)."""
+    kwargs = dict(kwargs)
+    bias = kwargs.pop("bias", None)
+    ref = dict(kwargs)
+    if "logits_soft_cap" in ref:
+        ref["logits_soft_cap"] = float(ref["logits_soft_cap"])
+    return bias, kwargs, ref
+
+
+CASES = ["bias_full", "bias_shared_over_batch", "bias_key_padding", "bias_2d", "mask_key_padding",
+         "mask_full", "seq_lengths", "segments", "window", "window_int_causal", "soft_cap",
+         "everything"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("case", CASES)
+def test_feature_forward_and_gradients(rng, case, dtype):
+    q, k, v = random_qkv(rng, B, T, S, N, K, H, dtype)
+    bias, ours, ref_kwargs = _split(_features(case, rng))
+    dout = jnp.asarray(rng.standard_normal(q.shape), dtype)
+    acc = jnp.promote_types(dtype, jnp.float32)
+    if bias is not None:
+        bias = bias.astype(acc)  # a float32 bias would round a float64 dbias
+
+    out, res = jax_flash.attention(q, k, v, bias, return_residual=True, **ours)
+    ref_out, ref_lse = reference.attention(
+        to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v),
+        None if bias is None else to_f64_cpu(bias), return_residual=True, **ref_kwargs)
+    assert_close("out", out, ref_out, dtype)
+    visible = np.isfinite(np.asarray(ref_lse))  # rows that see at least one key
+    got_lse = np.swapaxes(np.asarray(res, np.float64), -1, -2)
+    assert np.all(np.isneginf(got_lse[~visible])), "rows that see no key must report lse = -inf"
+    assert_close("lse", np.where(visible, got_lse, 0), np.where(visible, ref_lse, 0), dtype)
+
+    def loss(fn, q, k, v, b, **kw):
+        return jnp.sum(fn(q, k, v, b, **kw).astype(acc) * dout.astype(acc))
+
+    argnums = (0, 1, 2) if bias is None else (0, 1, 2, 3)
+    grads = jax.grad(lambda *a: loss(jax_flash.attention, *a, **ours), argnums)(q, k, v, bias)
+    ref_grads = jax.grad(lambda *a: jnp.sum(
+        reference.attention(*a, **ref_kwargs) * to_f64_cpu(dout)), argnums)(
+        to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), None if bias is None else to_f64_cpu(bias))
+    for name, g, r in zip(("dq", "dk", "dv", "dbias"), grads, ref_grads):
+        assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
+    if bias is not None:
+        assert grads[3].shape == bias.shape and grads[3].dtype == bias.dtype
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dropout_matches_reference_mask(rng, dtype):
+    q, k, v = random_qkv(rng, B, T, S, N, K, H, dtype)
+    key = jax.random.key(int(rng.integers(1 << 30)))
+    rate = 0.25
+    factor = reference.dropout_factor(jax.random.bits(key, (2,), jnp.uint32), B, N, T, S, rate)
+    assert abs((factor > 0).mean() - (1 - rate)) < 0.02
+    dout = jnp.asarray(rng.standard_normal(q.shape), dtype)
+    acc = jnp.promote_types(dtype, jnp.float32)
+    f = lambda q, k, v: jnp.sum(jax_flash.attention(
+        q, k, v, is_causal=True, dropout_rate=rate, dropout_rng=key).astype(acc) * dout.astype(acc))
+    g = lambda q, k, v: jnp.sum(reference.attention(
+        q, k, v, is_causal=True, dropout_factor=to_f64_cpu(factor)) * to_f64_cpu(dout))
+    out = jax_flash.attention(q, k, v, is_causal=True, dropout_rate=rate, dropout_rng=key)
+    ref = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), is_causal=True,
+                              dropout_factor=to_f64_cpu(factor))
+    assert_close("out", out, ref, dtype)
+    grads = jax.grad(f, (0, 1, 2))(q, k, v)
+    ref_grads = jax.grad(g, (0, 1, 2))(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
+    for name, a, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(name, a, r, dtype, factor=GRAD_FACTOR)
+
+
+def test_dropout_is_a_function_of_the_key(rng):
+    q, k, v = random_qkv(rng, 1, 33, 33, 2, 2, 16, "float32")
+    run = lambda key, rate=0.5: jax_flash.attention(q, k, v, dropout_rate=rate, dropout_rng=key)
+    k1, k2 = jax.random.key(1), jax.random.key(2)
+    np.testing.assert_array_equal(run(k1), run(k1))
+    assert not np.allclose(run(k1), run(k2))
+    np.testing.assert_array_equal(run(k1, 0.0), jax_flash.attention(q, k, v))
+
+
+def test_minus_inf_bias_and_fully_masked_rows(rng):
+    q, k, v = random_qkv(rng, 1, 20, 20, 2, 2, 16, "float32")
+    bias = jnp.where(jnp.arange(20)[None, None, :, None] < 5, -jnp.inf, 0.0)  # rows 0-4 see nothing
+    bias = jnp.broadcast_to(bias, (1, 2, 20, 20))
+    out = jax_flash.attention(q, k, v, bias)
+    grads = jax.grad(lambda q, k, v: jnp.sum(jax_flash.attention(q, k, v, bias) ** 2), (0, 1, 2))(q, k, v)
+    assert np.all(np.isfinite(out)) and all(np.all(np.isfinite(g)) for g in grads)
+    np.testing.assert_array_equal(out[:, :5], 0.0)
+    np.testing.assert_array_equal(grads[0][:, :5], 0.0)
+    ref = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), to_f64_cpu(bias))
+    assert_close("out", out, ref, "float32")
+
+
+@pytest.mark.parametrize("case", ["bias_full", "bias_key_padding", "mask_key_padding",
+                                  "mask_full", "seq_lengths", "window", "window_int_causal"])
+def test_drop_in_against_jax_xla(rng, case):
+    """Same arguments through jax.nn.dot_product_attention; rows with a visible key."""
+    q, k, v = random_qkv(rng, B, T, S, N, K, H, "float32")
+    bias, kwargs, _ = _split(_features(case, rng))
+    ours = jax_flash.attention(q, k, v, bias, **kwargs)
+    with jax.default_matmul_precision("highest"):
+        theirs = jax.nn.dot_product_attention(q, k, v, bias, implementation="xla", **kwargs)
+    vis = reference.visibility(B, N, T, S, **{k: v for k, v in kwargs.items()})
+    rows = np.swapaxes(np.asarray(vis.any(-1)), 1, 2)[..., None]  # [B, T, N, 1]
+    np.testing.assert_allclose(np.where(rows, ours, 0), np.where(rows, theirs, 0), rtol=2e-5, atol=2e-5)
+
+
+def test_bias_gradient_is_not_computed_unless_asked(rng):
+    q, k, v = random_qkv(rng, 1, 16, 16, 2, 2, 16, "float32")
+    bias = jnp.zeros((1, 2, 16, 16))
+    only_q = jax.jit(jax.grad(lambda q: jnp.sum(jax_flash.attention(q, k, v, bias)))).lower(q)
+    with_bias = jax.jit(jax.grad(lambda b: jnp.sum(jax_flash.attention(q, k, v, b)))).lower(bias)
+    assert "jax_flash_dbias" not in only_q.compile().as_text()
+    assert "jax_flash_dbias" in with_bias.compile().as_text()
+
+
+def test_vmap_with_bias_and_mask(rng):
+    q, k, v = random_qkv(rng, 3, 17, 19, 2, 1, 16, "float32")
+    bias = jnp.asarray(rng.standard_normal((3, 2, 17, 19)), jnp.float32)
+    mask = jnp.asarray(rng.random((1, 1, 1, 19)) > 0.2)
+    fn = lambda q, k, v, b: jax_flash.attention(q, k, v, b, mask[0], is_causal=True)
+    got = jax.vmap(fn)(q, k, v, bias)  # per-example [T, N, H] inputs, [N, T, S] bias
+    want = jax_flash.attention(q, k, v, bias, mask, is_causal=True)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    dbias = jax.grad(lambda b: jnp.sum(jax.vmap(fn, in_axes=(0, 0, 0, None))(q, k, v, b) ** 2))(bias[0])
+    want_db = jax.grad(lambda b: jnp.sum(jax_flash.attention(q, k, v, b[None], mask, is_causal=True) ** 2))(bias[0])
+    np.testing.assert_allclose(dbias, want_db, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(bias=np.zeros((2, 3, 45, 70), np.float32)), ValueError, r"bias shape .* does not broadcast"),
+        (dict(bias=np.zeros((45, 70), np.int32)), TypeError, "bias must be a float array"),
+        (dict(mask=np.ones((2, 1, 1, 70), np.int32)), TypeError, "mask must be bool"),
+        (dict(mask=np.ones((2, 1, 1, 1, 70), bool)), ValueError, "mask must have at most 4 dims"),
+        (dict(query_seq_lengths=np.ones((2,), np.int64)), TypeError, "query_seq_lengths must be int32"),
+        (dict(key_value_seq_lengths=np.ones((3,), np.int32)), ValueError,
+         r"key_value_seq_lengths must have shape \(2,\)"),
+        (dict(q_segment_ids=np.zeros((2, 45), np.int32)), ValueError, "must be given together"),
+        (dict(local_window_size=(-1, 2)), ValueError, "must be non-negative"),
+        (dict(logits_soft_cap=0.0), ValueError, "logits_soft_cap must be a positive"),
+        (dict(dropout_rate=0.1), ValueError, "needs dropout_rng"),
+        (dict(dropout_rate=1.0, dropout_rng=jax.random.key(0)), ValueError, r"dropout_rate must be in \[0, 1\)"),
+    ],
+)
+def test_feature_argument_errors(rng, kwargs, error, match):
+    q, k, v = random_qkv(rng, B, T, S, N, K, H, "float32")
+    with pytest.raises(error, match=match):
+        jax_flash.attention(q, k, v, **kwargs)
