@@ -9,7 +9,17 @@ from __future__ import annotations
 
 import jax
 
-from jax_flash import _ffi as _ext  # the compiled nanobind module (ffi/module.cc)
+try:
+    from jax_flash import _ffi as _ext  # the compiled nanobind module (ffi/module.cc)
+except ImportError as e:  # pragma: no cover - depends on how Python was started
+    import os
+
+    raise ImportError(
+        f"jax_flash's compiled extension (_ffi) is not in {os.path.dirname(__file__)}. "
+        "This is usually the source tree shadowing the installed package: run from another "
+        "directory (or with `pytest tests`, whose conftest handles it) after "
+        "`pip install --no-build-isolation .`"
+    ) from e
 
 FWD_TARGET = "jax_flash_fwd"
 BWD_TARGET = "jax_flash_bwd"

@@ -36,6 +36,7 @@ def attention(
     logits_soft_cap: float | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
+    dropout_broadcast: bool = False,
     implementation: str | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Fused scaled dot-product attention, a drop-in for ``jax.nn.dot_product_attention``.
@@ -78,6 +79,8 @@ def attention(
         ``1 / (1 - rate)``; the mask is a function of ``dropout_rng`` and the
         element position, regenerated in the backward, never stored.
       dropout_rng: a jax PRNG key, required when ``dropout_rate > 0``.
+      dropout_broadcast: one dropout mask shared by every batch entry and head
+        (flax's ``broadcast_dropout``) instead of one per (batch, head).
       implementation: which CUDA kernel family runs: ``None`` picks the fastest
         that supports the inputs, ``"sm80"`` forces the mma.sync tensor-core
         kernels (float16/bfloat16, head dim a multiple of 8, compute capability
@@ -147,6 +150,8 @@ def attention(
         if dropout_rng is None:
             raise ValueError("dropout_rate > 0 needs dropout_rng (a jax PRNG key)")
         operands.append(jax.random.bits(dropout_rng, (2,), jnp.uint32))
+        if dropout_broadcast:
+            features |= _DROPOUT_SHARED
     else:
         operands.append(jnp.zeros((2,), jnp.uint32))
 
@@ -172,6 +177,7 @@ def attention(
 
 # Bits of the FFI `features` attribute (ffi/common/ffi_decode.h FeatureBits).
 _HAS_BIAS, _HAS_MASK, _HAS_Q_SEQLENS, _HAS_KV_SEQLENS, _HAS_SEGMENTS = 1, 2, 4, 8, 16
+_DROPOUT_SHARED = 32
 
 
 @dataclasses.dataclass(frozen=True)

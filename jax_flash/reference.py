@@ -74,7 +74,7 @@ def attention(query, key, value, bias=None, *, scale=None, logits_soft_cap=None,
     return out
 
 
-def dropout_factor(seed, b, n, t, s, rate):
+def dropout_factor(seed, b, n, t, s, rate, shared=False):
     """The [B, N, T, S] dropout multipliers jax_flash's kernels draw (NumPy).
 
     Philox-4x32-10 keyed by ``seed`` (two uint32), counter (j, i, h, b), first
@@ -82,6 +82,8 @@ def dropout_factor(seed, b, n, t, s, rate):
     """
     k0, k1 = (np.uint64(x) for x in np.asarray(seed, np.uint32))
     bb, hh, ii, jj = np.meshgrid(np.arange(b), np.arange(n), np.arange(t), np.arange(s), indexing="ij")
+    if shared:  # one mask for every batch entry and head
+        bb, hh = np.zeros_like(bb), np.zeros_like(hh)
     c0, c1, c2, c3 = (x.astype(np.uint64) for x in (jj, ii, hh, bb))
     mask32 = np.uint64(0xFFFFFFFF)
     for _ in range(10):

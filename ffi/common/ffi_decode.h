@@ -197,6 +197,7 @@ enum FeatureBits : int32_t {
   kHasQSeqlens = 4,
   kHasKvSeqlens = 8,
   kHasSegments = 16,
+  kDropoutShared = 32,  // one dropout mask for every batch entry and head
 };
 
 // The optional operands and attributes, as the FFI delivers them.
@@ -318,6 +319,7 @@ inline ffi::Error DecodeFeatures(const ffi::AnyBuffer& q, const FeatureOperands&
       return ffi::Error::InvalidArgument("jax_flash: dropout seed must be uint32 [..., 2]");
     f.dropout_seed = static_cast<const uint32_t*>(o.dropout_seed.untyped_data());
     f.seed_count = n / 2;
+    f.dropout_shared = (o.features & kDropoutShared) != 0;
   }
   return ffi::Error::Success();
 }

@@ -107,6 +107,7 @@ struct DropoutPolicy {
   uint32_t threshold = 0;  // drop when bits < threshold
   float keep_scale = 1.0f;
   bool active = false;
+  bool shared = false;  // counter ignores (batch, head): flax's broadcast_dropout
 
   JAX_FLASH_HOST_DEVICE static DropoutPolicy For(const AttentionParams& p, int64_t b) {
     const AttentionFeatures& f = p.features;
@@ -119,11 +120,13 @@ struct DropoutPolicy {
     d.threshold = uint32_t(f.dropout_rate * 4294967296.0);
     d.keep_scale = float(1.0 / (1.0 - f.dropout_rate));
     d.active = true;
+    d.shared = f.dropout_shared;
     return d;
   }
 
   // Multiplier of P for element (b, h, i, j): 0 (dropped) or 1 / (1 - rate).
   JAX_FLASH_HOST_DEVICE float Factor(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    if (shared) b = h = 0;
     const uint32_t bits = Philox4x32First(k0, k1, uint32_t(j), uint32_t(i), uint32_t(h), uint32_t(b));
     return bits < threshold ? 0.0f : keep_scale;
   }

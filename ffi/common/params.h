@@ -66,6 +66,7 @@ struct AttentionFeatures {
   double softcap = 0.0;                         // > 0: logits = c * tanh(logits / c)
   double dropout_rate = 0.0;
   const uint32_t* dropout_seed = nullptr;  // [seed_count, 2]
+  bool dropout_shared = false;  // the same mask for every batch entry and head
   int64_t seed_count = 1;
 
   // Offset of a broadcast operand for flat batch b and head h.
