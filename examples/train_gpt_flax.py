@@ -2,9 +2,8 @@
 its attention computed by jax_flash.attention (fused, causal).
 
 The corpus is the Python reference documentation that ships with CPython
-itself (the `pydoc_data.topics` module, ~465k characters of English prose and
-grammar), so nothing is downloaded. Defaults train on a laptop CPU in a few
-minutes with clearly falling loss:
+(examples/text_data.py), so nothing is downloaded. Defaults train on a laptop
+CPU in a few minutes with clearly falling loss:
 
     python examples/train_gpt_flax.py
     python examples/train_gpt_flax.py --attention xla   # same model, jax's attention
@@ -25,13 +24,7 @@ import optax
 from flax import nnx
 
 import jax_flash
-
-
-def load_corpus() -> str:
-    import pydoc_data.topics
-
-    topics = pydoc_data.topics.topics
-    return "\n\n".join(topics[k] for k in sorted(topics))
+from text_data import CharCorpus
 
 
 class CausalSelfAttention(nnx.Module):
@@ -99,16 +92,12 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="directory for metrics.json")
     args = p.parse_args(argv)
 
-    text = load_corpus()
-    chars = sorted(set(text))
-    lookup = {c: i for i, c in enumerate(chars)}
-    data = np.array([lookup[c] for c in text], dtype=np.int32)
-    split = int(0.95 * len(data))
-    train, val = data[:split], data[split:]
-    print(f"corpus: {len(data):,} chars, vocab {len(chars)}; device {jax.devices()[0].device_kind}; "
+    corpus = CharCorpus()
+    chars = corpus.chars
+    print(f"corpus: {corpus.size:,} chars, vocab {corpus.vocab}; device {jax.devices()[0].device_kind}; "
           f"attention={args.attention}")
 
-    model = GPT(len(chars), args.seq_len, args.width, args.depth, args.heads, args.attention,
+    model = GPT(corpus.vocab, args.seq_len, args.width, args.depth, args.heads, args.attention,
                 jnp.dtype(args.dtype), nnx.Rngs(args.seed))
     schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, args.warmup, args.steps, args.lr / 10)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))
@@ -127,21 +116,18 @@ def main(argv=None):
     eval_step = nnx.jit(loss_fn)
     rng = np.random.default_rng(args.seed)
 
-    def batch(source):
-        starts = rng.integers(0, len(source) - args.seq_len - 1, args.batch_size)
-        x = np.stack([source[s : s + args.seq_len] for s in starts])
-        y = np.stack([source[s + 1 : s + args.seq_len + 1] for s in starts])
-        return jnp.asarray(x), jnp.asarray(y)
+    def batch(split):
+        return tuple(jnp.asarray(a) for a in corpus.batch(rng, split, args.batch_size, args.seq_len))
 
     history = []
     start = time.perf_counter()
     tokens = 0
     for step in range(1, args.steps + 1):
-        loss = train_step(model, optimizer, *batch(train))
+        loss = train_step(model, optimizer, *batch("train"))
         tokens += args.batch_size * args.seq_len
         if step % args.log_every == 0 or step == args.steps:
             loss = float(loss)
-            val_loss = float(eval_step(model, *batch(val)))
+            val_loss = float(eval_step(model, *batch("valid")))
             elapsed = time.perf_counter() - start
             print(f"step {step:5d}  loss {loss:.4f}  val_loss {val_loss:.4f}  "
                   f"{tokens / elapsed:,.0f} tokens/s", flush=True)

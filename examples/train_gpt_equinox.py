@@ -1,0 +1,139 @@
+"""Train a small GPT-style character-level language model with Equinox, its
+attention layers `jax_flash.equinox.MultiheadAttention` (the drop-in for
+`equinox.nn.MultiheadAttention`, causal, fused).
+
+Same corpus and defaults as train_gpt_flax.py (a few CPU minutes):
+
+    python examples/train_gpt_equinox.py
+    python examples/train_gpt_equinox.py --attention equinox   # eqx's own attention, same weights
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import jax_flash.equinox
+from text_data import CharCorpus
+
+
+class Block(eqx.Module):
+    norm1: eqx.nn.LayerNorm
+    attn: eqx.nn.MultiheadAttention
+    norm2: eqx.nn.LayerNorm
+    fc: eqx.nn.Linear
+    out: eqx.nn.Linear
+    flash: bool = eqx.field(static=True)
+
+    def __init__(self, width, heads, flash, key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        attn_cls = jax_flash.equinox.MultiheadAttention if flash else eqx.nn.MultiheadAttention
+        self.norm1 = eqx.nn.LayerNorm(width)
+        self.attn = attn_cls(heads, width, key=k1)
+        self.norm2 = eqx.nn.LayerNorm(width)
+        self.fc = eqx.nn.Linear(width, 4 * width, key=k2)
+        self.out = eqx.nn.Linear(4 * width, width, key=k3)
+        self.flash = flash
+
+    def __call__(self, x):  # x: [T, C], pre-norm residual block
+        h = jax.vmap(self.norm1)(x)
+        if self.flash:
+            h = self.attn(h, h, h, is_causal=True)  # no [T, T] mask materialized
+        else:
+            h = self.attn(h, h, h, jnp.tril(jnp.ones((x.shape[0], x.shape[0]), bool)))
+        x = x + h
+        h = jax.vmap(lambda v: self.out(jax.nn.gelu(self.fc(v))))(jax.vmap(self.norm2)(x))
+        return x + h
+
+
+class GPT(eqx.Module):
+    tok: eqx.nn.Embedding
+    pos: eqx.nn.Embedding
+    blocks: list
+    norm: eqx.nn.LayerNorm
+    head: eqx.nn.Linear
+
+    def __init__(self, vocab, seq_len, width, depth, heads, flash, key):
+        keys = jax.random.split(key, depth + 3)
+        self.tok = eqx.nn.Embedding(vocab, width, key=keys[0])
+        self.pos = eqx.nn.Embedding(seq_len, width, key=keys[1])  # learned positions
+        self.blocks = [Block(width, heads, flash, k) for k in keys[3:]]
+        self.norm = eqx.nn.LayerNorm(width)
+        self.head = eqx.nn.Linear(width, vocab, use_bias=False, key=keys[2])
+
+    def __call__(self, tokens):  # [T] int32 -> logits [T, vocab]
+        x = jax.vmap(self.tok)(tokens) + jax.vmap(self.pos)(jnp.arange(tokens.shape[0]))
+        for block in self.blocks:
+            x = block(x)
+        return jax.vmap(self.head)(jax.vmap(self.norm)(x))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--attention", choices=["flash", "equinox"], default="flash")
+    p.add_argument("--log-every", type=int, default=25)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="directory for metrics.json and model.eqx")
+    args = p.parse_args(argv)
+
+    corpus = CharCorpus()
+    print(f"corpus: {corpus.size:,} chars, vocab {corpus.vocab}; device {jax.devices()[0].device_kind}; "
+          f"attention={args.attention}")
+    model = GPT(corpus.vocab, args.seq_len, args.width, args.depth, args.heads,
+                args.attention == "flash", jax.random.key(args.seed))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, args.warmup, args.steps, args.lr / 10)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))
+    opt_state = tx.init(eqx.filter(model, eqx.is_inexact_array))
+
+    def loss_fn(model, x, y):
+        logits = jax.vmap(model)(x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    @eqx.filter_jit
+    def train_step(model, opt_state, x, y):
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
+        updates, opt_state = tx.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
+        return eqx.apply_updates(model, updates), opt_state, loss
+
+    eval_loss = eqx.filter_jit(loss_fn)
+    rng = np.random.default_rng(args.seed)
+    history, tokens, start = [], 0, time.perf_counter()
+    for step in range(1, args.steps + 1):
+        x, y = corpus.batch(rng, "train", args.batch_size, args.seq_len)
+        model, opt_state, loss = train_step(model, opt_state, x, y)
+        tokens += x.size
+        if step % args.log_every == 0 or step == args.steps:
+            val_loss = float(eval_loss(model, *corpus.batch(rng, "valid", args.batch_size, args.seq_len)))
+            rate = tokens / (time.perf_counter() - start)
+            print(f"step {step:5d}  loss {float(loss):.4f}  val_loss {val_loss:.4f}  {rate:,.0f} tokens/s",
+                  flush=True)
+            history.append({"step": step, "loss": float(loss), "val_loss": val_loss, "tokens_per_s": rate})
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "metrics.json"), "w") as f:
+            json.dump({"args": vars(args), "history": history}, f, indent=1)
+        eqx.tree_serialise_leaves(os.path.join(args.out, "model.eqx"), model)
+    print(f"loss {history[0]['loss']:.3f} -> {history[-1]['loss']:.3f} "
+          f"(uniform guess: {math.log(corpus.vocab):.3f})")
+    return history
+
+
+if __name__ == "__main__":
+    main()
