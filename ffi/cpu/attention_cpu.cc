@@ -388,25 +388,28 @@ void DbiasTask(const AttentionParams& p, int64_t bias_slice_offset, int64_t row0
   }
 }
 
-}  // namespace
-
-template <typename Element>
-void AttentionForward(const AttentionParams& p) {
-  const auto& s = p.shape;
+// Runs fn(b, h, m_block) for every (batch, query head, query block), in parallel.
+template <typename Fn>
+void ParallelOverQueryBlocks(const AttentionShape& s, Fn&& fn) {
   const int64_t m_blocks = CeilDiv(s.seqlen_q, kBlockM);
   ParallelFor(s.batch * s.num_heads * m_blocks, [&](int64_t t) {
-    ForwardTask<Element>(p, t / (s.num_heads * m_blocks), (t / m_blocks) % s.num_heads,
-                         t % m_blocks);
+    fn(t / (s.num_heads * m_blocks), (t / m_blocks) % s.num_heads, t % m_blocks);
   });
 }
 
 template <typename Element>
 void ComputeDelta(const AttentionParams& p) {
-  const auto& s = p.shape;
-  const int64_t m_blocks = CeilDiv(s.seqlen_q, kBlockM);
-  ParallelFor(s.batch * s.num_heads * m_blocks, [&](int64_t t) {
-    DeltaTask<Element>(p, t / (s.num_heads * m_blocks), (t / m_blocks) % s.num_heads,
-                       t % m_blocks);
+  ParallelOverQueryBlocks(p.shape, [&](int64_t b, int64_t h, int64_t m_block) {
+    DeltaTask<Element>(p, b, h, m_block);
+  });
+}
+
+}  // namespace
+
+template <typename Element>
+void AttentionForward(const AttentionParams& p) {
+  ParallelOverQueryBlocks(p.shape, [&](int64_t b, int64_t h, int64_t m_block) {
+    ForwardTask<Element>(p, b, h, m_block);
   });
 }
 
@@ -414,7 +417,6 @@ template <typename Element>
 void AttentionBackward(const AttentionParams& p) {
   using Acc = typename AccumFor<Element>::type;
   const auto& s = p.shape;
-  const int64_t m_blocks = CeilDiv(s.seqlen_q, kBlockM);
   ComputeDelta<Element>(p);
 
   // Split each key head's key blocks over enough tasks to keep every thread
@@ -435,11 +437,10 @@ void AttentionBackward(const AttentionParams& p) {
   });
 
   // dq = scale * sum over splits, in split order.
-  ParallelFor(s.batch * s.num_heads * m_blocks, [&](int64_t t) {
-    const int64_t b = t / (s.num_heads * m_blocks), h = (t / m_blocks) % s.num_heads;
-    const int64_t q_end = std::min<int64_t>(s.seqlen_q, (t % m_blocks + 1) * kBlockM);
+  ParallelOverQueryBlocks(s, [&](int64_t b, int64_t h, int64_t m_block) {
+    const int64_t q_end = std::min<int64_t>(s.seqlen_q, (m_block + 1) * kBlockM);
     Element* dq = static_cast<Element*>(p.dq) + b * p.q_stride.batch + h * p.q_stride.head;
-    for (int64_t i = (t % m_blocks) * kBlockM; i < q_end; ++i) {
+    for (int64_t i = m_block * kBlockM; i < q_end; ++i) {
       for (int64_t c = 0; c < s.head_dim; ++c) {
         Acc acc = 0;
         for (int64_t sp = 0; sp < num_splits; ++sp)

@@ -9,6 +9,7 @@
 #include "common/params.h"
 #include "cuda/generic/block_io.cuh"
 #include "cuda/generic/kernel_traits.cuh"
+#include "cuda/row_stats.cuh"
 
 namespace jax_flash::cuda {
 
@@ -28,12 +29,6 @@ __global__ void __launch_bounds__(256) DeltaKernel(const AttentionParams p) {
   for (int64_t c = lane; c < s.head_dim; c += 32) acc += ToFloat(o[c]) * ToFloat(dout[c]);
   acc = WarpSum(acc);
   if (lane == 0) static_cast<float*>(p.delta)[row_id] = acc;
-}
-
-// lse in log2 units; a row that saw no key (lse = -inf) gets +inf so that
-// P = exp2(s - lse2) = 0 instead of inf.
-__device__ __forceinline__ float Lse2(float lse) {
-  return lse == -CUDART_INF_F ? CUDART_INF_F : lse * kLog2e;
 }
 
 // dQ = scale * dS K with dS = P * (dP - delta), dP = dO V^T.
@@ -70,7 +65,7 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int64_t row = min(warp_row0 + r, s.seqlen_q - 1);  // rows past the end are discarded
-    lse2[r] = Lse2(static_cast<float*>(p.lse)[p.row_stat_index(b, h, row)]);
+    lse2[r] = Log2Lse(static_cast<float*>(p.lse)[p.row_stat_index(b, h, row)]);
     delta[r] = static_cast<float*>(p.delta)[p.row_stat_index(b, h, row)];
   }
   float acc[R][C] = {};
@@ -178,7 +173,7 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
                                                    d, 1.0f);
       if (threadIdx.x < Tr::kTile) {
         const int64_t row = min(t0 + threadIdx.x, s.seqlen_q - 1);
-        lse2_s[threadIdx.x] = Lse2(static_cast<float*>(p.lse)[p.row_stat_index(b, h, row)]);
+        lse2_s[threadIdx.x] = Log2Lse(static_cast<float*>(p.lse)[p.row_stat_index(b, h, row)]);
         delta_s[threadIdx.x] = static_cast<float*>(p.delta)[p.row_stat_index(b, h, row)];
       }
       __syncthreads();

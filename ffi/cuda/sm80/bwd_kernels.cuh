@@ -11,15 +11,10 @@
 #include "common/params.h"
 #include "cuda/sm80/kernel_traits.cuh"
 #include "cuda/sm80/mma.cuh"
+#include "cuda/row_stats.cuh"
 #include "cuda/sm80/warp_gemm.cuh"
 
 namespace jax_flash::cuda::sm80 {
-
-// lse in log2 units; a row that saw no key (lse = -inf) gets +inf so that
-// P = exp2(s - lse2) = 0.
-__device__ __forceinline__ float Log2Lse(float lse) {
-  return lse == -CUDART_INF_F ? CUDART_INF_F : lse * kLog2e;
-}
 
 // grid: (ceil(seqlen_q / kBlockRows), num_heads, batch).
 template <typename Element, int kHeadDim>
