@@ -34,3 +34,58 @@ class CharCorpus:
 
     def decode(self, tokens) -> str:
         return "".join(self.chars[int(t)] for t in tokens)
+
+
+def progress(iterable, total: int, enabled: bool = True):
+    """A tqdm progress bar when tqdm is installed (and enabled), else the plain iterable."""
+    if enabled:
+        try:
+            from tqdm import tqdm
+
+            return tqdm(iterable, total=total, dynamic_ncols=True)
+        except ImportError:
+            pass
+    return iterable
+
+
+def save_loss_curve(history, path: str) -> bool:
+    """Writes train/valid loss against step as a PNG (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    steps = [h["step"] for h in history]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(steps, [h["loss"] for h in history], label="train")
+    ax.plot(steps, [h["val_loss"] for h in history], label="valid")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/char)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def sample_text(logits_fn, corpus: CharCorpus, seq_len: int, prompt: str, length: int,
+                seed: int = 0, temperature: float = 0.8) -> str:
+    """Autoregressive sampling with a fixed [1, seq_len] window (one compilation:
+    causal attention makes the padding after the last real token irrelevant).
+
+    logits_fn: int32 [1, seq_len] -> float [1, seq_len, vocab] (jitted by the caller).
+    """
+    rng = np.random.default_rng(seed)
+    lookup = {c: i for i, c in enumerate(corpus.chars)}
+    tokens = [lookup[c] for c in prompt if c in lookup] or [0]
+    for _ in range(length):
+        window = tokens[-seq_len:]
+        x = np.zeros((1, seq_len), np.int32)
+        x[0, : len(window)] = window
+        logits = np.asarray(logits_fn(x))[0, len(window) - 1].astype(np.float64) / temperature
+        probs = np.exp(logits - logits.max())
+        tokens.append(int(rng.choice(len(probs), p=probs / probs.sum())))
+    return corpus.decode(tokens)

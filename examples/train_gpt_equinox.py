@@ -23,7 +23,7 @@ import numpy as np
 import optax
 
 import jax_flash.equinox
-from text_data import CharCorpus
+from text_data import CharCorpus, progress, sample_text, save_loss_curve
 
 
 class Block(eqx.Module):
@@ -90,7 +90,11 @@ def main(argv=None):
     p.add_argument("--attention", choices=["flash", "equinox"], default="flash")
     p.add_argument("--log-every", type=int, default=25)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="directory for metrics.json and model.eqx")
+    p.add_argument("--out", default=None,
+                   help="directory for metrics.json, loss_curve.png, sample.txt and model.eqx")
+    p.add_argument("--resume", action="store_true", help="start from model.eqx in --out")
+    p.add_argument("--sample-chars", type=int, default=200, help="characters to generate at the end")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 
     corpus = CharCorpus()
@@ -98,8 +102,13 @@ def main(argv=None):
           f"attention={args.attention}")
     model = GPT(corpus.vocab, args.seq_len, args.width, args.depth, args.heads,
                 args.attention == "flash", jax.random.key(args.seed))
-    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, args.warmup, args.steps, args.lr / 10)
+    warmup = min(args.warmup, args.steps - 1)  # a short (e.g. resumed) run still decays
+    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, args.steps, args.lr / 10)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))
+    checkpoint = os.path.join(args.out, "model.eqx") if args.out else None
+    if args.resume:
+        model = eqx.tree_deserialise_leaves(checkpoint, model)
+        print(f"resumed from {checkpoint}")
     opt_state = tx.init(eqx.filter(model, eqx.is_inexact_array))
 
     def loss_fn(model, x, y):
@@ -115,21 +124,35 @@ def main(argv=None):
     eval_loss = eqx.filter_jit(loss_fn)
     rng = np.random.default_rng(args.seed)
     history, tokens, start = [], 0, time.perf_counter()
-    for step in range(1, args.steps + 1):
+    bar = progress(range(1, args.steps + 1), args.steps, not args.no_progress)
+    for step in bar:
         x, y = corpus.batch(rng, "train", args.batch_size, args.seq_len)
         model, opt_state, loss = train_step(model, opt_state, x, y)
         tokens += x.size
         if step % args.log_every == 0 or step == args.steps:
             val_loss = float(eval_loss(model, *corpus.batch(rng, "valid", args.batch_size, args.seq_len)))
             rate = tokens / (time.perf_counter() - start)
-            print(f"step {step:5d}  loss {float(loss):.4f}  val_loss {val_loss:.4f}  {rate:,.0f} tokens/s",
-                  flush=True)
+            line = f"step {step:5d}  loss {float(loss):.4f}  val_loss {val_loss:.4f}  {rate:,.0f} tokens/s"
+            if hasattr(bar, "set_postfix_str"):
+                bar.set_postfix_str(f"loss {float(loss):.3f} {rate:,.0f} tok/s")
+                bar.write(line)
+            else:
+                print(line, flush=True)
             history.append({"step": step, "loss": float(loss), "val_loss": val_loss, "tokens_per_s": rate})
+    sample = ""
+    if args.sample_chars > 0:
+        logits_fn = eqx.filter_jit(lambda model, x: jax.vmap(model)(x))
+        sample = sample_text(lambda x: logits_fn(model, jnp.asarray(x)), corpus, args.seq_len,
+                             "The ", args.sample_chars, seed=args.seed)
+        print("sample:", sample)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "metrics.json"), "w") as f:
             json.dump({"args": vars(args), "history": history}, f, indent=1)
-        eqx.tree_serialise_leaves(os.path.join(args.out, "model.eqx"), model)
+        save_loss_curve(history, os.path.join(args.out, "loss_curve.png"))
+        with open(os.path.join(args.out, "sample.txt"), "w") as f:
+            f.write(sample)
+        eqx.tree_serialise_leaves(checkpoint, model)
     print(f"loss {history[0]['loss']:.3f} -> {history[-1]['loss']:.3f} "
           f"(uniform guess: {math.log(corpus.vocab):.3f})")
     return history

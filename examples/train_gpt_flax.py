@@ -24,7 +24,7 @@ import optax
 from flax import nnx
 
 import jax_flash
-from text_data import CharCorpus
+from text_data import CharCorpus, progress, sample_text, save_loss_curve
 
 
 class CausalSelfAttention(nnx.Module):
@@ -75,6 +75,24 @@ class GPT(nnx.Module):
         return self.head(self.norm(x).astype(jnp.float32))
 
 
+def save_params(model, path):
+    """The model's parameters as msgpack (flax.serialization of a pure dict)."""
+    from flax import serialization
+
+    with open(path, "wb") as f:
+        f.write(serialization.msgpack_serialize(nnx.to_pure_dict(nnx.state(model, nnx.Param))))
+
+
+def restore_params(model, path):
+    from flax import serialization
+
+    with open(path, "rb") as f:
+        pure = serialization.msgpack_restore(f.read())
+    state = nnx.state(model, nnx.Param)
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(model, state)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=300)
@@ -89,7 +107,11 @@ def main(argv=None):
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--log-every", type=int, default=25)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="directory for metrics.json")
+    p.add_argument("--out", default=None,
+                   help="directory for metrics.json, loss_curve.png, sample.txt and the checkpoint")
+    p.add_argument("--resume", action="store_true", help="start from the checkpoint in --out")
+    p.add_argument("--sample-chars", type=int, default=200, help="characters to generate at the end")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 
     corpus = CharCorpus()
@@ -99,7 +121,8 @@ def main(argv=None):
 
     model = GPT(corpus.vocab, args.seq_len, args.width, args.depth, args.heads, args.attention,
                 jnp.dtype(args.dtype), nnx.Rngs(args.seed))
-    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, args.warmup, args.steps, args.lr / 10)
+    warmup = min(args.warmup, args.steps - 1)  # a short (e.g. resumed) run still decays
+    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, args.steps, args.lr / 10)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
 
@@ -119,24 +142,44 @@ def main(argv=None):
     def batch(split):
         return tuple(jnp.asarray(a) for a in corpus.batch(rng, split, args.batch_size, args.seq_len))
 
+    checkpoint = os.path.join(args.out, "checkpoint.msgpack") if args.out else None
+    if args.resume:
+        restore_params(model, checkpoint)
+        print(f"resumed from {checkpoint}")
+
     history = []
     start = time.perf_counter()
     tokens = 0
-    for step in range(1, args.steps + 1):
+    bar = progress(range(1, args.steps + 1), args.steps, not args.no_progress)
+    for step in bar:
         loss = train_step(model, optimizer, *batch("train"))
         tokens += args.batch_size * args.seq_len
         if step % args.log_every == 0 or step == args.steps:
             loss = float(loss)
             val_loss = float(eval_step(model, *batch("valid")))
             elapsed = time.perf_counter() - start
-            print(f"step {step:5d}  loss {loss:.4f}  val_loss {val_loss:.4f}  "
-                  f"{tokens / elapsed:,.0f} tokens/s", flush=True)
+            line = f"step {step:5d}  loss {loss:.4f}  val_loss {val_loss:.4f}  {tokens / elapsed:,.0f} tokens/s"
+            if hasattr(bar, "set_postfix_str"):
+                bar.set_postfix_str(f"loss {loss:.3f} {tokens / elapsed:,.0f} tok/s")
+                bar.write(line)
+            else:
+                print(line, flush=True)
             history.append({"step": step, "loss": loss, "val_loss": val_loss,
                             "tokens_per_s": tokens / elapsed})
+    sample = ""
+    if args.sample_chars > 0:
+        logits_fn = nnx.jit(lambda model, x: model(x))
+        sample = sample_text(lambda x: logits_fn(model, jnp.asarray(x)), corpus, args.seq_len,
+                             "The ", args.sample_chars, seed=args.seed)
+        print("sample:", sample)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "metrics.json"), "w") as f:
             json.dump({"args": vars(args), "history": history}, f, indent=1)
+        save_loss_curve(history, os.path.join(args.out, "loss_curve.png"))
+        with open(os.path.join(args.out, "sample.txt"), "w") as f:
+            f.write(sample)
+        save_params(model, checkpoint)
     first, last = history[0]["loss"], history[-1]["loss"]
     print(f"loss {first:.3f} -> {last:.3f} (uniform guess: {math.log(len(chars)):.3f})")
     return history

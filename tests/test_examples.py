@@ -26,12 +26,18 @@ def test_train_gpt_flax_loss_falls(tmp_path):
     history = script.main(
         ["--steps", "40", "--batch-size", "8", "--seq-len", "64", "--width", "64",
          "--depth", "2", "--heads", "2", "--warmup", "5", "--log-every", "10",
-         "--out", str(tmp_path)]
+         "--out", str(tmp_path), "--sample-chars", "20", "--no-progress"]
     )
     # Uniform guessing over the ~100-character vocabulary costs ln(100) = 4.6.
     first, last = history[0]["loss"], history[-1]["loss"]
     assert last < first and last < 3.4, history
-    assert (tmp_path / "metrics.json").exists()
+    assert (tmp_path / "metrics.json").exists() and (tmp_path / "checkpoint.msgpack").exists()
+    assert len((tmp_path / "sample.txt").read_text()) >= 20
+    # Restoring the checkpoint gives back the trained model: its loss starts low.
+    resumed = script.main(["--steps", "1", "--batch-size", "8", "--seq-len", "64", "--width", "64",
+                           "--depth", "2", "--heads", "2", "--log-every", "1", "--out", str(tmp_path),
+                           "--resume", "--sample-chars", "0", "--no-progress"])
+    assert resumed[0]["loss"] < first - 0.2
 
 
 def test_train_gpt_equinox_loss_falls(tmp_path):
@@ -40,8 +46,12 @@ def test_train_gpt_equinox_loss_falls(tmp_path):
     history = script.main(
         ["--steps", "40", "--batch-size", "8", "--seq-len", "64", "--width", "64",
          "--depth", "2", "--heads", "2", "--warmup", "5", "--log-every", "10",
-         "--out", str(tmp_path)]
+         "--out", str(tmp_path), "--sample-chars", "20", "--no-progress"]
     )
     first, last = history[0]["loss"], history[-1]["loss"]
     assert last < first and last < 3.4, history
-    assert (tmp_path / "model.eqx").exists()
+    assert (tmp_path / "model.eqx").exists() and (tmp_path / "sample.txt").exists()
+    resumed = script.main(["--steps", "1", "--batch-size", "8", "--seq-len", "64", "--width", "64",
+                           "--depth", "2", "--heads", "2", "--log-every", "1", "--out", str(tmp_path),
+                           "--resume", "--sample-chars", "0", "--no-progress"])
+    assert resumed[0]["loss"] < first - 0.2
