@@ -79,7 +79,7 @@ class GPT(eqx.Module):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--width", type=int, default=128)
@@ -88,7 +88,7 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--attention", choices=["flash", "equinox"], default="flash")
-    p.add_argument("--log-every", type=int, default=25)
+    p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None,
                    help="directory for metrics.json, loss_curve.png, sample.txt and model.eqx")
@@ -129,7 +129,7 @@ def main(argv=None):
         x, y = corpus.batch(rng, "train", args.batch_size, args.seq_len)
         model, opt_state, loss = train_step(model, opt_state, x, y)
         tokens += x.size
-        if step % args.log_every == 0 or step == args.steps:
+        if step == 1 or step % args.log_every == 0 or step == args.steps:
             val_loss = float(eval_loss(model, *corpus.batch(rng, "valid", args.batch_size, args.seq_len)))
             rate = tokens / (time.perf_counter() - start)
             line = f"step {step:5d}  loss {float(loss):.4f}  val_loss {val_loss:.4f}  {rate:,.0f} tokens/s"

@@ -95,7 +95,7 @@ def restore_params(model, path):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--width", type=int, default=128)
@@ -105,7 +105,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--attention", choices=["flash", "xla", "cudnn"], default="flash")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    p.add_argument("--log-every", type=int, default=25)
+    p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None,
                    help="directory for metrics.json, loss_curve.png, sample.txt and the checkpoint")
@@ -154,7 +154,7 @@ def main(argv=None):
     for step in bar:
         loss = train_step(model, optimizer, *batch("train"))
         tokens += args.batch_size * args.seq_len
-        if step % args.log_every == 0 or step == args.steps:
+        if step == 1 or step % args.log_every == 0 or step == args.steps:
             loss = float(loss)
             val_loss = float(eval_step(model, *batch("valid")))
             elapsed = time.perf_counter() - start
