@@ -26,11 +26,25 @@ import jax_flash
 IMPLEMENTATIONS = ("jax_flash", "cudnn", "xla")
 
 
-def _attention_fn(impl: str, causal: bool):
+VARIANTS = ("plain", "bias", "key_padding_mask")
+
+
+def _extra_args(variant: str, batch, seqlen, heads, rng):
+    """Positional (bias, mask) for a variant: a full [B, N, T, S] float32 bias,
+    or a [B, 1, 1, S] key-padding mask hiding the last eighth of each sequence."""
+    if variant == "bias":
+        return (jnp.asarray(rng.standard_normal((batch, heads, seqlen, seqlen)), jnp.float32), None)
+    if variant == "key_padding_mask":
+        valid = np.arange(seqlen) < seqlen - seqlen // 8
+        return (None, jnp.asarray(np.broadcast_to(valid, (batch, 1, 1, seqlen))))
+    return (None, None)
+
+
+def _attention_fn(impl: str, causal: bool, bias=None, mask=None):
     if impl == "jax_flash":
-        return lambda q, k, v: jax_flash.attention(q, k, v, is_causal=causal)
+        return lambda q, k, v: jax_flash.attention(q, k, v, bias, mask, is_causal=causal)
     return lambda q, k, v: jax.nn.dot_product_attention(
-        q, k, v, is_causal=causal, implementation=impl
+        q, k, v, bias, mask, is_causal=causal, implementation=impl
     )
 
 
@@ -50,10 +64,10 @@ def flops_forward(batch, seqlen, heads, head_dim, causal) -> float:
     return f / 2 if causal else f
 
 
-def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng):
+def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng, variant="plain"):
     shape = (batch, seqlen, heads, head_dim)
     q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(3))
-    attn = _attention_fn(impl, causal)
+    attn = _attention_fn(impl, causal, *_extra_args(variant, batch, seqlen, heads, rng))
     fwd = jax.jit(attn)
     fwd_bwd = jax.jit(
         jax.value_and_grad(lambda q, k, v: jnp.sum(attn(q, k, v).astype(jnp.float32)), (0, 1, 2))
@@ -63,8 +77,8 @@ def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng)
     t_bwd = max(t_total - t_fwd, 1e-9)
     f = flops_forward(batch, seqlen, heads, head_dim, causal)
     return {
-        "impl": impl, "batch": batch, "seqlen": seqlen, "heads": heads, "head_dim": head_dim,
-        "causal": causal, "dtype": jnp.dtype(dtype).name,
+        "impl": impl, "variant": variant, "batch": batch, "seqlen": seqlen, "heads": heads,
+        "head_dim": head_dim, "causal": causal, "dtype": jnp.dtype(dtype).name,
         "fwd_ms": t_fwd * 1e3, "bwd_ms": t_bwd * 1e3,
         "fwd_tflops": f / t_fwd / 1e12, "bwd_tflops": 2.5 * f / t_bwd / 1e12,
     }
@@ -72,22 +86,41 @@ def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng)
 
 def markdown_table(rows) -> str:
     lines = [
-        "| impl | B | T | N | H | causal | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| impl | variant | B | T | N | H | causal | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        head = (f"| {r['impl']} | {r.get('variant', 'plain')} | {r['batch']} | {r['seqlen']} "
+                f"| {r['heads']} | {r['head_dim']} | {int(r['causal'])} ")
         if "error" in r:
-            lines.append(
-                f"| {r['impl']} | {r['batch']} | {r['seqlen']} | {r['heads']} | {r['head_dim']} "
-                f"| {int(r['causal'])} | err | err | | |"
-            )
-            continue
-        lines.append(
-            f"| {r['impl']} | {r['batch']} | {r['seqlen']} | {r['heads']} | {r['head_dim']} "
-            f"| {int(r['causal'])} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} "
-            f"| {r['fwd_tflops']:.1f} | {r['bwd_tflops']:.1f} |"
-        )
+            lines.append(head + "| err | err | | |")
+        else:
+            lines.append(head + f"| {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} "
+                         f"| {r['fwd_tflops']:.1f} | {r['bwd_tflops']:.1f} |")
     return "\n".join(lines)
+
+
+def long_sequence_memory(seqlen, heads, head_dim, dtype, rng) -> dict:
+    """fwd+bwd of jax_flash at B=1 and a long sequence: time and peak device memory.
+
+    A T x T buffer anywhere would need T*T*N*4 bytes (1 TiB at 128k, N=16);
+    completing proves there is none. Peak memory comes from the device's
+    allocator statistics (GPU only; None on the CPU).
+    """
+    shape = (1, seqlen, heads, head_dim)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(3))
+    step = jax.jit(jax.grad(
+        lambda q, k, v: jnp.sum(jax_flash.attention(q, k, v, is_causal=True).astype(jnp.float32)),
+        (0, 1, 2)))
+    start = time.perf_counter()
+    grads = jax.block_until_ready(step(q, k, v))
+    seconds = time.perf_counter() - start
+    stats = jax.devices()[0].memory_stats() or {}
+    return {"seqlen": seqlen, "heads": heads, "head_dim": head_dim, "dtype": jnp.dtype(dtype).name,
+            "fwd_bwd_s_incl_compile": seconds,
+            "grads_finite": all(bool(jnp.all(jnp.isfinite(g))) for g in grads),
+            "peak_bytes": stats.get("peak_bytes_in_use"),
+            "inputs_outputs_grads_bytes": 7 * q.size * q.dtype.itemsize}
 
 
 def write_chart(rows, path) -> bool:
@@ -99,7 +132,7 @@ def write_chart(rows, path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    ok = [r for r in rows if "error" not in r]
+    ok = [r for r in rows if "error" not in r and r.get("variant", "plain") == "plain"]
     points = sorted({(r["head_dim"], r["seqlen"], r["causal"]) for r in ok})
     impls = sorted({r["impl"] for r in ok})
     fig, axes = plt.subplots(2, 1, figsize=(max(8, len(points) * 0.9), 7), sharex=True)
@@ -129,6 +162,11 @@ def main(argv=None):
     parser.add_argument("--causal", nargs="+", type=int, default=[0, 1], choices=[0, 1])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--variant", nargs="+", default=["plain"], choices=VARIANTS,
+                        help="plain, with a full float32 bias, or with a [B,1,1,S] key-padding mask")
+    parser.add_argument("--long-seqlen", type=int, default=0,
+                        help="also run jax_flash fwd+bwd at B=1, N=16, H=128 and this length "
+                             "(131072 for the 128k check), reporting peak device memory")
     parser.add_argument("--out", default="bench_out", help="directory for results.json and results.md")
     args = parser.parse_args(argv)
 
@@ -139,21 +177,26 @@ def main(argv=None):
         for seqlen in args.seqlen:
             for causal in args.causal:
                 batch, heads = max(1, args.tokens // seqlen), max(1, args.width // head_dim)
-                for impl in args.impl:
-                    try:
-                        row = bench_point(impl, batch, seqlen, heads, head_dim, bool(causal),
-                                          args.dtype, args.iters, rng)
-                    except Exception as e:  # e.g. cudnn on the CPU, xla out of memory
-                        row = {"impl": impl, "batch": batch, "seqlen": seqlen, "heads": heads,
-                               "head_dim": head_dim, "causal": bool(causal), "dtype": args.dtype,
-                               "error": f"{type(e).__name__}: {str(e)[:200]}"}
-                    rows.append(row)
-                    print(markdown_table([row]).splitlines()[-1], flush=True)
+                for variant in args.variant:
+                    for impl in args.impl:
+                        try:
+                            row = bench_point(impl, batch, seqlen, heads, head_dim, bool(causal),
+                                              args.dtype, args.iters, rng, variant)
+                        except Exception as e:  # e.g. cudnn on the CPU, xla out of memory
+                            row = {"impl": impl, "variant": variant, "batch": batch, "seqlen": seqlen,
+                                   "heads": heads, "head_dim": head_dim, "causal": bool(causal),
+                                   "dtype": args.dtype, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+                        rows.append(row)
+                        print(markdown_table([row]).splitlines()[-1], flush=True)
+    long_run = None
+    if args.long_seqlen:
+        long_run = long_sequence_memory(args.long_seqlen, 16, 128, args.dtype, rng)
+        print("long sequence:", long_run, flush=True)
     os.makedirs(args.out, exist_ok=True)
     meta = {"jax": jax.__version__, "device": jax.devices()[0].device_kind,
             "build": jax_flash.build_info(), "iters": args.iters}
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        json.dump({"meta": meta, "rows": rows, "long_sequence": long_run}, f, indent=1)
     write_chart(rows, os.path.join(args.out, "results.png"))
     table = markdown_table(rows)
     with open(os.path.join(args.out, "results.md"), "w") as f:
