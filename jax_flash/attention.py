@@ -1,9 +1,11 @@
-"""``jax_flash.attention``: argument checks, the custom VJP, the FFI calls."""
+"""``jax_flash.attention``: the public function and its argument checks.
+
+Arguments are validated and normalized here (errors name the argument and the
+expected vs actual shape or dtype); _kernel_call.py holds the custom VJP and
+the FFI calls."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
 from typing import Any
 
@@ -11,12 +13,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash import _registration
+from jax_flash._kernel_call import (
+    DROPOUT_SHARED,
+    HAS_BIAS,
+    HAS_KV_SEQLENS,
+    HAS_MASK,
+    HAS_Q_SEQLENS,
+    HAS_SEGMENTS,
+    KernelConfig,
+    flash_attention,
+)
 
 MAX_HEAD_DIM = 256
 # `implementation` values and the FFI attribute each maps to.
 IMPLEMENTATIONS = {None: 0, "generic": 1, "sm80": 2}
 SUPPORTED_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
+
 
 def attention(
     query: jax.Array,
@@ -114,7 +126,7 @@ def attention(
     if bias4 is not None:
         if not jnp.issubdtype(bias4.dtype, jnp.floating):
             raise TypeError(f"bias must be a float array; got {bias4.dtype}")
-        features |= _HAS_BIAS
+        features |= HAS_BIAS
         bias4 = bias4.astype(acc_dtype)
     operands.append(bias4 if bias4 is not None else jnp.zeros((1, 1, 1, 1), acc_dtype))
 
@@ -122,12 +134,12 @@ def attention(
     if mask4 is not None:
         if mask4.dtype != jnp.bool_:
             raise TypeError(f"mask must be bool (True = attend); got {mask4.dtype}")
-        features |= _HAS_MASK
+        features |= HAS_MASK
     operands.append(mask4 if mask4 is not None else jnp.ones((1, 1, 1, 1), jnp.bool_))
 
     for name, lengths, bit in (
-        ("query_seq_lengths", query_seq_lengths, _HAS_Q_SEQLENS),
-        ("key_value_seq_lengths", key_value_seq_lengths, _HAS_KV_SEQLENS),
+        ("query_seq_lengths", query_seq_lengths, HAS_Q_SEQLENS),
+        ("key_value_seq_lengths", key_value_seq_lengths, HAS_KV_SEQLENS),
     ):
         if lengths is not None:
             lengths = _int32_array(name, lengths, (b,), unbatched)
@@ -139,7 +151,7 @@ def attention(
     if q_segment_ids is not None:
         operands.append(_int32_array("q_segment_ids", q_segment_ids, (b, t), unbatched))
         operands.append(_int32_array("kv_segment_ids", kv_segment_ids, (b, s), unbatched))
-        features |= _HAS_SEGMENTS
+        features |= HAS_SEGMENTS
     else:
         operands += [jnp.zeros((1, 1), jnp.int32)] * 2
 
@@ -151,11 +163,11 @@ def attention(
             raise ValueError("dropout_rate > 0 needs dropout_rng (a jax PRNG key)")
         operands.append(jax.random.bits(dropout_rng, (2,), jnp.uint32))
         if dropout_broadcast:
-            features |= _DROPOUT_SHARED
+            features |= DROPOUT_SHARED
     else:
         operands.append(jnp.zeros((2,), jnp.uint32))
 
-    static = _Static(
+    static = KernelConfig(
         scale=_static_scale(scale, h),
         is_causal=bool(is_causal),
         implementation=IMPLEMENTATIONS[implementation],
@@ -165,7 +177,7 @@ def attention(
         softcap=softcap,
         dropout_rate=rate,
     )
-    out, lse = _flash_attention(query, key, value, *operands, static)
+    out, lse = flash_attention(query, key, value, *operands, static)
     if unbatched:
         out, lse = out[0], lse[0]
     if not return_residual:
@@ -173,38 +185,6 @@ def attention(
     # lse is [..., N, T] (float32); jax returns [..., T, N] in the input dtype.
     residual = jax.lax.stop_gradient(jnp.swapaxes(lse, -1, -2).astype(out.dtype))
     return out, residual
-
-
-# Bits of the FFI `features` attribute (ffi/common/ffi_decode.h FeatureBits).
-_HAS_BIAS, _HAS_MASK, _HAS_Q_SEQLENS, _HAS_KV_SEQLENS, _HAS_SEGMENTS = 1, 2, 4, 8, 16
-_DROPOUT_SHARED = 32
-
-
-@dataclasses.dataclass(frozen=True)
-class _Static:
-    """Everything compiled into the kernel call (hashable: a nondiff argument)."""
-
-    scale: float
-    is_causal: bool
-    implementation: int
-    features: int
-    window_left: int
-    window_right: int
-    softcap: float
-    dropout_rate: float
-
-    def attributes(self) -> dict:
-        # Typed NumPy scalars matching the handlers' Attr types.
-        return dict(
-            scale=np.float64(self.scale),
-            is_causal=np.int32(self.is_causal),
-            implementation=np.int32(self.implementation),
-            features=np.int32(self.features),
-            window_left=np.int64(self.window_left),
-            window_right=np.int64(self.window_right),
-            softcap=np.float64(self.softcap),
-            dropout_rate=np.float64(self.dropout_rate),
-        )
 
 
 def _broadcastable_4d(name, x, full_shape):
@@ -316,98 +296,3 @@ def _static_scale(scale: Any, head_dim: int) -> float:
     if not math.isfinite(value):
         raise ValueError(f"scale must be finite; got {value}")
     return value
-
-
-# --- custom VJP -----------------------------------------------------------
-# Primal arguments: q, k, v, then the feature operands (bias, mask, q_seqlens,
-# kv_seqlens, q_segment_ids, kv_segment_ids, dropout_seed; placeholders when
-# unused), then the static configuration.
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(10,))
-def _flash_attention(q, k, v, *rest):
-    *feature_ops, static = rest
-    return _forward_call(q, k, v, feature_ops, static)
-
-
-def _flash_attention_fwd(q, k, v, *rest):
-    *feature_ops, static = rest
-    out, lse = _forward_call(q, k, v, feature_ops, static)
-    return (out, lse), (q, k, v, out, lse, tuple(feature_ops))
-
-
-def _flash_attention_bwd(static, residuals, cotangents):
-    q, k, v, out, lse, feature_ops = residuals
-    dout, _ = cotangents  # lse leaves attention() under stop_gradient
-    dout = dout.astype(q.dtype)
-    dq, dk, dv = _backward_call(q, k, v, out, lse, dout, feature_ops, static)
-    bias = feature_ops[0]
-    if static.features & _HAS_BIAS:
-        # A separate call, so that XLA drops it when nobody uses the bias gradient.
-        dbias = _bias_gradient_call(q, k, v, out, lse, dout, feature_ops, static)
-    else:
-        dbias = jnp.zeros_like(bias)
-    # Integer and bool operands (mask, lengths, segments, seed) get no cotangent.
-    return (dq, dk, dv, dbias) + (None,) * (len(feature_ops) - 1)
-
-
-_flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
-
-
-# --- FFI calls --------------------------------------------------------------
-# vmap_method="broadcast_all" gives the handlers inputs with extra leading
-# (batch) dims, which they fold into batch.
-
-
-def _result_type(like: jax.Array, shape, dtype):
-    """The type of an FFI result, derived from the input `like`.
-
-    ffi_call outputs take exactly the type we declare. Inside shard_map a
-    result must vary over the same manual mesh axes as the inputs (else the
-    custom VJP's cotangent types stop matching the primal's), so the result
-    is `like`'s abstract value with a new shape and dtype, keeping its mesh.
-    """
-    aval = jax.typeof(like)
-    sharding = getattr(aval, "sharding", None)
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        # Same (abstract) mesh, nothing partitioned, at the result's rank.
-        spec = jax.sharding.PartitionSpec(*([None] * len(shape)))
-        return aval.update(
-            shape=tuple(shape),
-            dtype=jnp.dtype(dtype),
-            weak_type=False,
-            sharding=jax.sharding.NamedSharding(sharding.mesh, spec),
-        )
-    return jax.ShapeDtypeStruct(shape, dtype)
-
-
-def _row_stats_type(q: jax.Array):
-    """lse/delta: [..., N, T], float32 (float64 for float64 inputs)."""
-    *batch, t, n, _ = q.shape
-    return _result_type(q, (*batch, n, t), jnp.promote_types(q.dtype, jnp.float32))
-
-
-def _forward_call(q, k, v, feature_ops, static):
-    result_types = (_result_type(q, q.shape, q.dtype), _row_stats_type(q))  # out, lse
-    call = jax.ffi.ffi_call(_registration.FWD_TARGET, result_types, vmap_method="broadcast_all")
-    return call(q, k, v, *feature_ops, **static.attributes())
-
-
-def _backward_call(q, k, v, out, lse, dout, feature_ops, static):
-    result_types = (
-        _result_type(q, q.shape, q.dtype),  # dq
-        _result_type(k, k.shape, k.dtype),  # dk
-        _result_type(v, v.shape, v.dtype),  # dv
-        _row_stats_type(q),  # delta (scratch)
-    )
-    call = jax.ffi.ffi_call(_registration.BWD_TARGET, result_types, vmap_method="broadcast_all")
-    dq, dk, dv, _ = call(q, k, v, out, lse, dout, *feature_ops, **static.attributes())
-    return dq, dk, dv
-
-
-def _bias_gradient_call(q, k, v, out, lse, dout, feature_ops, static):
-    bias = feature_ops[0]
-    result_types = (_result_type(bias, bias.shape, bias.dtype), _row_stats_type(q))
-    call = jax.ffi.ffi_call(_registration.DBIAS_TARGET, result_types, vmap_method="broadcast_all")
-    dbias, _ = call(q, k, v, out, lse, dout, *feature_ops, **static.attributes())
-    return dbias

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 
 from jax_flash.attention import attention
@@ -87,8 +86,7 @@ def attention_fn(
 
     batch_dims = query.shape[:-3]
     flat = math.prod(batch_dims) if batch_dims else 1
-    q_len, heads, head_dim = query.shape[-3:]
-    kv_len = key.shape[-3]
+    q_len, heads = query.shape[-3:-1]
 
     def flatten_batch(x):  # [batch..., ...] -> [B, ...]
         return x.reshape((flat,) + x.shape[len(batch_dims):])

@@ -1,7 +1,5 @@
 """jit, grad, vmap, pmap, shard_map and checkpoint compose with jax_flash."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,12 +13,6 @@ DTYPE = "float32"
 
 def _attn(q, k, v, causal=True):
     return jax_flash.attention(q, k, v, is_causal=causal)
-
-
-def _loop(fn, *xs):
-    """Applies fn to each slice along axis 0 (None means shared) and stacks."""
-    n = next(x.shape[0] for x in xs if x is not None)
-    return jnp.stack([fn(*(x if s is None else x[i] for x, s in zip(xs, xs))) for i in range(n)])
 
 
 def test_jitted_hlo_contains_custom_call(rng):
