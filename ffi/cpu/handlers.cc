@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "common/ffi_bindings.h"
+#include "common/feature_decode.h"
 #include "common/ffi_decode.h"
 #include "cpu/attention_cpu.h"
 #include "cpu/element.h"

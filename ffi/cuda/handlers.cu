@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "common/ffi_bindings.h"
+#include "common/feature_decode.h"
 #include "common/ffi_decode.h"
 #include "cuda/generic/launch.h"
 #include "cuda/sm80/launch.h"

@@ -1,0 +1,154 @@
+// Decodes the optional feature operands and attributes (bias, mask, lengths,
+// segment ids, window, soft cap, dropout) into AttentionParams::features,
+// checking shapes and dtypes the Python layer already validated.
+#pragma once
+
+#include <string>
+
+#include "common/ffi_decode.h"
+#include "common/params.h"
+
+namespace jax_flash {
+
+// Bits of the `features` attribute: which optional operands are real (the
+// others are placeholders, so every call has the same operand list).
+enum FeatureBits : int32_t {
+  kHasBias = 1,
+  kHasMask = 2,
+  kHasQSeqlens = 4,
+  kHasKvSeqlens = 8,
+  kHasSegments = 16,
+  kDropoutShared = 32,  // one dropout mask for every batch entry and head
+};
+
+// The optional operands and attributes, as the FFI delivers them.
+struct FeatureOperands {
+  const ffi::AnyBuffer& bias;
+  const ffi::AnyBuffer& mask;
+  const ffi::AnyBuffer& q_seqlens;
+  const ffi::AnyBuffer& kv_seqlens;
+  const ffi::AnyBuffer& q_segment_ids;
+  const ffi::AnyBuffer& kv_segment_ids;
+  const ffi::AnyBuffer& dropout_seed;
+  int32_t features;
+  int64_t window_left, window_right;
+  double softcap, dropout_rate;
+};
+
+// Strides of an operand shaped [lead..., heads', rows', cols'] (each dim 1 or
+// the full size) broadcast against q's [lead..., seqlen_q, heads, ...].
+inline ffi::Error BroadcastOperand(const char* name, const ffi::AnyBuffer& buf,
+                                   ffi::AnyBuffer::Dimensions q_dims, const AttentionShape& s,
+                                   BroadcastStrides* st, int64_t* rows, int64_t* cols) {
+  auto d = buf.dimensions();
+  const size_t r = q_dims.size();
+  if (d.size() != r) {
+    return ffi::Error::InvalidArgument(std::string("jax_flash: ") + name + " has rank " +
+                                       std::to_string(d.size()) + ", expected " + std::to_string(r));
+  }
+  const int64_t full[3] = {s.num_heads, s.seqlen_q, s.seqlen_k};
+  int64_t stride = 1;
+  int64_t strides[8] = {};
+  for (size_t i = r; i-- > 0;) {
+    const int64_t want = i + 3 >= r ? full[i + 3 - r] : q_dims[i];
+    if (d[i] != 1 && d[i] != want) {
+      return ffi::Error::InvalidArgument(std::string("jax_flash: ") + name + " shape " +
+                                         DimsToString(d) + " does not broadcast");
+    }
+    strides[i] = d[i] == 1 ? 0 : stride;
+    stride *= d[i];
+  }
+  for (size_t i = 0; i + 3 < r; ++i) st->batch[i] = strides[i];
+  st->head = strides[r - 3];
+  st->row = strides[r - 2];
+  st->col = strides[r - 1];
+  *rows = d[r - 2];
+  *cols = d[r - 1];
+  return ffi::Error::Success();
+}
+
+inline int64_t ElementCount(const ffi::AnyBuffer& b) { return int64_t(b.element_count()); }
+
+inline ffi::Error DecodeFeatures(const ffi::AnyBuffer& q, const FeatureOperands& o,
+                                 AttentionParams* p, int64_t* bias_rows = nullptr,
+                                 int64_t* bias_cols = nullptr) {
+  AttentionFeatures& f = p->features;
+  const AttentionShape& s = p->shape;
+  auto qd = q.dimensions();
+  f.num_batch_dims = int(qd.size()) - 3;
+  if (f.num_batch_dims > kMaxBatchDims) {
+    return ffi::Error::InvalidArgument("jax_flash: at most " + std::to_string(kMaxBatchDims) +
+                                       " leading batch dims (nested vmap)");
+  }
+  for (int i = 0; i < f.num_batch_dims; ++i) f.batch_dims[i] = qd[i];
+  const ffi::DataType acc =
+      q.element_type() == ffi::DataType::F64 ? ffi::DataType::F64 : ffi::DataType::F32;
+  int64_t rows = 1, cols = 1;
+  if (o.features & kHasBias) {
+    if (o.bias.element_type() != acc)
+      return ffi::Error::InvalidArgument("jax_flash: bias must be float32 (float64 for float64 inputs)");
+    if (auto e = BroadcastOperand("bias", o.bias, qd, s, &f.bias_stride, &rows, &cols); e.failure())
+      return e;
+    f.bias = o.bias.untyped_data();
+  }
+  if (bias_rows) *bias_rows = rows;
+  if (bias_cols) *bias_cols = cols;
+  if (o.features & kHasMask) {
+    if (o.mask.element_type() != ffi::DataType::PRED)
+      return ffi::Error::InvalidArgument("jax_flash: mask must be bool");
+    int64_t mr, mc;
+    if (auto e = BroadcastOperand("mask", o.mask, qd, s, &f.mask_stride, &mr, &mc); e.failure())
+      return e;
+    f.mask = static_cast<const uint8_t*>(o.mask.untyped_data());
+  }
+  auto int32_operand = [&](const char* name, const ffi::AnyBuffer& b, int64_t count,
+                           const int32_t** out) -> ffi::Error {
+    if (b.element_type() != ffi::DataType::S32 || ElementCount(b) != count)
+      return ffi::Error::InvalidArgument(std::string("jax_flash: ") + name + " must be int32 with " +
+                                         std::to_string(count) + " elements");
+    *out = static_cast<const int32_t*>(b.untyped_data());
+    return ffi::Error::Success();
+  };
+  if (o.features & kHasQSeqlens)
+    if (auto e = int32_operand("query_seq_lengths", o.q_seqlens, s.batch, &f.q_seqlens); e.failure())
+      return e;
+  if (o.features & kHasKvSeqlens)
+    if (auto e = int32_operand("key_value_seq_lengths", o.kv_seqlens, s.batch, &f.kv_seqlens);
+        e.failure())
+      return e;
+  if (o.features & kHasSegments) {
+    if (auto e = int32_operand("q_segment_ids", o.q_segment_ids, s.batch * s.seqlen_q,
+                               &f.q_segment_ids);
+        e.failure())
+      return e;
+    if (auto e = int32_operand("kv_segment_ids", o.kv_segment_ids, s.batch * s.seqlen_k,
+                               &f.kv_segment_ids);
+        e.failure())
+      return e;
+  }
+  f.window_left = o.window_left;
+  f.window_right = o.window_right;
+  if (o.softcap < 0) return ffi::Error::InvalidArgument("jax_flash: logits_soft_cap must be > 0");
+  f.softcap = o.softcap;
+  if (o.dropout_rate < 0 || o.dropout_rate >= 1)
+    return ffi::Error::InvalidArgument("jax_flash: dropout_rate must be in [0, 1)");
+  f.dropout_rate = o.dropout_rate;
+  if (o.dropout_rate > 0) {
+    const int64_t n = ElementCount(o.dropout_seed);
+    if (o.dropout_seed.element_type() != ffi::DataType::U32 || n < 2 || n % 2 != 0 ||
+        s.batch % (n / 2) != 0)
+      return ffi::Error::InvalidArgument("jax_flash: dropout seed must be uint32 [..., 2]");
+    f.dropout_seed = static_cast<const uint32_t*>(o.dropout_seed.untyped_data());
+    f.seed_count = n / 2;
+    f.dropout_shared = (o.features & kDropoutShared) != 0;
+  }
+  return ffi::Error::Success();
+}
+
+// True when the call uses any optional feature (the CUDA kernels take none yet).
+inline bool UsesFeatures(const AttentionFeatures& f) {
+  return f.bias || f.mask || f.q_seqlens || f.kv_seqlens || f.q_segment_ids ||
+         f.window_left >= 0 || f.window_right >= 0 || f.softcap > 0 || f.dropout_rate > 0;
+}
+
+}  // namespace jax_flash
