@@ -91,14 +91,18 @@ def attention_fn(
     def flatten_batch(x):  # [batch..., ...] -> [B, ...]
         return x.reshape((flat,) + x.shape[len(batch_dims):])
 
-    def flatten_logits_shaped(x):  # broadcastable to [batch..., N, T, S] -> [B or 1, ...]
+    def flatten_logits_shaped(name, x):
+        """Broadcastable to [batch..., N, T, S] -> [B or 1, N', T', S']."""
         x = jnp.asarray(x)
-        x = x.reshape((1,) * (len(batch_dims) + 3 - x.ndim + 1) + x.shape) if x.ndim < len(batch_dims) + 3 else x
-        lead = x.shape[: len(batch_dims)]
-        if all(d == 1 for d in lead):
-            return x.reshape((1,) + x.shape[len(batch_dims):])
-        x = jnp.broadcast_to(x, batch_dims + x.shape[len(batch_dims):])
-        return x.reshape((flat,) + x.shape[len(batch_dims):])
+        full_rank = len(batch_dims) + 3
+        if x.ndim > full_rank:
+            raise ValueError(f"{name} has shape {x.shape}; expected at most {full_rank} dims "
+                             "[batch..., heads, q_len, kv_len]")
+        x = x.reshape((1,) * (full_rank - x.ndim) + x.shape)
+        tail = x.shape[len(batch_dims):]
+        if all(d == 1 for d in x.shape[: len(batch_dims)]):
+            return x.reshape((1,) + tail)  # shared by every batch entry: stays unbroadcast
+        return jnp.broadcast_to(x, batch_dims + tail).reshape((flat,) + tail)
 
     use_dropout = not deterministic and dropout_rate > 0.0
     if use_dropout and dropout_rng is None:
@@ -107,8 +111,8 @@ def attention_fn(
         flatten_batch(query),
         flatten_batch(key),
         flatten_batch(value),
-        None if bias is None else flatten_logits_shaped(bias),
-        None if mask is None else flatten_logits_shaped(mask).astype(bool),
+        None if bias is None else flatten_logits_shaped("bias", bias),
+        None if mask is None else flatten_logits_shaped("mask", mask).astype(bool),
         is_causal=is_causal,
         dropout_rate=dropout_rate if use_dropout else 0.0,
         dropout_rng=dropout_rng if use_dropout else None,
