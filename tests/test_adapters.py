@@ -171,6 +171,8 @@ def test_flax_adapter_several_batch_dims():
     """[batch1, batch2, T, N, H] with a mask broadcast over the second batch dim."""
     q, k, v = (jax.random.normal(jax.random.key(i), (2, 3, 9, 2, 8), jnp.float32) for i in range(3))
     mask = jax.random.bernoulli(jax.random.key(7), 0.8, (2, 1, 1, 9, 9)) | jnp.eye(9, dtype=bool)
-    bias = jax.random.normal(jax.random.key(8), (1, 3, 2, 9, 9), jnp.float32)
+    bias = jax.random.normal(jax.random.key(8), (2, 3, 2, 9, 9), jnp.float32)
+    # flax's own path needs the mask broadcast over every batch dim; ours does not.
+    full_mask = jnp.broadcast_to(mask, (2, 3, 1, 9, 9))
     np.testing.assert_allclose(jax_flash.flax.attention_fn(q, k, v, bias, mask),
-                               nnx.dot_product_attention(q, k, v, bias, mask), rtol=2e-5, atol=2e-5)
+                               nnx.dot_product_attention(q, k, v, bias, full_mask), rtol=2e-5, atol=2e-5)
