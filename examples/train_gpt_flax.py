@@ -2,7 +2,7 @@
 its attention computed by jax_flash.attention (fused, causal).
 
 The corpus is the Python reference documentation that ships with CPython
-(examples/text_data.py), so nothing is downloaded. Defaults train on a laptop
+(examples/common.py), so nothing is downloaded. Defaults train on a laptop
 CPU in a few minutes with clearly falling loss:
 
     python examples/train_gpt_flax.py
@@ -24,7 +24,7 @@ import optax
 from flax import nnx
 
 import jax_flash
-from text_data import CharCorpus, progress, sample_text, save_loss_curve
+from common import CharCorpus, add_common_arguments, progress, sample_text, save_loss_curve
 
 
 class CausalSelfAttention(nnx.Module):
@@ -95,23 +95,9 @@ def restore_params(model, path):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--width", type=int, default=128)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--warmup", type=int, default=30)
+    add_common_arguments(p)
     p.add_argument("--attention", choices=["flash", "xla", "cudnn"], default="flash")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None,
-                   help="directory for metrics.json, loss_curve.png, sample.txt and the checkpoint")
-    p.add_argument("--resume", action="store_true", help="start from the checkpoint in --out")
-    p.add_argument("--sample-chars", type=int, default=200, help="characters to generate at the end")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 
     corpus = CharCorpus()

@@ -206,6 +206,26 @@ struct BackwardTile {
   Acc* t_blk;   // [kBlockM][kBlockN] tanh values (soft cap)
   Acc* lse2;    // [kBlockM]
   Acc* delta;   // [kBlockM]
+
+  static size_t Elements(int dp) {
+    return size_t(dp) * kBlockN * 2 + size_t(kBlockM) * dp * 2 + size_t(kBlockM) * kBlockN * 3 +
+           2 * kBlockM;
+  }
+
+  // Lays the tile's buffers out from `base` (Elements(dp) values).
+  static BackwardTile Carve(Acc* base, int dp) {
+    BackwardTile t;
+    t.kt_blk = base;
+    t.vt_blk = t.kt_blk + dp * kBlockN;
+    t.q_blk = t.vt_blk + dp * kBlockN;
+    t.do_blk = t.q_blk + kBlockM * dp;
+    t.p_blk = t.do_blk + kBlockM * dp;
+    t.ds_blk = t.p_blk + kBlockM * kBlockN;
+    t.t_blk = t.ds_blk + kBlockM * kBlockN;
+    t.lse2 = t.t_blk + kBlockM * kBlockN;
+    t.delta = t.lse2 + kBlockM;
+    return t;
+  }
 };
 
 template <typename Element, typename Acc>
@@ -269,22 +289,12 @@ void BackwardTask(const AttentionParams& p, int64_t b, int64_t hk, int64_t split
   const DropoutPolicy dropout = DropoutPolicy::For(p, b);
 
   thread_local std::vector<Acc> buf;
-  buf.resize(size_t(kBlockN) * dp * 3 + size_t(dp) * kBlockN * 2 + size_t(kBlockM) * dp * 2 +
-             size_t(kBlockM) * kBlockN * 4 + 2 * kBlockM);
+  buf.resize(size_t(kBlockN) * dp * 3 + size_t(kBlockN) * kBlockM + BackwardTile<Acc>::Elements(dp));
   Acc* k_blk = buf.data();                    // [kBlockN][dp]
   Acc* dk_acc = k_blk + kBlockN * dp;         // [kBlockN][dp]
   Acc* dv_acc = dk_acc + kBlockN * dp;        // [kBlockN][dp]
-  BackwardTile<Acc> t;
-  t.kt_blk = dv_acc + kBlockN * dp;
-  t.vt_blk = t.kt_blk + dp * kBlockN;
-  t.q_blk = t.vt_blk + dp * kBlockN;
-  t.do_blk = t.q_blk + kBlockM * dp;
-  t.p_blk = t.do_blk + kBlockM * dp;
-  t.ds_blk = t.p_blk + kBlockM * kBlockN;
-  t.t_blk = t.ds_blk + kBlockM * kBlockN;
-  Acc* tr_blk = t.t_blk + kBlockM * kBlockN;  // [kBlockN][kBlockM] P^T or dS^T
-  t.lse2 = tr_blk + kBlockN * kBlockM;
-  t.delta = t.lse2 + kBlockM;
+  Acc* tr_blk = dv_acc + kBlockN * dp;        // [kBlockN][kBlockM] P^T or dS^T
+  const BackwardTile<Acc> t = BackwardTile<Acc>::Carve(tr_blk + kBlockN * kBlockM, dp);
 
   const int64_t num_n_blocks = CeilDiv(s.seqlen_k, kBlockN);
   for (int64_t n_block = split; n_block < num_n_blocks; n_block += num_splits) {
@@ -342,18 +352,8 @@ void DbiasTask(const AttentionParams& p, int64_t bias_slice_offset, int64_t row0
   const AttentionFeatures& f = p.features;
   const int d = int(s.head_dim), dp = PaddedHeadDim(d);
   thread_local std::vector<Acc> buf;
-  buf.resize(size_t(dp) * kBlockN * 2 + size_t(kBlockM) * dp * 2 + size_t(kBlockM) * kBlockN * 3 +
-             2 * kBlockM);
-  BackwardTile<Acc> t;
-  t.kt_blk = buf.data();
-  t.vt_blk = t.kt_blk + dp * kBlockN;
-  t.q_blk = t.vt_blk + dp * kBlockN;
-  t.do_blk = t.q_blk + kBlockM * dp;
-  t.p_blk = t.do_blk + kBlockM * dp;
-  t.ds_blk = t.p_blk + kBlockM * kBlockN;
-  t.t_blk = t.ds_blk + kBlockM * kBlockN;
-  t.lse2 = t.t_blk + kBlockM * kBlockN;
-  t.delta = t.lse2 + kBlockM;
+  buf.resize(BackwardTile<Acc>::Elements(dp));
+  const BackwardTile<Acc> t = BackwardTile<Acc>::Carve(buf.data(), dp);
 
   for (int64_t b = 0; b < s.batch; ++b) {
     const DropoutPolicy dropout = DropoutPolicy::For(p, b);

@@ -1,10 +1,32 @@
-"""The examples' corpus: the Python reference documentation that ships with
-CPython (`pydoc_data.topics`, ~465k characters of English prose and grammar),
-so nothing is downloaded. Character-level tokens."""
+"""What the training examples share: the corpus (the Python reference
+documentation that ships with CPython, `pydoc_data.topics`, ~465k characters
+of English prose and grammar, so nothing is downloaded; character-level
+tokens), the command-line flags, a progress bar, the loss curve and sampling."""
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
+
+
+def add_common_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags every training example takes (defaults: a few CPU minutes)."""
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None,
+                   help="directory for metrics.json, loss_curve.png, sample.txt and the checkpoint")
+    p.add_argument("--resume", action="store_true", help="start from the checkpoint in --out")
+    p.add_argument("--sample-chars", type=int, default=200, help="characters to generate at the end")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 class CharCorpus:
