@@ -71,22 +71,26 @@ struct LogitTransform {
 
   void Apply(Acc* s, int64_t q0, int rows, int64_t k0, int cols, Acc* tanh_out) const {
     const Acc log2e = Acc(kLog2eF64);
-    for (int r = 0; r < rows; ++r) {
-      Acc* srow = s + r * kBlockN;
-      if (cap > 0) {
-        Acc* trow = tanh_out + r * kBlockN;
-        for (int c = 0; c < kBlockN; ++c) {
-          trow[c] = std::tanh(srow[c] * scale / cap);
-          srow[c] = cap * trow[c];
+    if (cap <= 0 && !bias) {  // the plain path: one multiply per logit
+      for (int i = 0; i < rows * kBlockN; ++i) s[i] *= scale * log2e;
+    } else {
+      for (int r = 0; r < rows; ++r) {
+        Acc* srow = s + r * kBlockN;
+        if (cap > 0) {
+          Acc* trow = tanh_out + r * kBlockN;
+          for (int c = 0; c < kBlockN; ++c) {
+            trow[c] = std::tanh(srow[c] * scale / cap);
+            srow[c] = cap * trow[c];
+          }
+        } else {
+          for (int c = 0; c < kBlockN; ++c) srow[c] *= scale;
         }
-      } else {
-        for (int c = 0; c < kBlockN; ++c) srow[c] *= scale;
+        if (bias) {
+          const Acc* brow = bias + (q0 + r) * bias_row + k0 * bias_col;
+          for (int c = 0; c < cols; ++c) srow[c] += brow[c * bias_col];
+        }
+        for (int c = 0; c < kBlockN; ++c) srow[c] *= log2e;
       }
-      if (bias) {
-        const Acc* brow = bias + (q0 + r) * bias_row + k0 * bias_col;
-        for (int c = 0; c < cols; ++c) srow[c] += brow[c * bias_col];
-      }
-      for (int c = 0; c < kBlockN; ++c) srow[c] *= log2e;
     }
     if (mask.NeedsCheck(q0, q0 + rows, k0, k0 + kBlockN)) {
       for (int r = 0; r < rows; ++r)
