@@ -27,6 +27,8 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="start from the checkpoint in --out")
     p.add_argument("--sample-chars", type=int, default=200, help="characters to generate at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--positions", choices=["rope", "learned"], default="rope",
+                   help="rotary embeddings on q/k, or a learned position table")
 
 
 class CharCorpus:
@@ -111,3 +113,16 @@ def sample_text(logits_fn, corpus: CharCorpus, seq_len: int, prompt: str, length
         probs = np.exp(logits - logits.max())
         tokens.append(int(rng.choice(len(probs), p=probs / probs.sum())))
     return corpus.decode(tokens)
+
+
+def apply_rope(x, base: float = 10000.0):
+    """Rotary position embedding on [..., T, N, H] (H even): channel pairs
+    (i, i + H/2) of position t rotate by t * base^(-2i/H)."""
+    import jax.numpy as jnp
+
+    t, h = x.shape[-3], x.shape[-1]
+    inv_freq = base ** (-jnp.arange(0, h // 2, dtype=jnp.float32) * 2 / h)  # [H/2]
+    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # [T, H/2]
+    cos, sin = (f(angles)[:, None, :].astype(x.dtype) for f in (jnp.cos, jnp.sin))  # [T, 1, H/2]
+    x1, x2 = x[..., : h // 2], x[..., h // 2 :]
+    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)

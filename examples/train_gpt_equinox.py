@@ -23,7 +23,8 @@ import numpy as np
 import optax
 
 import jax_flash.equinox
-from common import CharCorpus, add_common_arguments, progress, sample_text, save_loss_curve
+from common import (
+    CharCorpus, add_common_arguments, apply_rope, progress, sample_text, save_loss_curve)
 
 
 class Block(eqx.Module):
@@ -33,8 +34,9 @@ class Block(eqx.Module):
     fc: eqx.nn.Linear
     out: eqx.nn.Linear
     flash: bool = eqx.field(static=True)
+    rope: bool = eqx.field(static=True)
 
-    def __init__(self, width, heads, flash, key):
+    def __init__(self, width, heads, flash, rope, key):
         k1, k2, k3 = jax.random.split(key, 3)
         attn_cls = jax_flash.equinox.MultiheadAttention if flash else eqx.nn.MultiheadAttention
         self.norm1 = eqx.nn.LayerNorm(width)
@@ -43,13 +45,17 @@ class Block(eqx.Module):
         self.fc = eqx.nn.Linear(width, 4 * width, key=k2)
         self.out = eqx.nn.Linear(4 * width, width, key=k3)
         self.flash = flash
+        self.rope = rope
 
     def __call__(self, x):  # x: [T, C], pre-norm residual block
         h = jax.vmap(self.norm1)(x)
+        # Rotary embeddings through equinox's process_heads hook ([T, N, H] heads).
+        rope = (lambda q, k, v: (apply_rope(q), apply_rope(k), v)) if self.rope else None
         if self.flash:
-            h = self.attn(h, h, h, is_causal=True)  # no [T, T] mask materialized
+            h = self.attn(h, h, h, is_causal=True, process_heads=rope)  # no [T, T] mask materialized
         else:
-            h = self.attn(h, h, h, jnp.tril(jnp.ones((x.shape[0], x.shape[0]), bool)))
+            h = self.attn(h, h, h, jnp.tril(jnp.ones((x.shape[0], x.shape[0]), bool)),
+                          process_heads=rope)
         x = x + h
         h = jax.vmap(lambda v: self.out(jax.nn.gelu(self.fc(v))))(jax.vmap(self.norm2)(x))
         return x + h
@@ -57,21 +63,24 @@ class Block(eqx.Module):
 
 class GPT(eqx.Module):
     tok: eqx.nn.Embedding
-    pos: eqx.nn.Embedding
+    pos: eqx.nn.Embedding | None
     blocks: list
     norm: eqx.nn.LayerNorm
     head: eqx.nn.Linear
 
-    def __init__(self, vocab, seq_len, width, depth, heads, flash, key):
+    def __init__(self, vocab, seq_len, width, depth, heads, flash, positions, key):
         keys = jax.random.split(key, depth + 3)
         self.tok = eqx.nn.Embedding(vocab, width, key=keys[0])
-        self.pos = eqx.nn.Embedding(seq_len, width, key=keys[1])  # learned positions
-        self.blocks = [Block(width, heads, flash, k) for k in keys[3:]]
+        # Learned positions, or none here and rotary embeddings inside attention.
+        self.pos = eqx.nn.Embedding(seq_len, width, key=keys[1]) if positions == "learned" else None
+        self.blocks = [Block(width, heads, flash, positions == "rope", k) for k in keys[3:]]
         self.norm = eqx.nn.LayerNorm(width)
         self.head = eqx.nn.Linear(width, vocab, use_bias=False, key=keys[2])
 
     def __call__(self, tokens):  # [T] int32 -> logits [T, vocab]
-        x = jax.vmap(self.tok)(tokens) + jax.vmap(self.pos)(jnp.arange(tokens.shape[0]))
+        x = jax.vmap(self.tok)(tokens)
+        if self.pos is not None:
+            x = x + jax.vmap(self.pos)(jnp.arange(tokens.shape[0]))
         for block in self.blocks:
             x = block(x)
         return jax.vmap(self.head)(jax.vmap(self.norm)(x))
@@ -87,7 +96,7 @@ def main(argv=None):
     print(f"corpus: {corpus.size:,} chars, vocab {corpus.vocab}; device {jax.devices()[0].device_kind}; "
           f"attention={args.attention}")
     model = GPT(corpus.vocab, args.seq_len, args.width, args.depth, args.heads,
-                args.attention == "flash", jax.random.key(args.seed))
+                args.attention == "flash", args.positions, jax.random.key(args.seed))
     warmup = min(args.warmup, args.steps - 1)  # a short (e.g. resumed) run still decays
     schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, args.steps, args.lr / 10)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))

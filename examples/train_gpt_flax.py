@@ -24,12 +24,13 @@ import optax
 from flax import nnx
 
 import jax_flash
-from common import CharCorpus, add_common_arguments, progress, sample_text, save_loss_curve
+from common import (
+    CharCorpus, add_common_arguments, apply_rope, progress, sample_text, save_loss_curve)
 
 
 class CausalSelfAttention(nnx.Module):
-    def __init__(self, width: int, heads: int, attention: str, dtype, rngs: nnx.Rngs):
-        self.heads, self.attention, self.dtype = heads, attention, dtype
+    def __init__(self, width: int, heads: int, attention: str, rope: bool, dtype, rngs: nnx.Rngs):
+        self.heads, self.attention, self.rope, self.dtype = heads, attention, rope, dtype
         self.qkv = nnx.Linear(width, 3 * width, use_bias=False, dtype=dtype, rngs=rngs)
         self.proj = nnx.Linear(width, width, use_bias=False, dtype=dtype, rngs=rngs)
 
@@ -37,6 +38,8 @@ class CausalSelfAttention(nnx.Module):
         b, t, c = x.shape
         q, k, v = jnp.split(self.qkv(x), 3, axis=-1)
         q, k, v = (y.reshape(b, t, self.heads, c // self.heads) for y in (q, k, v))  # BTNH
+        if self.rope:
+            q, k = apply_rope(q), apply_rope(k)
         if self.attention == "flash":
             y = jax_flash.attention(q, k, v, is_causal=True)
         else:
@@ -45,9 +48,9 @@ class CausalSelfAttention(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, width, heads, attention, dtype, rngs):
+    def __init__(self, width, heads, attention, rope, dtype, rngs):
         self.norm1 = nnx.LayerNorm(width, rngs=rngs)
-        self.attn = CausalSelfAttention(width, heads, attention, dtype, rngs)
+        self.attn = CausalSelfAttention(width, heads, attention, rope, dtype, rngs)
         self.norm2 = nnx.LayerNorm(width, rngs=rngs)
         self.fc = nnx.Linear(width, 4 * width, dtype=dtype, rngs=rngs)
         self.out = nnx.Linear(4 * width, width, dtype=dtype, rngs=rngs)
@@ -58,17 +61,20 @@ class Block(nnx.Module):
 
 
 class GPT(nnx.Module):
-    def __init__(self, vocab, seq_len, width, depth, heads, attention, dtype, rngs):
+    def __init__(self, vocab, seq_len, width, depth, heads, attention, positions, dtype, rngs):
         self.dtype = dtype
         self.tok = nnx.Embed(vocab, width, rngs=rngs)
-        self.pos = nnx.Embed(seq_len, width, rngs=rngs)  # learned positions
-        blocks = [Block(width, heads, attention, dtype, rngs) for _ in range(depth)]
+        # Learned positions, or none here and rotary embeddings inside attention.
+        self.pos = nnx.Embed(seq_len, width, rngs=rngs) if positions == "learned" else None
+        blocks = [Block(width, heads, attention, positions == "rope", dtype, rngs) for _ in range(depth)]
         self.blocks = nnx.List(blocks) if hasattr(nnx, "List") else blocks  # nnx.List: flax >= 0.12
         self.norm = nnx.LayerNorm(width, rngs=rngs)
         self.head = nnx.Linear(width, vocab, use_bias=False, rngs=rngs)
 
     def __call__(self, tokens):  # [B, T] int32 -> logits [B, T, vocab] float32
-        x = self.tok(tokens) + self.pos(jnp.arange(tokens.shape[1]))[None]
+        x = self.tok(tokens)
+        if self.pos is not None:
+            x = x + self.pos(jnp.arange(tokens.shape[1]))[None]
         x = x.astype(self.dtype)
         for block in self.blocks:
             x = block(x)
@@ -106,7 +112,7 @@ def main(argv=None):
           f"attention={args.attention}")
 
     model = GPT(corpus.vocab, args.seq_len, args.width, args.depth, args.heads, args.attention,
-                jnp.dtype(args.dtype), nnx.Rngs(args.seed))
+                args.positions, jnp.dtype(args.dtype), nnx.Rngs(args.seed))
     warmup = min(args.warmup, args.steps - 1)  # a short (e.g. resumed) run still decays
     schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, args.steps, args.lr / 10)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))

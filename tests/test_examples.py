@@ -39,3 +39,19 @@ def test_example_trains_samples_and_resumes(tmp_path, name):
     # Restoring the checkpoint gives back the trained model: its loss starts low.
     resumed = script.main(tiny + ["--steps", "1", "--log-every", "1", "--resume", "--sample-chars", "0"])
     assert resumed[0]["loss"] < first - 0.2
+
+
+def test_rope_scores_depend_on_relative_position_only():
+    _load("train_gpt_flax")  # puts examples/ on sys.path
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from common import apply_rope
+
+    q1 = jax.random.normal(jax.random.key(0), (1, 1, 8), jnp.float32)
+    k1 = jax.random.normal(jax.random.key(1), (1, 1, 8), jnp.float32)
+    seq = lambda x, pos: jnp.zeros((12, 1, 8), jnp.float32).at[pos].set(x[0])
+    score = lambda i, j: float(jnp.dot(apply_rope(seq(q1, i))[i, 0], apply_rope(seq(k1, j))[j, 0]))
+    np.testing.assert_allclose(score(5, 2), score(9, 6), rtol=1e-5)
+    np.testing.assert_allclose(score(0, 0), float(jnp.dot(q1[0, 0], k1[0, 0])), rtol=1e-5)
+    assert abs(score(5, 2) - score(5, 3)) > 1e-4
