@@ -32,3 +32,11 @@ PY
     python3 /tmp/ncu_case.py > "$OUT/ncu.txt" 2>&1
   grep -E "ForwardKernel|DqKernel|DkvKernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Stall|Warp Cycles Per Issued|Bank" "$OUT/ncu.txt" | head -60
 fi
+if [ -n "${EXAMPLES:-}" ]; then
+  # Issue 5's larger config: tokens/s and final loss for flash vs cudnn vs xla.
+  for impl in flash cudnn xla; do
+    python3 "$OLDPWD/examples/train_gpt_flax.py" --depth 8 --width 512 --heads 8 --seq-len 2048 \
+      --batch-size 8 --steps ${EXAMPLE_STEPS:-200} --log-every 50 --dtype bfloat16 --attention $impl \
+      --no-progress --sample-chars 0 --out "$OUT/example_$impl" 2>&1 | grep -E "^step|^loss" | tail -3
+  done
+fi
