@@ -46,10 +46,11 @@ class KernelConfig:
 # --- custom VJP -----------------------------------------------------------
 # Primal arguments: q, k, v, then the feature operands (bias, mask, q_seqlens,
 # kv_seqlens, q_segment_ids, kv_segment_ids, dropout_seed; placeholders when
-# unused), then the static configuration.
+# unused), then the KernelConfig.
+NUM_FEATURE_OPERANDS = 7
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(10,))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3 + NUM_FEATURE_OPERANDS,))
 def flash_attention(q, k, v, *rest):
     *feature_ops, static = rest
     return _forward_call(q, k, v, feature_ops, static)

@@ -20,6 +20,7 @@ from jax_flash._kernel_call import (
     HAS_MASK,
     HAS_Q_SEQLENS,
     HAS_SEGMENTS,
+    NUM_FEATURE_OPERANDS,
     KernelConfig,
     flash_attention,
 )
@@ -177,6 +178,7 @@ def attention(
         softcap=softcap,
         dropout_rate=rate,
     )
+    assert len(operands) == NUM_FEATURE_OPERANDS
     out, lse = flash_attention(query, key, value, *operands, static)
     if unbatched:
         out, lse = out[0], lse[0]
