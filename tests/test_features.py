@@ -193,3 +193,20 @@ def test_feature_argument_errors(rng, kwargs, error, match):
     q, k, v = random_qkv(rng, B, T, S, N, K, H, "float32")
     with pytest.raises(error, match=match):
         jax_flash.attention(q, k, v, **kwargs)
+
+
+def test_nested_vmap_with_bias_mask_and_lengths(rng):
+    """Three leading batch dims reach the kernels; bias stays shared, its gradient sums."""
+    q = jnp.asarray(rng.standard_normal((2, 3, 2, 11, 2, 16)), jnp.float32)  # [V1, V2, B, T, N, H]
+    bias = jnp.asarray(rng.standard_normal((2, 1, 11, 11)), jnp.float32)
+    mask = jnp.asarray(rng.random((1, 1, 1, 11)) > 0.2)
+    lengths = jnp.array([11, 7], jnp.int32)
+    f = lambda q, b: jax_flash.attention(q, q, q, b, mask, key_value_seq_lengths=lengths)
+    nested = jax.vmap(jax.vmap(f, in_axes=(0, None)), in_axes=(0, None))
+    loop = [(i, j) for i in range(2) for j in range(3)]
+    got = nested(q, bias)
+    for i, j in loop:
+        np.testing.assert_array_equal(got[i, j], f(q[i, j], bias))
+    dbias = jax.grad(lambda b: jnp.sum(nested(q, b) ** 2))(bias)
+    want = sum(jax.grad(lambda b: jnp.sum(f(q[i, j], b) ** 2))(bias) for i, j in loop)
+    np.testing.assert_allclose(dbias, want, rtol=1e-5, atol=1e-5)
