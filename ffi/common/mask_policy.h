@@ -68,6 +68,21 @@ struct MaskPolicy {
            (window_left >= 0 && j0 < i1 - 1 - window_left);
   }
 
+  // Keys [*lo, *hi) inside the structural bounds (lengths, causal, window) of
+  // query row i; the mask array and segment ids may hide more of them.
+  JAX_FLASH_HOST_DEVICE void RowKeyBounds(int64_t i, int64_t* lo, int64_t* hi) const {
+    KeyRange(i, i + 1, lo, hi);
+  }
+
+  // Whether pairs also need the mask array / segment ids checked.
+  JAX_FLASH_HOST_DEVICE bool HasElementMasks() const { return mask || q_segments; }
+
+  // The mask array and segment ids alone (call inside RowKeyBounds).
+  JAX_FLASH_HOST_DEVICE bool ElementVisible(int64_t i, int64_t j) const {
+    return (!q_segments || q_segments[i] == kv_segments[j]) &&
+           (!mask || mask[i * mask_row + j * mask_col] != 0);
+  }
+
   JAX_FLASH_HOST_DEVICE bool Visible(int64_t i, int64_t j) const {
     return i < seqlen_q && j < seqlen_k && (!causal || j <= i) &&
            (window_left < 0 || j >= i - window_left) && (window_right < 0 || j <= i + window_right) &&

@@ -93,9 +93,20 @@ struct LogitTransform {
       }
     }
     if (mask.NeedsCheck(q0, q0 + rows, k0, k0 + kBlockN)) {
-      for (int r = 0; r < rows; ++r)
-        for (int c = 0; c < kBlockN; ++c)
-          if (c >= cols || !mask.Visible(q0 + r, k0 + c)) s[r * kBlockN + c] = NegInf<Acc>();
+      // Per row: the structural bounds as a column range, then the mask array
+      // and segment ids element by element only where they exist.
+      for (int r = 0; r < rows; ++r) {
+        Acc* srow = s + r * kBlockN;
+        int64_t lo, hi;
+        mask.RowKeyBounds(q0 + r, &lo, &hi);
+        const int c_lo = int(std::clamp<int64_t>(lo - k0, 0, kBlockN));
+        const int c_hi = int(std::clamp<int64_t>(std::min<int64_t>(hi, k0 + cols) - k0, c_lo, kBlockN));
+        for (int c = 0; c < c_lo; ++c) srow[c] = NegInf<Acc>();
+        for (int c = c_hi; c < kBlockN; ++c) srow[c] = NegInf<Acc>();
+        if (mask.HasElementMasks())
+          for (int c = c_lo; c < c_hi; ++c)
+            if (!mask.ElementVisible(q0 + r, k0 + c)) srow[c] = NegInf<Acc>();
+      }
     }
   }
 };
