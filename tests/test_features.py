@@ -210,3 +210,19 @@ def test_nested_vmap_with_bias_mask_and_lengths(rng):
     dbias = jax.grad(lambda b: jnp.sum(nested(q, b) ** 2))(bias)
     want = sum(jax.grad(lambda b: jnp.sum(f(q[i, j], b) ** 2))(bias) for i, j in loop)
     np.testing.assert_allclose(dbias, want, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_with_bias_gradient(rng):
+    """dbias sees the same dropout mask as the forward (and dq/dk/dv)."""
+    q, k, v = random_qkv(rng, B, T, S, N, K, H, "float32")
+    bias = jnp.asarray(rng.standard_normal((1, N, T, S)), jnp.float32)
+    key = jax.random.key(11)
+    factor = to_f64_cpu(reference.dropout_factor(jax.random.bits(key, (2,), jnp.uint32), B, N, T, S, 0.2))
+    dout = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+    ours = jax.grad(lambda *a: jnp.sum(jax_flash.attention(
+        *a, dropout_rate=0.2, dropout_rng=key, is_causal=True) * dout), (0, 1, 2, 3))(q, k, v, bias)
+    ref = jax.grad(lambda *a: jnp.sum(reference.attention(
+        *a, dropout_factor=factor, is_causal=True) * to_f64_cpu(dout)), (0, 1, 2, 3))(
+        to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), to_f64_cpu(bias))
+    for name, a, r in zip(("dq", "dk", "dv", "dbias"), ours, ref):
+        assert_close(name, a, r, "float32", factor=GRAD_FACTOR)
