@@ -126,3 +126,16 @@ def apply_rope(x, base: float = 10000.0):
     cos, sin = (f(angles)[:, None, :].astype(x.dtype) for f in (jnp.cos, jnp.sin))  # [T, 1, H/2]
     x1, x2 = x[..., : h // 2], x[..., h // 2 :]
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
+def write_run_outputs(out_dir: str, args, history, sample: str) -> None:
+    """metrics.json (args + history), loss_curve.png and sample.txt in out_dir."""
+    import json
+    import os
+
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "metrics.json"), "w") as f:
+        json.dump({"args": vars(args), "history": history}, f, indent=1)
+    save_loss_curve(history, os.path.join(out_dir, "loss_curve.png"))
+    with open(os.path.join(out_dir, "sample.txt"), "w") as f:
+        f.write(sample)

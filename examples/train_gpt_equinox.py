@@ -11,7 +11,6 @@ Same corpus and defaults as train_gpt_flax.py (a few CPU minutes):
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import time
@@ -24,7 +23,7 @@ import optax
 
 import jax_flash.equinox
 from common import (
-    CharCorpus, add_common_arguments, apply_rope, progress, sample_text, save_loss_curve)
+    CharCorpus, add_common_arguments, apply_rope, progress, sample_text, write_run_outputs)
 
 
 class Block(eqx.Module):
@@ -141,12 +140,7 @@ def main(argv=None):
                              "The ", args.sample_chars, seed=args.seed)
         print("sample:", sample)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "metrics.json"), "w") as f:
-            json.dump({"args": vars(args), "history": history}, f, indent=1)
-        save_loss_curve(history, os.path.join(args.out, "loss_curve.png"))
-        with open(os.path.join(args.out, "sample.txt"), "w") as f:
-            f.write(sample)
+        write_run_outputs(args.out, args, history, sample)
         eqx.tree_serialise_leaves(checkpoint, model)
     print(f"loss {history[0]['loss']:.3f} -> {history[-1]['loss']:.3f} "
           f"(uniform guess: {math.log(corpus.vocab):.3f})")

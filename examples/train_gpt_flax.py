@@ -12,7 +12,6 @@ CPU in a few minutes with clearly falling loss:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import time
@@ -25,7 +24,7 @@ from flax import nnx
 
 import jax_flash
 from common import (
-    CharCorpus, add_common_arguments, apply_rope, progress, sample_text, save_loss_curve)
+    CharCorpus, add_common_arguments, apply_rope, progress, sample_text, write_run_outputs)
 
 
 class CausalSelfAttention(nnx.Module):
@@ -165,12 +164,7 @@ def main(argv=None):
                              "The ", args.sample_chars, seed=args.seed)
         print("sample:", sample)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "metrics.json"), "w") as f:
-            json.dump({"args": vars(args), "history": history}, f, indent=1)
-        save_loss_curve(history, os.path.join(args.out, "loss_curve.png"))
-        with open(os.path.join(args.out, "sample.txt"), "w") as f:
-            f.write(sample)
+        write_run_outputs(args.out, args, history, sample)
         save_params(model, checkpoint)
     first, last = history[0]["loss"], history[-1]["loss"]
     print(f"loss {first:.3f} -> {last:.3f} (uniform guess: {math.log(len(chars)):.3f})")
