@@ -29,6 +29,8 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--positions", choices=["rope", "learned"], default="rope",
                    help="rotary embeddings on q/k, or a learned position table")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="compute dtype (parameters and optimizer state stay float32)")
 
 
 class CharCorpus:

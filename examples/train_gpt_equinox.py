@@ -85,6 +85,11 @@ class GPT(eqx.Module):
         return jax.vmap(self.head)(jax.vmap(self.norm)(x))
 
 
+def cast_floats(model, dtype):
+    """The model with every float array cast to `dtype` (a differentiable copy)."""
+    return jax.tree.map(lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, model)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(p)
@@ -96,6 +101,10 @@ def main(argv=None):
           f"attention={args.attention}")
     model = GPT(corpus.vocab, args.seq_len, args.width, args.depth, args.heads,
                 args.attention == "flash", args.positions, jax.random.key(args.seed))
+    # float32 master weights whatever jax's default float is; --dtype is the
+    # compute dtype, applied by casting a copy of the weights inside the step.
+    model = cast_floats(model, jnp.float32)
+    compute_dtype = jnp.dtype(args.dtype)
     warmup = min(args.warmup, args.steps - 1)  # a short (e.g. resumed) run still decays
     schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, args.steps, args.lr / 10)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))
@@ -106,7 +115,7 @@ def main(argv=None):
     opt_state = tx.init(eqx.filter(model, eqx.is_inexact_array))
 
     def loss_fn(model, x, y):
-        logits = jax.vmap(model)(x)
+        logits = jax.vmap(cast_floats(model, compute_dtype))(x).astype(jnp.float32)
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
     @eqx.filter_jit
@@ -135,7 +144,8 @@ def main(argv=None):
             history.append({"step": step, "loss": float(loss), "val_loss": val_loss, "tokens_per_s": rate})
     sample = ""
     if args.sample_chars > 0:
-        logits_fn = eqx.filter_jit(lambda model, x: jax.vmap(model)(x))
+        logits_fn = eqx.filter_jit(
+            lambda model, x: jax.vmap(cast_floats(model, compute_dtype))(x).astype(jnp.float32))
         sample = sample_text(lambda x: logits_fn(model, jnp.asarray(x)), corpus, args.seq_len,
                              "The ", args.sample_chars, seed=args.seed)
         print("sample:", sample)

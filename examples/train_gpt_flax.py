@@ -102,7 +102,6 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(p)
     p.add_argument("--attention", choices=["flash", "xla", "cudnn"], default="flash")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = p.parse_args(argv)
 
     corpus = CharCorpus()

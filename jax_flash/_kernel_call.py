@@ -28,6 +28,7 @@ class KernelConfig:
     window_right: int
     softcap: float
     dropout_rate: float
+    deterministic: bool = False
 
     def attributes(self) -> dict:
         # Typed NumPy scalars matching the handlers' Attr types.
@@ -40,6 +41,7 @@ class KernelConfig:
             window_right=np.int64(self.window_right),
             softcap=np.float64(self.softcap),
             dropout_rate=np.float64(self.dropout_rate),
+            deterministic=np.int32(self.deterministic),
         )
 
 
@@ -119,16 +121,43 @@ def _forward_call(q, k, v, feature_ops, static):
     return call(q, k, v, *feature_ops, **static.attributes())
 
 
-def _backward_call(q, k, v, out, lse, dout, feature_ops, static):
-    result_types = (
-        _result_type(q, q.shape, q.dtype),  # dq
-        _result_type(k, k.shape, k.dtype),  # dk
-        _result_type(v, v.shape, v.dtype),  # dv
-        _row_stats_type(q),  # delta (scratch)
+def _uses_dq_accumulator(q, static) -> bool:
+    """Whether the CUDA backward can run fused, adding dQ into a float32 buffer.
+
+    Mirrors the dispatch in ffi/cuda/handlers.cu (mma.sync backward: 16-bit
+    inputs, head dim a multiple of 8 up to 128); where this says no, the
+    handler gets an empty buffer and runs the deterministic two-pass backward.
+    """
+    head_dim = q.shape[-1]
+    return (
+        not static.deterministic
+        and static.implementation != 1  # "generic"
+        and q.dtype in (jnp.float16, jnp.bfloat16)
+        and head_dim % 8 == 0
+        and head_dim <= 128
     )
-    call = jax.ffi.ffi_call(_registration.BWD_TARGET, result_types, vmap_method="broadcast_all")
-    dq, dk, dv, _ = call(q, k, v, out, lse, dout, *feature_ops, **static.attributes())
-    return dq, dk, dv
+
+
+def _backward_call(q, k, v, out, lse, dout, feature_ops, static):
+    def call(accum_shape):
+        result_types = (
+            _result_type(q, q.shape, q.dtype),  # dq
+            _result_type(k, k.shape, k.dtype),  # dk
+            _result_type(v, v.shape, v.dtype),  # dv
+            _row_stats_type(q),  # delta (scratch)
+            _result_type(q, accum_shape, jnp.float32),  # dq_accum (scratch)
+        )
+        ffi = jax.ffi.ffi_call(_registration.BWD_TARGET, result_types, vmap_method="broadcast_all")
+        dq, dk, dv, _, _ = ffi(q, k, v, out, lse, dout, *feature_ops, **static.attributes())
+        return dq, dk, dv
+
+    if not _uses_dq_accumulator(q, static):
+        return call((0,))
+    # [..., N, T, H] float32 for the GPU's fused backward; the CPU never needs it.
+    *batch, t, n, h = q.shape
+    return jax.lax.platform_dependent(
+        cpu=lambda: call((0,)), default=lambda: call((*batch, n, t, h))
+    )
 
 
 def _bias_gradient_call(q, k, v, out, lse, dout, feature_ops, static):

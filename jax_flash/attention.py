@@ -51,6 +51,7 @@ def attention(
     dropout_rng: jax.Array | None = None,
     dropout_broadcast: bool = False,
     implementation: str | None = None,
+    deterministic: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Fused scaled dot-product attention, a drop-in for ``jax.nn.dot_product_attention``.
 
@@ -101,6 +102,11 @@ def attention(
         take every dtype and head dim. The mma.sync backward covers head dims
         up to 128; above that the backward runs the generic kernels. Ignored on
         the CPU.
+      deterministic: bitwise-reproducible gradients. The default CUDA
+        tensor-core backward adds each key block's share of dQ into a float32
+        buffer with atomics (fastest; the summation order varies run to run);
+        ``True`` computes dQ in a separate pass instead. The CPU and the
+        generic CUDA backward are always deterministic.
 
     Returns:
       The attention output, shaped and typed like ``query``; with
@@ -110,6 +116,8 @@ def attention(
     _check_inputs(query, key, value)
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"is_causal must be a Python bool, got {type(is_causal).__name__}")
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"deterministic must be a Python bool, got {type(deterministic).__name__}")
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
             f"implementation must be one of {sorted(IMPLEMENTATIONS, key=str)}; got {implementation!r}"
@@ -177,6 +185,7 @@ def attention(
         window_right=window[1],
         softcap=softcap,
         dropout_rate=rate,
+        deterministic=bool(deterministic),
     )
     assert len(operands) == NUM_FEATURE_OPERANDS
     out, lse = flash_attention(query, key, value, *operands, static)

@@ -137,3 +137,44 @@ def test_sm80_forward_long_rows(rng):
         out = jax_flash.attention(q, k, v, is_causal=causal)
         ref_out, _ = reference_f64(q, k, v, is_causal=causal)
         assert_close("out", out, ref_out, "bfloat16")
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic_dq", "deterministic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_backward_long_rows(rng, head_dim, causal, deterministic):
+    """Several key and query blocks with tails, GQA, bf16 (the mma.sync backward on a GPU).
+
+    Both backward modes match the reference; the deterministic one is also
+    bitwise identical run to run.
+    """
+    q, k, v = random_qkv(rng, 2, 300, 520, 4, 2, head_dim, "bfloat16")
+    dout = jnp.asarray(rng.standard_normal(q.shape), "bfloat16")
+
+    def loss(q, k, v):
+        out = jax_flash.attention(q, k, v, is_causal=causal, deterministic=deterministic)
+        return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    grads = grad(q, k, v)
+    ref = reference_grads_f64(q, k, v, dout, is_causal=causal)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
+        assert_close(name, g, r, "bfloat16", factor=GRAD_FACTOR)
+    if deterministic:
+        again = grad(q, k, v)
+        for name, g, h in zip(("dq", "dk", "dv"), grads, again):
+            assert np.array_equal(np.asarray(g), np.asarray(h)), f"{name} changed between runs"
+
+
+def test_negative_scale(rng):
+    """A negative scale is valid (it flips the softmax); the fast path must not assume scale > 0."""
+    q, k, v = random_qkv(rng, 1, 70, 90, 2, 2, 64, "bfloat16")
+    out = jax_flash.attention(q, k, v, scale=-0.2)
+    ref_out, _ = reference_f64(q, k, v, scale=-0.2)
+    assert_close("out", out, ref_out, "bfloat16")
+
+
+def test_deterministic_must_be_bool(rng):
+    q, k, v = random_qkv(rng, 1, 8, 8, 2, 2, 16, "float32")
+    with pytest.raises(TypeError, match="deterministic must be a Python bool"):
+        jax_flash.attention(q, k, v, deterministic="yes")

@@ -1,7 +1,7 @@
 // The operand and attribute lists of the three FFI targets, shared by the CPU
 // and CUDA registrations so the two platforms cannot drift apart.
 //   jax_flash_fwd:   q, k, v, <features>                   -> out, lse
-//   jax_flash_bwd:   q, k, v, out, lse, dout, <features>   -> dq, dk, dv, delta
+//   jax_flash_bwd:   q, k, v, out, lse, dout, <features>   -> dq, dk, dv, delta, dq_accum
 //   jax_flash_dbias: q, k, v, out, lse, dout, <features>   -> dbias, delta
 // <features>: bias, mask, q_seqlens, kv_seqlens, q_segment_ids,
 // kv_segment_ids, dropout_seed operands (placeholders when unused) and the
@@ -25,7 +25,8 @@
       .Attr<int64_t>("window_left")               \
       .Attr<int64_t>("window_right")              \
       .Attr<double>("softcap")                    \
-      .Attr<double>("dropout_rate")
+      .Attr<double>("dropout_rate")               \
+      .Attr<int32_t>("deterministic")
 
 // Parameter list matching JAX_FLASH_FEATURE_ARGS, for handler signatures.
 #define JAX_FLASH_FEATURE_PARAMS                                                        \
@@ -33,7 +34,7 @@
       xla::ffi::AnyBuffer kv_seqlens, xla::ffi::AnyBuffer q_segment_ids,               \
       xla::ffi::AnyBuffer kv_segment_ids, xla::ffi::AnyBuffer dropout_seed, double scale, \
       int32_t is_causal, int32_t implementation, int32_t features, int64_t window_left,  \
-      int64_t window_right, double softcap, double dropout_rate
+      int64_t window_right, double softcap, double dropout_rate, int32_t deterministic
 
 // Builds the FeatureOperands view inside a handler with those parameters.
 #define JAX_FLASH_FEATURE_OPERANDS                                                      \
@@ -60,7 +61,8 @@
       .Ret<xla::ffi::AnyBuffer>()  /* dq */                        \
       .Ret<xla::ffi::AnyBuffer>()  /* dk */                        \
       .Ret<xla::ffi::AnyBuffer>()  /* dv */                        \
-      .Ret<xla::ffi::AnyBuffer>()  /* delta (scratch) */
+      .Ret<xla::ffi::AnyBuffer>()  /* delta (scratch) */               \
+      .Ret<xla::ffi::AnyBuffer>()  /* dq_accum (float32 scratch or empty) */
 
 #define JAX_FLASH_DBIAS_BINDING(ctx)                       \
   JAX_FLASH_BWD_ARGS(ctx)                                  \

@@ -102,6 +102,12 @@ struct AttentionParams {
   void* dq = nullptr;
   void* dk = nullptr;
   void* dv = nullptr;
+  // CUDA fused backward: float32 dQ accumulator [batch, heads, seqlen_q,
+  // head_dim] that key blocks add into atomically (scratch, zeroed first).
+  float* dq_accum = nullptr;
+  // Bitwise-reproducible gradients: no floating-point atomics (the CPU
+  // backward always is; the CUDA one then runs a separate dQ pass).
+  bool deterministic = false;
 
   AttentionFeatures features;
 

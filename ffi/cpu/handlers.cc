@@ -69,8 +69,9 @@ ffi::Error BackwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                         ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
                         JAX_FLASH_FEATURE_PARAMS, ffi::Result<ffi::AnyBuffer> dq,
                         ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
-                        ffi::Result<ffi::AnyBuffer> delta) {
-  (void)implementation;
+                        ffi::Result<ffi::AnyBuffer> delta, ffi::Result<ffi::AnyBuffer>) {
+  // The CPU backward is always deterministic and needs no dQ accumulator.
+  (void)implementation, (void)deterministic;
   AttentionParams p;
   if (auto e = BuildBackwardParams(q, k, v, out, lse, dout, *dq, *dk, *dv, *delta,
                                    scale, is_causal, &p);

@@ -1,7 +1,7 @@
 // XLA FFI handlers of the CUDA platform: decode buffers, choose the kernel
 // instantiation (dtype x padded head dim) in this one place, launch on XLA's
-// stream. Nothing here allocates or synchronizes, so the handlers are safe
-// inside CUDA graphs (command buffers).
+// stream. Nothing here allocates or synchronizes (scratch buffers are extra
+// results that XLA allocates), so the handlers are safe inside CUDA graphs.
 #include "cuda/handlers.h"
 
 #include <cuda_bf16.h>
@@ -111,12 +111,14 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   if (PoisonOutputsRequested()) {
     if (auto e = PoisonAsync(stream, {&*out, &*lse}); e.failure()) return e;
   }
-  const bool sm80_ok = Sm80Supports(q.element_type(), p.shape.head_dim,
-                                    sm80::ForwardSmemBytes(p.shape.head_dim));
+  // The sm80 forward folds the scale into one FFMA after the row maximum,
+  // which needs scale > 0 (a non-positive scale runs the generic kernels).
+  const bool sm80_ok = p.scale > 0 && Sm80Supports(q.element_type(), p.shape.head_dim,
+                                                   sm80::ForwardSmemBytes(p.shape.head_dim));
   if (Family(family) == Family::kSm80 && !sm80_ok) {
     return ffi::Error::InvalidArgument(
-        "jax_flash: implementation='sm80' needs float16/bfloat16 inputs, a head dim that is a "
-        "multiple of 8 (at most 256) and a GPU of compute capability 8.0 or newer with enough "
+        "jax_flash: implementation='sm80' needs float16/bfloat16 inputs, a positive scale, a "
+        "head dim that is a multiple of 8 (at most 256) and a GPU of compute capability 8.0 or newer with enough "
         "shared memory for that head dim");
   }
   if (Family(family) != Family::kGeneric && sm80_ok) {
@@ -133,7 +135,8 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                         ffi::AnyBuffer dout, JAX_FLASH_FEATURE_PARAMS,
                         ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                        ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> delta) {
+                        ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> delta,
+                        ffi::Result<ffi::AnyBuffer> dq_accum) {
   const int32_t family = implementation;
   AttentionParams p;
   if (auto e = BuildBackwardParams(q, k, v, out, lse, dout, *dq, *dk, *dv, *delta, scale,
@@ -144,10 +147,19 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   if (PoisonOutputsRequested()) {
     if (auto e = PoisonAsync(stream, {&*dq, &*dk, &*dv, &*delta}); e.failure()) return e;
   }
+  // The fused backward adds dQ into a float32 accumulator that the caller
+  // allocates (an extra, discarded result; empty when the Python side
+  // foresees no use for it, e.g. deterministic=True). Without one, the
+  // deterministic two-pass backward runs.
+  const size_t accum_bytes = sizeof(float) * size_t(p.shape.batch * p.shape.num_heads *
+                                                    p.shape.seqlen_q * p.shape.head_dim);
+  p.deterministic = deterministic != 0 || dq_accum->element_type() != ffi::DataType::F32 ||
+                    dq_accum->size_bytes() < accum_bytes;
+  if (!p.deterministic) p.dq_accum = static_cast<float*>(dq_accum->untyped_data());
   // The mma.sync backward covers head dims up to 128; 256 stays generic.
   if (Family(family) != Family::kGeneric && p.shape.head_dim <= 128 &&
       Sm80Supports(q.element_type(), p.shape.head_dim,
-                   sm80::BackwardSmemBytes(p.shape.head_dim))) {
+                   sm80::BackwardSmemBytes(p.shape.head_dim, p.deterministic))) {
     return DispatchSm80(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
       if constexpr (decltype(head_dim)::value <= 128) {
         return sm80::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);

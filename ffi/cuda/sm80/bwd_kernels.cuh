@@ -1,12 +1,17 @@
-// FlashAttention-2 backward on mma.sync, as two deterministic passes after
-// the generic delta kernel (no atomics, no float32 scratch):
+// FlashAttention-2 backward on mma.sync, after the generic delta kernel.
+// Default (fused), one pass per 128 key rows:
+//   S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q, dQ += dS K
+//   with dQ added into a float32 buffer by atomics, then rounded by DqConvertKernel.
+// Deterministic (no atomics, bitwise reproducible), two passes:
 //   dQ pass, per 128 query rows:  S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K
-//   dK/dV pass, per 128 key rows: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q
-// Computing the transposed products in the dK/dV pass leaves P^T and dS^T
-// in the accumulator layout that feeds the next mma directly.
+//   dK/dV pass as above without the dQ term.
+// Computing the transposed products in the key-block pass leaves P^T and
+// dS^T in the accumulator layout that feeds the next mma directly.
 #pragma once
 
 #include <math_constants.h>
+
+#include <type_traits>
 
 #include "common/params.h"
 #include "cuda/sm80/kernel_traits.cuh"
@@ -75,8 +80,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     const uint32_t v_tile = k_tile + Tr::kBlockCols * Tr::kTileBytes;
 
     float sc[1][kN][4] = {}, dp[1][kN][4] = {};
-    GemmSmemSmemT<Element, 1, kN, kHeadDim, 8>(sc, q_tile, warp_row, k_tile, 0, lane);   // S
-    GemmSmemSmemT<Element, 1, kN, kHeadDim, 8>(dp, do_tile, warp_row, v_tile, 0, lane);  // dP
+    GemmSmemSmemT<Element, 1, kN, kHeadDim, Tr::kQkUnroll>(sc, q_tile, warp_row, k_tile, 0, lane);   // S
+    GemmSmemSmemT<Element, 1, kN, kHeadDim, Tr::kQkUnroll>(dp, do_tile, warp_row, v_tile, 0, lane);  // dP
     const int col_limit = int(min(int64_t(Tr::kBlockCols), s.seqlen_k - n0));
     const int diagonal = int(m0 - n0);
 #pragma unroll
@@ -85,7 +90,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       for (int i = 0; i < 4; ++i) {
         const int row = warp_row + g + (i / 2) * 8, col = nt * 8 + 2 * t + (i % 2);
         const bool visible = col < col_limit && (!p.is_causal || col <= row + diagonal);
-        const float prob = visible ? exp2f(sc[0][nt][i] * scale_log2 - lse2[i / 2]) : 0.0f;
+        const float prob =
+            visible ? FastExp2(fmaf(sc[0][nt][i], scale_log2, -lse2[i / 2])) : 0.0f;
         sc[0][nt][i] = prob * (dp[0][nt][i] - delta[i / 2]);  // dS
       }
     GemmRegsSmem<Element, 1, kN, kHeadDim>(dq, sc, k_tile, 0, lane);  // dQ += dS K
@@ -96,9 +102,55 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
                                          float(p.scale), lane);
 }
 
-// grid: (ceil(seqlen_k / kBlockRows), num_heads_k, batch). Sums over the
-// query heads of the key head's group (GQA) in registers.
+// dQ[m0 + 16 mq .., dh * kDqCols ..] += dS K for this warp's quarter of the
+// query block and half of the head dim, from dS^T in shared memory ([key]
+// [query], so A comes through ldmatrix.trans) and the block's K tile; then
+// float32 atomics into dq_accum (other key blocks add to the same rows).
 template <typename Element, int kHeadDim>
+__device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t ds_tile,
+                                             uint32_t k_tile, int64_t b, int64_t h,
+                                             int64_t m0, int warp, int lane) {
+  using Tr = BwdTraits<kHeadDim>;
+  constexpr int kC = kHeadDim / 8, kDsC = Tr::kBlockCols / 8, kNt = Tr::kDqCols / 8;
+  const int mq = warp % Tr::kDqMTiles, dh = warp / Tr::kDqMTiles;
+  float acc[kNt][4] = {};
+#pragma unroll 2
+  for (int kk = 0; kk < Tr::kBlockRows / 16; ++kk) {
+    uint32_t a[4];  // dS[q 16 mq .., key 16 kk ..], from dS^T stored [key][query]
+    LdMatrixX4Trans(a, ds_tile + SwizzledOffset<kDsC>(kk * 16 + (lane / 16) * 8 + lane % 8,
+                                                       mq * 2 + lane / 8 % 2));
+#pragma unroll
+    for (int nt = 0; nt < kNt; nt += 2) {
+      uint32_t bf[4];  // K[key 16 kk .., d-tiles nt and nt + 1 of this half]
+      LdMatrixX4Trans(bf, k_tile + SwizzledOffset<kC>(kk * 16 + (lane / 8 % 2) * 8 + lane % 8,
+                                                      dh * kNt + nt + lane / 16));
+      Mma16816<Element>(acc[nt], a, bf[0], bf[1]);
+      Mma16816<Element>(acc[nt + 1], a, bf[2], bf[3]);
+    }
+  }
+  const auto& s = p.shape;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int64_t row = m0 + mq * 16 + g + hh * 8;
+    if (row >= s.seqlen_q) continue;
+    float* dst = p.dq_accum + (p.row_stat_index(b, h, row)) * s.head_dim;
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+      const int col = (dh * kNt + nt) * 8 + 2 * t;
+      if (col < s.head_dim) {
+        atomicAdd(dst + col, acc[nt][2 * hh]);
+        atomicAdd(dst + col + 1, acc[nt][2 * hh + 1]);
+      }
+    }
+  }
+}
+
+// grid: (ceil(seqlen_k / kBlockRows), num_heads_k, batch). Sums over the
+// query heads of the key head's group (GQA) in registers. kFusedDq: also
+// adds this key block's share of dQ into p.dq_accum (float32 atomics), so
+// the separate dQ pass (and its recomputation of S and dP) is not needed.
+template <typename Element, int kHeadDim, bool kFusedDq>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     DkvKernel(const AttentionParams p) {
   using Tr = BwdTraits<kHeadDim>;
@@ -109,6 +161,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   // Per stage: Q then dO, [kBlockCols][kHeadDim] each; lse2 and delta [kBlockCols].
   const uint32_t qdo_stages = v_tile + Tr::kBlockRows * Tr::kTileBytes;
   float* row_stats = reinterpret_cast<float*>(smem + Tr::kRowStatsOffset);  // [kStages][2][kBlockCols]
+  const uint32_t ds_tile = k_tile + Tr::kDsOffset;  // kFusedDq: [kBlockRows][kBlockCols]
 
   const auto& s = p.shape;
   const int64_t b = blockIdx.z, hk = blockIdx.y;
@@ -132,6 +185,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   const int64_t m_start = p.is_causal ? (n0 / Tr::kBlockCols) * Tr::kBlockCols : 0;
   const int m_steps = int(max(int64_t(0), (s.seqlen_q - m_start + Tr::kBlockCols - 1) / Tr::kBlockCols));
   const int steps = int(s.group()) * m_steps;
+  const bool key_tail = n0 + Tr::kBlockRows > s.seqlen_k;
   auto load_qdo = [&](int step) {
     const int64_t h = hk * s.group() + step / m_steps;
     const int64_t m0 = m_start + int64_t(step % m_steps) * Tr::kBlockCols;
@@ -151,11 +205,10 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
           static_cast<const float*>(p.delta)[p.row_stat_index(b, h, row)];
     }
   };
-  if (steps > 0) load_qdo(0);
-  for (int step = 0; step < steps; ++step) {
-    CpAsyncWait<0>();
-    __syncthreads();  // this step's tiles landed; every warp is done with the previous step's
-    if (step + 1 < steps) load_qdo(step + 1);  // into the stage the previous step used
+
+  auto run_step = [&](int step, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
+    const int64_t h = hk * s.group() + step / m_steps;
     const int64_t m0 = m_start + int64_t(step % m_steps) * Tr::kBlockCols;
     const uint32_t q_tile = qdo_stages + (step % Tr::kStages) * Tr::kStageBytes;
     const uint32_t do_tile = q_tile + Tr::kBlockCols * Tr::kTileBytes;
@@ -163,23 +216,65 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     const float* delta_s = lse2_s + Tr::kBlockCols;
 
     float st[1][kN][4] = {}, dpt[1][kN][4] = {};
-    GemmSmemSmemT<Element, 1, kN, kHeadDim, 2>(st, k_tile, warp_row, q_tile, 0, lane);    // S^T
-    GemmSmemSmemT<Element, 1, kN, kHeadDim, 2>(dpt, v_tile, warp_row, do_tile, 0, lane);  // dP^T
+    GemmSmemSmemT<Element, 1, kN, kHeadDim, Tr::kQkUnroll>(st, k_tile, warp_row, q_tile, 0, lane);    // S^T
+    GemmSmemSmemT<Element, 1, kN, kHeadDim, Tr::kQkUnroll>(dpt, v_tile, warp_row, do_tile, 0, lane);  // dP^T
+    // Block-relative int32 indices: key row r (of kBlockRows) and query
+    // column c (of kBlockCols) see each other when r < key_limit, c <
+    // query_limit and (not causal or r - c <= m0 - n0).
+    const int key_limit = int(min(int64_t(Tr::kBlockRows), s.seqlen_k - n0));
+    const int query_limit = int(min(int64_t(Tr::kBlockCols), s.seqlen_q - m0));
+    const int diagonal = int(max(int64_t(-2 * Tr::kBlockRows), min(int64_t(2 * Tr::kBlockRows), m0 - n0)));
 #pragma unroll
     for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int64_t key = n0 + warp_row + g + (i / 2) * 8;
         const int col = nt * 8 + 2 * t + (i % 2);
-        const int64_t query = m0 + col;
-        const bool visible =
-            query < s.seqlen_q && key < s.seqlen_k && (!p.is_causal || key <= query);
-        const float prob = visible ? exp2f(st[0][nt][i] * scale_log2 - lse2_s[col]) : 0.0f;
-        st[0][nt][i] = prob;                                  // P^T
+        float prob = FastExp2(fmaf(st[0][nt][i], scale_log2, -lse2_s[col]));
+        if constexpr (kMasked) {
+          const int row = warp_row + g + (i / 2) * 8;
+          if (row >= key_limit || col >= query_limit || (p.is_causal && row - col > diagonal))
+            prob = 0.0f;
+        }
+        st[0][nt][i] = prob;                                    // P^T
         dpt[0][nt][i] = prob * (dpt[0][nt][i] - delta_s[col]);  // dS^T
       }
+    if constexpr (kFusedDq) {
+      // dS^T to shared memory for the dQ product; pairs of queries are
+      // contiguous, and the swizzle spreads the 8 key rows over all banks.
+#pragma unroll
+      for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const uint32_t addr = ds_tile +
+                                SwizzledOffset<Tr::kBlockCols / 8>(warp_row + g + hh * 8, nt) +
+                                4 * t;
+          const uint32_t pair = Pack2<Element>(dpt[0][nt][2 * hh], dpt[0][nt][2 * hh + 1]);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair));
+        }
+    }
     GemmRegsSmem<Element, 1, kN, kHeadDim>(dv, st, do_tile, 0, lane);  // dV += P^T dO
     GemmRegsSmem<Element, 1, kN, kHeadDim>(dk, dpt, q_tile, 0, lane);  // dK += dS^T Q
+    if constexpr (kFusedDq) {
+      __syncthreads();  // every warp's dS^T rows are in shared memory
+      AccumulateDq<Element, kHeadDim>(p, ds_tile, k_tile, b, h, m0, warp, lane);
+    }
+  };
+
+  if (steps > 0) load_qdo(0);
+  for (int step = 0; step < steps; ++step) {
+    CpAsyncWait<0>();
+    __syncthreads();  // this step's tiles landed; every warp is done with the previous step's
+    if (step + 1 < steps) load_qdo(step + 1);  // into the stage the previous step used
+    // Element masks only where a pair can be invisible: tails, and causal
+    // query blocks that start before the key block ends.
+    const int64_t m0 = m_start + int64_t(step % m_steps) * Tr::kBlockCols;
+    const bool masked = key_tail || m0 + Tr::kBlockCols > s.seqlen_q ||
+                        (p.is_causal && m0 < n0 + Tr::kBlockRows);
+    if (masked) {
+      run_step(step, std::true_type{});
+    } else {
+      run_step(step, std::false_type{});
+    }
   }
 
   CpAsyncWait<0>();  // a block whose keys no query sees never waited for its K/V copies
@@ -188,6 +283,24 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
                                          n0 + warp_row, s.seqlen_k, d, float(p.scale), lane);
   StoreAccumulator<Element, 1, kHeadDim>(dv, static_cast<Element*>(p.dv) + out_off, p.k_stride.row,
                                          n0 + warp_row, s.seqlen_k, d, 1.0f, lane);
+}
+
+// dQ = scale * dq_accum, rounded to the element type; one thread per pair of
+// columns. grid: (ceil(batch * heads * seqlen_q * head_dim / 2 / 256)).
+template <typename Element>
+__global__ void __launch_bounds__(256) DqConvertKernel(const AttentionParams p) {
+  const auto& s = p.shape;
+  const int64_t pairs_per_row = s.head_dim / 2;  // head_dim is a multiple of 8 here
+  const int64_t idx = int64_t(blockIdx.x) * 256 + threadIdx.x;
+  if (idx >= s.batch * s.num_heads * s.seqlen_q * pairs_per_row) return;
+  const int64_t c = (idx % pairs_per_row) * 2, row_id = idx / pairs_per_row;
+  const int64_t i = row_id % s.seqlen_q, h = (row_id / s.seqlen_q) % s.num_heads;
+  const int64_t b = row_id / (s.seqlen_q * s.num_heads);
+  const float2 acc = *reinterpret_cast<const float2*>(p.dq_accum + row_id * s.head_dim + c);
+  const float scale = float(p.scale);
+  Element* dq = static_cast<Element*>(p.dq) + b * p.q_stride.batch + h * p.q_stride.head +
+                i * p.q_stride.row + c;
+  *reinterpret_cast<uint32_t*>(dq) = Pack2<Element>(acc.x * scale, acc.y * scale);
 }
 
 }  // namespace jax_flash::cuda::sm80

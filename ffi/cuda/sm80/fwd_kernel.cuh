@@ -6,7 +6,10 @@
 
 #include <math_constants.h>
 
+#include <type_traits>
+
 #include "common/params.h"
+#include "cuda/row_stats.cuh"
 #include "cuda/sm80/kernel_traits.cuh"
 #include "cuda/sm80/mma.cuh"
 #include "cuda/sm80/warp_gemm.cuh"
@@ -17,7 +20,7 @@ template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
     ForwardKernel(const AttentionParams p) {
   using Tr = FwdTraits<kHeadDim>;
-  constexpr int kM = Tr::kMTiles, kN = Tr::kNTiles, kD = Tr::kDTiles, kC = Tr::kChunks;
+  constexpr int kM = Tr::kMTiles, kN = Tr::kNTiles, kD = Tr::kDTiles;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t q_tile = SmemAddr(smem);                            // [kBlockM][kHeadDim]
   const uint32_t k_tile = q_tile + Tr::kBlockM * kHeadDim * 2;       // [kBlockN][kHeadDim]
@@ -37,70 +40,86 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
 
   const int64_t kv_end = p.is_causal ? min(s.seqlen_k, m0 + Tr::kBlockM) : s.seqlen_k;
   const int n_blocks = int((kv_end + Tr::kBlockN - 1) / Tr::kBlockN);
+  // Key blocks from first_masked on need element masks: a tail block past
+  // seqlen_k, and causal blocks reaching past the block's first query (kBlockM
+  // is a multiple of kBlockN, so that starts at block m0 / kBlockN). The
+  // blocks run last to first so the masked ones come first and the rest run
+  // the loop body without any mask arithmetic.
+  static_assert(Tr::kBlockM % Tr::kBlockN == 0);
+  const int tail_free = s.seqlen_k % Tr::kBlockN == 0 ? n_blocks : n_blocks - 1;
+  const int first_masked = p.is_causal ? min(tail_free, int(m0 / Tr::kBlockN)) : tail_free;
 
   LoadTileAsync<Tr::kBlockM, kHeadDim, Tr::kThreads>(q_tile, q, p.q_stride.row, m0, s.seqlen_q, d);
-  LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(k_tile, k, p.k_stride.row, 0, s.seqlen_k, d);
+  if (n_blocks > 0) {
+    LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(k_tile, k, p.k_stride.row,
+                                                       int64_t(n_blocks - 1) * Tr::kBlockN,
+                                                       s.seqlen_k, d);
+  }
   CpAsyncCommit();
 
   float o[kM][kD][4] = {};
-  float row_max[kM][2], row_sum[kM][2];  // [m-tile][row g or g + 8]; row_sum is this thread's share
+  // Running row maxima in log2 units (scale folded in) and this thread's
+  // share of the row sums; [m-tile][row g or g + 8].
+  float row_max[kM][2], row_sum[kM][2];
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt)
     for (int hh = 0; hh < 2; ++hh) row_max[mt][hh] = -CUDART_INF_F, row_sum[mt][hh] = 0.0f;
+  // The sm80 dispatch requires scale > 0, so max(scale * s) = scale * max(s)
+  // and each probability is one FFMA and one ex2.
   const float scale_log2 = float(p.scale) * kLog2e;
 
-  for (int nb = 0; nb < n_blocks; ++nb) {
+  auto process_block = [&](int nb, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
     const int64_t n0 = int64_t(nb) * Tr::kBlockN;
     CpAsyncWait<0>();
-    __syncthreads();  // K[nb] (and Q) landed; every warp is done with V[nb - 1]
+    __syncthreads();  // K[nb] (and Q) landed; every warp is done with V[nb + 1]
     LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(v_tile, v, p.k_stride.row, n0, s.seqlen_k, d);
     CpAsyncCommit();
 
-    // S = Q K^T  [kM x 16 rows][kBlockN]
+    // S = Q K^T  [kM x 16 rows][kBlockN], raw (unscaled) logits.
     float acc[kM][kN][4] = {};
     GemmSmemSmemT<Element, kM, kN, kHeadDim, Tr::kQkUnroll>(acc, q_tile, warp_row, k_tile, 0, lane);
 
-    // Scale to log2 units and mask (tails, causal) where this block needs it.
-    // In block-relative int32 indices: key column c is visible to row r when
-    // c < col_limit and (not causal or c <= r + diagonal).
-    const int col_limit = int(min(int64_t(Tr::kBlockN), s.seqlen_k - n0));
-    const int diagonal = int(m0 - n0);
-    const bool needs_mask = col_limit < Tr::kBlockN || (p.is_causal && Tr::kBlockN - 1 > diagonal);
+    if constexpr (kMasked) {
+      // Block-relative int32 indices: key column c is visible to row r when
+      // c < col_limit and (not causal or c <= r + diagonal).
+      const int col_limit = int(min(int64_t(Tr::kBlockN), s.seqlen_k - n0));
+      const int diagonal = int(m0 - n0);
 #pragma unroll
-    for (int mt = 0; mt < kM; ++mt)
+      for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < kN; ++nt)
+        for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float x = acc[mt][nt][i] * scale_log2;
-          if (needs_mask) {
+          for (int i = 0; i < 4; ++i) {
             const int row = warp_row + mt * 16 + g + (i / 2) * 8;
             const int col = nt * 8 + 2 * t + (i % 2);
-            if (col >= col_limit || (p.is_causal && col > row + diagonal)) x = -CUDART_INF_F;
+            if (col >= col_limit || (p.is_causal && col > row + diagonal))
+              acc[mt][nt][i] = -CUDART_INF_F;
           }
-          acc[mt][nt][i] = x;
-        }
+    }
 
     // Online softmax; a row's 4 owners (lanes 4g..4g+3) combine by shuffles.
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        float mx = row_max[mt][hh];
+        float mx = -CUDART_INF_F;
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt)
           mx = fmaxf(mx, fmaxf(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_use = mx == -CUDART_INF_F ? 0.0f : mx;  // nothing visible yet: P = 0
-        const float alpha = exp2f(row_max[mt][hh] - m_use);
-        row_max[mt][hh] = mx;
+        const float new_max = fmaxf(row_max[mt][hh], mx * scale_log2);
+        // Nothing visible yet (only possible in masked blocks): P = 0.
+        const float m_use = (kMasked && new_max == -CUDART_INF_F) ? 0.0f : new_max;
+        const float alpha = FastExp2(row_max[mt][hh] - m_use);
+        row_max[mt][hh] = new_max;
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
-            const float e = exp2f(acc[mt][nt][2 * hh + j] - m_use);
+            const float e = FastExp2(fmaf(acc[mt][nt][2 * hh + j], scale_log2, -m_use));
             acc[mt][nt][2 * hh + j] = e;
             sum += e;
           }
@@ -114,15 +133,19 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
 
     CpAsyncWait<0>();
     __syncthreads();  // V[nb] landed; every warp is done with K[nb]
-    if (nb + 1 < n_blocks) {
+    if (nb > 0) {
       LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(k_tile, k, p.k_stride.row,
-                                                         n0 + Tr::kBlockN, s.seqlen_k, d);
+                                                         n0 - Tr::kBlockN, s.seqlen_k, d);
     }
     CpAsyncCommit();
 
     // O += P V
     GemmRegsSmem<Element, kM, kN, kHeadDim>(o, acc, v_tile, 0, lane);
-  }
+  };
+
+  int nb = n_blocks - 1;
+  for (; nb >= first_masked; --nb) process_block(nb, std::true_type{});
+  for (; nb >= 0; --nb) process_block(nb, std::false_type{});
   CpAsyncWait<0>();
 
   // Epilogue: normalize rows, write lse, then out.

@@ -21,7 +21,7 @@ struct FwdTraits {
   static constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S per m-tile
   static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per m-tile
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-  static constexpr int kQkUnroll = kHeadDim == 256 ? 1 : 8;  // measured: fewest spills
+  static constexpr int kQkUnroll = kHeadDim == 64 ? 4 : 1;  // the most that compiles without spills
   // Q, K and V tiles, 16-bit elements.
   static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * 2;
 };
@@ -42,6 +42,7 @@ struct BwdTraits {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockRows = kWarps * 16;  // rows each block owns (queries or keys)
   static constexpr int kBlockCols = 64;           // rows of the other side per step
+  static constexpr int kQkUnroll = 1;  // k-steps unrolled in S and dP: more spills (measured)
   static constexpr int kNTiles = kBlockCols / 8;
   static constexpr int kTileBytes = kHeadDim * 2;  // one row of a 16-bit tile
   // Two [kBlockRows] tiles (Q, dO or K, V) and two [kBlockCols] tiles (K, V
@@ -53,6 +54,15 @@ struct BwdTraits {
   static constexpr int kStageBytes = 2 * kBlockCols * kTileBytes;
   static constexpr int kRowStatsOffset = 2 * kBlockRows * kTileBytes + kStages * kStageBytes;
   static constexpr int kSmemBytes = kRowStatsOffset + kStages * 2 * kBlockCols * 4;
+  // The fused kernel (dQ by float32 atomics) also keeps dS^T [kBlockRows
+  // keys][kBlockCols queries], 16-bit, for dQ = dS K across the warps.
+  static constexpr int kDsOffset = kSmemBytes;
+  static constexpr int kFusedSmemBytes = kDsOffset + kBlockRows * kBlockCols * 2;
+  // dQ = dS K splits the [kBlockCols][kHeadDim] product over the 8 warps:
+  // 4 query m-tiles x 2 halves of the head dim.
+  static constexpr int kDqMTiles = kBlockCols / 16;
+  static_assert(kWarps == 2 * kDqMTiles);
+  static constexpr int kDqCols = kHeadDim / 2;
 };
 
 }  // namespace jax_flash::cuda::sm80

@@ -26,22 +26,41 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   const auto& s = p.shape;
   if (auto e = CheckGrid(s); !e.empty()) return e;
   const int64_t rows = s.batch * s.num_heads * s.seqlen_q;
+  const bool fused = !p.deterministic;
+  if (fused && (p.dq_accum == nullptr ||
+                cudaMemsetAsync(p.dq_accum, 0, rows * s.head_dim * sizeof(float), stream) !=
+                    cudaSuccess)) {
+    return "jax_flash: clearing the float32 dQ accumulator failed";
+  }
   DeltaKernel<Element><<<unsigned(CeilDiv(rows, 8)), 256, 0, stream>>>(p);
   if (auto e = CheckLaunch("delta kernel"); !e.empty()) return e;
 
-  auto dq_kernel = DqKernel<Element, kHeadDim>;
-  if (auto e = PrepareSmem(dq_kernel, Tr::kSmemBytes, "sm80 dq kernel"); !e.empty()) return e;
-  const dim3 dq_grid(unsigned(CeilDiv(s.seqlen_q, Tr::kBlockRows)), unsigned(s.num_heads),
-                     unsigned(s.batch));
-  dq_kernel<<<dq_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-  if (auto e = CheckLaunch("sm80 dq kernel"); !e.empty()) return e;
+  if (!fused) {
+    auto dq_kernel = DqKernel<Element, kHeadDim>;
+    if (auto e = PrepareSmem(dq_kernel, Tr::kSmemBytes, "sm80 dq kernel"); !e.empty()) return e;
+    const dim3 dq_grid(unsigned(CeilDiv(s.seqlen_q, Tr::kBlockRows)), unsigned(s.num_heads),
+                       unsigned(s.batch));
+    dq_kernel<<<dq_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+    if (auto e = CheckLaunch("sm80 dq kernel"); !e.empty()) return e;
+  }
 
-  auto dkv_kernel = DkvKernel<Element, kHeadDim>;
-  if (auto e = PrepareSmem(dkv_kernel, Tr::kSmemBytes, "sm80 dk/dv kernel"); !e.empty()) return e;
   const dim3 dkv_grid(unsigned(CeilDiv(s.seqlen_k, Tr::kBlockRows)), unsigned(s.num_heads_k),
                       unsigned(s.batch));
-  dkv_kernel<<<dkv_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-  return CheckLaunch("sm80 dk/dv kernel");
+  if (!fused) {
+    auto dkv_kernel = DkvKernel<Element, kHeadDim, false>;
+    if (auto e = PrepareSmem(dkv_kernel, Tr::kSmemBytes, "sm80 dk/dv kernel"); !e.empty())
+      return e;
+    dkv_kernel<<<dkv_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+    return CheckLaunch("sm80 dk/dv kernel");
+  }
+  auto fused_kernel = DkvKernel<Element, kHeadDim, true>;
+  if (auto e = PrepareSmem(fused_kernel, Tr::kFusedSmemBytes, "sm80 fused backward kernel");
+      !e.empty())
+    return e;
+  fused_kernel<<<dkv_grid, Tr::kThreads, Tr::kFusedSmemBytes, stream>>>(p);
+  if (auto e = CheckLaunch("sm80 fused backward kernel"); !e.empty()) return e;
+  DqConvertKernel<Element><<<unsigned(CeilDiv(rows * s.head_dim / 2, 256)), 256, 0, stream>>>(p);
+  return CheckLaunch("dq convert kernel");
 }
 
 #define JAX_FLASH_INSTANTIATE_SM80(Element)                                                  \

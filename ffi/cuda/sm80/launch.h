@@ -18,14 +18,17 @@ inline int ForwardSmemBytes(int64_t head_dim) {
          : head_dim <= 128 ? FwdTraits<128>::kSmemBytes
                            : FwdTraits<256>::kSmemBytes;
 }
-inline int BackwardSmemBytes(int64_t head_dim) {
-  return head_dim <= 64 ? BwdTraits<64>::kSmemBytes : BwdTraits<128>::kSmemBytes;
+inline int BackwardSmemBytes(int64_t head_dim, bool deterministic) {
+  if (deterministic)
+    return head_dim <= 64 ? BwdTraits<64>::kSmemBytes : BwdTraits<128>::kSmemBytes;
+  return head_dim <= 64 ? BwdTraits<64>::kFusedSmemBytes : BwdTraits<128>::kFusedSmemBytes;
 }
 
 template <typename Element, int kHeadDim>
 std::string LaunchForward(const AttentionParams& p, cudaStream_t stream);
 
-// kHeadDim 64 or 128.
+// kHeadDim 64 or 128. Unless p.deterministic, p.dq_accum must hold
+// batch * heads * seqlen_q * head_dim floats of scratch.
 template <typename Element, int kHeadDim>
 std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream);
 

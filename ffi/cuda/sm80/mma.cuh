@@ -96,18 +96,26 @@ __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
 
 // Copies rows [row0, row0 + kRows) x [0, kHeadDim) of a 16-bit tensor into a
 // swizzled shared tile; rows >= num_rows and columns >= head_dim read as zero.
-// head_dim must be a multiple of 8 (whole 16-byte chunks).
+// head_dim must be a multiple of 8 (whole 16-byte chunks). A thread always
+// copies the same chunk column, kRowStep rows apart: kRowStep is a multiple
+// of 8, so every copy shares one swizzle and only the base address moves.
 template <int kRows, int kHeadDim, int kThreads, typename Element>
 __device__ __forceinline__ void LoadTileAsync(uint32_t smem_tile, const Element* src,
                                               int64_t row_stride, int64_t row0,
                                               int64_t num_rows, int head_dim) {
   constexpr int kChunks = kHeadDim / 8;
-  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
-    const int r = idx / kChunks, c = idx % kChunks;
-    const int64_t row = row0 + r;
-    const bool valid = row < num_rows && c * 8 < head_dim;
-    const Element* g = valid ? src + row * row_stride + c * 8 : src;
-    CpAsync16(smem_tile + SwizzledOffset<kChunks>(r, c), g, valid);
+  constexpr int kRowStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kRowStep % 8 == 0 && kRows % kRowStep == 0);
+  const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
+  const uint32_t dst = smem_tile + SwizzledOffset<kChunks>(r, c);
+  const Element* g = src + (row0 + r) * row_stride + c * 8;
+  const int64_t rows_left = num_rows - row0 - r;
+  const bool col_ok = c * 8 < head_dim;
+#pragma unroll
+  for (int i = 0; i < kRows / kRowStep; ++i) {
+    const bool valid = col_ok && i * kRowStep < rows_left;
+    CpAsync16(dst + i * kRowStep * kChunks * 16, valid ? g + i * kRowStep * row_stride : src,
+              valid);
   }
 }
 
