@@ -5,15 +5,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import ON_GPU
 
 flax = pytest.importorskip("flax")
 from flax import linen, nnx  # noqa: E402
 
 import jax_flash.flax  # noqa: E402
 
-# Masks run on the CPU kernels only so far (see test_features.py).
-needs_cpu_masks = pytest.mark.skipif(ON_GPU, reason="masks run on the CPU kernels only so far")
+@pytest.fixture(autouse=True)
+def _full_precision_matmuls():
+    """The libraries' own attention is the reference: no TF32 matmuls on GPUs."""
+    with jax.default_matmul_precision("highest"):
+        yield
 
 
 def _inputs(shape=(2, 12, 32), seed=1):
@@ -25,7 +27,6 @@ def _padding_mask(batch, length):
     return nnx.make_attention_mask(valid, valid)
 
 
-@needs_cpu_masks
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "padding"])
 def test_nnx_multihead_attention(mask_kind):
     x = _inputs()
@@ -51,7 +52,6 @@ def test_nnx_multihead_attention(mask_kind):
     assert "jax_flash_fwd" in hlo
 
 
-@needs_cpu_masks
 def test_nnx_decode_cache_matches():
     """Token-by-token decoding with the KV cache (masks over cache slots)."""
     length = 8
@@ -66,7 +66,6 @@ def test_nnx_decode_cache_matches():
     np.testing.assert_allclose(outs[0], outs[1], rtol=2e-5, atol=2e-5)
 
 
-@needs_cpu_masks
 def test_linen_multihead_attention():
     x = _inputs()
     mask = nnx.make_causal_mask(jnp.ones((2, 12)))
@@ -95,7 +94,6 @@ def test_flax_adapter_bf16_checkpoint_jit():
     assert np.isfinite(float(value)) and g.dtype == jnp.bfloat16 and np.all(np.isfinite(g))
 
 
-@needs_cpu_masks
 def test_flax_broadcast_dropout_shares_the_mask():
     x = jnp.broadcast_to(_inputs((1, 12, 32)), (2, 12, 32))  # two identical batch entries
     q = x.reshape(2, 12, 4, 8)
@@ -138,24 +136,19 @@ def test_equinox_same_weights_and_fields():
 
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "per_head"])
 def test_equinox_matches_under_vmap(mask_kind):
-    if ON_GPU and mask_kind != "none":
-        pytest.skip("masks run on the CPU kernels only so far")
     ours, theirs = _eqx_pair()
     x = _inputs((3, 10, 32))
     mask = {"none": None, "causal": jnp.tril(jnp.ones((10, 10), bool)),
             "per_head": jax.random.bernoulli(jax.random.key(5), 0.7, (4, 10, 10)) | jnp.eye(10, dtype=bool)}[mask_kind]
     call = lambda m: jax.vmap(lambda x: m(x, x, x, mask))(x)
     loss = lambda m: jnp.sum(call(m) ** 2)
-    with jax.default_matmul_precision("highest"):  # equinox's attention: no TF32 on GPUs
-        np.testing.assert_allclose(call(ours), call(theirs), rtol=2e-5, atol=2e-5)
-        g_ours, g_theirs = eqx.filter_grad(loss)(ours), eqx.filter_grad(loss)(theirs)
+    np.testing.assert_allclose(call(ours), call(theirs), rtol=2e-5, atol=2e-5)
+    g_ours, g_theirs = eqx.filter_grad(loss)(ours), eqx.filter_grad(loss)(theirs)
     for a, b in zip(jax.tree.leaves(g_ours), jax.tree.leaves(g_theirs)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=5e-5)
 
 
 def test_equinox_causal_flag_and_dropout():
-    if ON_GPU:
-        pytest.skip("dropout runs on the CPU kernels only so far")
     ours, theirs = _eqx_pair(dropout_p=0.3)
     x = _inputs((10, 32))
     causal = jnp.tril(jnp.ones((10, 10), bool))
@@ -168,7 +161,6 @@ def test_equinox_causal_flag_and_dropout():
     assert not np.allclose(a, ours(x, x, x, inference=True))
 
 
-@needs_cpu_masks
 def test_flax_adapter_several_batch_dims():
     """[batch1, batch2, T, N, H] with a mask broadcast over the second batch dim."""
     q, k, v = (jax.random.normal(jax.random.key(i), (2, 3, 9, 2, 8), jnp.float32) for i in range(3))

@@ -56,6 +56,7 @@ struct AttentionFeatures {
 
   const void* bias = nullptr;  // accumulation type (float, double for f64)
   BroadcastStrides bias_stride;
+  float* dbias = nullptr;  // CUDA bias-gradient pass: float32, the bias's shape (zeroed first)
   const uint8_t* mask = nullptr;  // bool, true = attend
   BroadcastStrides mask_stride;
   const int32_t* q_seqlens = nullptr;       // [batch]

@@ -88,26 +88,31 @@ ffi::Error PoisonAsync(cudaStream_t stream, std::initializer_list<const ffi::Any
   return ffi::Error::Success();
 }
 
-// Bias, masks, lengths, segments, window, soft cap and dropout run on the
-// CPU kernels so far; on the GPU they are a clear error, never ignored.
-ffi::Error RejectFeatures(const ffi::AnyBuffer& q, const FeatureOperands& o, AttentionParams* p) {
+// Decodes the feature operands. Bias, masks, lengths, segments, window, soft
+// cap and dropout run on the generic kernels so far: with any of them, the
+// auto family is the generic one and a forced "sm80" is a clear error.
+ffi::Error DecodeFeaturesForFamily(const ffi::AnyBuffer& q, const FeatureOperands& o,
+                                   int32_t* family, AttentionParams* p) {
   if (auto e = DecodeFeatures(q, o, p); e.failure()) return e;
-  if (UsesFeatures(p->features)) {
+  if (!UsesFeatures(p->features)) return ffi::Error::Success();
+  if (Family(*family) == Family::kSm80) {
     return ffi::Error::InvalidArgument(
-        "jax_flash: bias, mask, sequence lengths, segment ids, local_window_size, "
-        "logits_soft_cap and dropout are not implemented in the CUDA kernels yet (CPU only)");
+        "jax_flash: implementation='sm80' does not support bias, mask, sequence lengths, "
+        "segment ids, local_window_size, logits_soft_cap or dropout yet; use None or 'generic'");
   }
+  *family = int32_t(Family::kGeneric);
   return ffi::Error::Success();
 }
 
 ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                        ffi::AnyBuffer v, JAX_FLASH_FEATURE_PARAMS,
                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
-  const int32_t family = implementation;
+  int32_t family = implementation;
   AttentionParams p;
   if (auto e = BuildForwardParams(q, k, v, *out, *lse, scale, is_causal, &p); e.failure())
     return e;
-  if (auto e = RejectFeatures(q, JAX_FLASH_FEATURE_OPERANDS, &p); e.failure()) return e;
+  if (auto e = DecodeFeaturesForFamily(q, JAX_FLASH_FEATURE_OPERANDS, &family, &p); e.failure())
+    return e;
   if (PoisonOutputsRequested()) {
     if (auto e = PoisonAsync(stream, {&*out, &*lse}); e.failure()) return e;
   }
@@ -137,13 +142,14 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                         ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> delta,
                         ffi::Result<ffi::AnyBuffer> dq_accum) {
-  const int32_t family = implementation;
+  int32_t family = implementation;
   AttentionParams p;
   if (auto e = BuildBackwardParams(q, k, v, out, lse, dout, *dq, *dk, *dv, *delta, scale,
                                    is_causal, &p);
       e.failure())
     return e;
-  if (auto e = RejectFeatures(q, JAX_FLASH_FEATURE_OPERANDS, &p); e.failure()) return e;
+  if (auto e = DecodeFeaturesForFamily(q, JAX_FLASH_FEATURE_OPERANDS, &family, &p); e.failure())
+    return e;
   if (PoisonOutputsRequested()) {
     if (auto e = PoisonAsync(stream, {&*dq, &*dk, &*dv, &*delta}); e.failure()) return e;
   }
@@ -173,14 +179,35 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   });
 }
 
-ffi::Error BiasGradientImpl(cudaStream_t, ffi::AnyBuffer q, ffi::AnyBuffer, ffi::AnyBuffer,
-                            ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer,
-                            JAX_FLASH_FEATURE_PARAMS, ffi::Result<ffi::AnyBuffer>,
-                            ffi::Result<ffi::AnyBuffer>) {
+ffi::Error BiasGradientImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                            ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
+                            ffi::AnyBuffer dout, JAX_FLASH_FEATURE_PARAMS,
+                            ffi::Result<ffi::AnyBuffer> dbias, ffi::Result<ffi::AnyBuffer> delta) {
+  (void)deterministic;  // one bias-gradient path (atomics where the bias is broadcast)
+  int32_t family = implementation;
   AttentionParams p;
-  (void)scale, (void)is_causal, (void)implementation;
-  if (auto e = RejectFeatures(q, JAX_FLASH_FEATURE_OPERANDS, &p); e.failure()) return e;
-  return ffi::Error::InvalidArgument("jax_flash: the bias gradient needs a bias");
+  // dq/dk/dv slots are not written by this target: pass dout in their place
+  // for the shape checks only.
+  if (auto e = BuildBackwardParams(q, k, v, out, lse, dout, dout, k, v, *delta, scale, is_causal,
+                                   &p);
+      e.failure())
+    return e;
+  if (auto e = DecodeFeaturesForFamily(q, JAX_FLASH_FEATURE_OPERANDS, &family, &p); e.failure())
+    return e;
+  if (!(features & kHasBias))
+    return ffi::Error::InvalidArgument("jax_flash: the bias gradient needs a bias");
+  if (auto e = ExpectSameShape("dbias", *dbias, bias.dimensions()); e.failure()) return e;
+  if (dbias->element_type() != ffi::DataType::F32 || bias.element_type() != ffi::DataType::F32)
+    return ffi::Error::InvalidArgument("jax_flash: bias and dbias must be float32 on the GPU");
+  p.dq = p.dk = p.dv = nullptr;
+  p.features.dbias = static_cast<float*>(dbias->untyped_data());
+  if (PoisonOutputsRequested()) {
+    if (auto e = PoisonAsync(stream, {&*dbias, &*delta}); e.failure()) return e;
+  }
+  return Dispatch(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
+    return LaunchGenericBiasGradient<decltype(element), decltype(head_dim)::value>(
+        p, dbias->size_bytes(), stream);
+  });
 }
 
 }  // namespace

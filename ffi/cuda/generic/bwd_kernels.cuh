@@ -9,6 +9,7 @@
 #include "common/params.h"
 #include "cuda/generic/block_io.cuh"
 #include "cuda/generic/kernel_traits.cuh"
+#include "cuda/generic/logit_features.cuh"
 #include "cuda/row_stats.cuh"
 
 namespace jax_flash::cuda {
@@ -31,9 +32,12 @@ __global__ void __launch_bounds__(256) DeltaKernel(const AttentionParams p) {
   if (lane == 0) static_cast<float*>(p.delta)[row_id] = acc;
 }
 
-// dQ = scale * dS K with dS = P * (dP - delta), dP = dO V^T.
+// dQ = scale * dS K with dS = P * (dP * dropout - delta), dP = dO V^T, through
+// the soft cap's derivative. kBiasGrad: instead of dQ, adds dS (the gradient
+// of the logits) into the float32 bias gradient p.features.dbias at the
+// bias's own (broadcast) offsets, by atomics.
 // grid: (ceil(seqlen_q / kRowsPerBlock), num_heads, batch).
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, bool kBiasGrad = false>
 __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
     GenericDqKernel(const AttentionParams p) {
   using Tr = GenericTraits<kHeadDim>;
@@ -70,9 +74,10 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
   }
   float acc[R][C] = {};
 
-  const int64_t kv_end =
-      p.is_causal ? min(s.seqlen_k, block_row0 + Tr::kRowsPerBlock) : s.seqlen_k;
-  for (int64_t t0 = 0; t0 < kv_end; t0 += Tr::kTile) {
+  const LogitFeatures lf = LogitFeatures::For(p, b, h);
+  int64_t kv_lo, kv_hi;
+  lf.mask.KeyRange(block_row0, block_row0 + Tr::kRowsPerBlock, &kv_lo, &kv_hi);
+  for (int64_t t0 = kv_lo / Tr::kTile * Tr::kTile; t0 < kv_hi; t0 += Tr::kTile) {
     __syncthreads();
     StageRows<Tr::kTile, kHeadDim, Tr::kThreads>(k_s, P, k, p.k_stride.row, t0, s.seqlen_k, d, 1.0f);
     StageRows<Tr::kTile, kHeadDim, Tr::kThreads>(v_s, P, v, p.k_stride.row, t0, s.seqlen_k, d, 1.0f);
@@ -95,24 +100,36 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
     const int64_t key = t0 + lane;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const bool visible = key < s.seqlen_k && (!p.is_causal || key <= warp_row0 + r);
-      const float prob = visible ? exp2f(score[r] - lse2[r]) : 0.0f;
-      score[r] = prob * (dprob[r] - delta[r]);  // dS
+      const int64_t row = warp_row0 + r;
+      float tanh_value;
+      const float prob = exp2f(lf.Logit(score[r], row, key, &tanh_value) - lse2[r]);
+      const float ds = prob == 0.0f ? 0.0f : prob * (dprob[r] * lf.DropFactor(row, key) - delta[r]);
+      if constexpr (kBiasGrad) {
+        const AttentionFeatures& f = p.features;
+        if (ds != 0.0f && row < s.seqlen_q && key < s.seqlen_k)
+          atomicAdd(f.dbias + f.BroadcastOffset(f.bias_stride, b, h) + row * f.bias_stride.row +
+                        key * f.bias_stride.col,
+                    ds);
+      }
+      score[r] = lf.ChainSoftcap(ds, tanh_value);
     }
+    if constexpr (!kBiasGrad) {
 #pragma unroll 4
-    for (int j = 0; j < Tr::kTile; ++j) {
-      float ds[R];
+      for (int j = 0; j < Tr::kTile; ++j) {
+        float ds[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) ds[r] = __shfl_sync(kFullMask, score[r], j);
+        for (int r = 0; r < R; ++r) ds[r] = __shfl_sync(kFullMask, score[r], j);
 #pragma unroll
-      for (int c = 0; c < C; ++c) {
-        const float kj = k_s[j * P + c * 32 + lane];
+        for (int c = 0; c < C; ++c) {
+          const float kj = k_s[j * P + c * 32 + lane];
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r][c] += ds[r] * kj;
+          for (int r = 0; r < R; ++r) acc[r][c] += ds[r] * kj;
+        }
       }
     }
   }
 
+  if constexpr (kBiasGrad) return;
   Element* dq = static_cast<Element*>(p.dq) + q_off;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -163,9 +180,11 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
     const int64_t q_off = b * p.q_stride.batch + h * p.q_stride.head;
     const Element* q = static_cast<const Element*>(p.q) + q_off;
     const Element* dout = static_cast<const Element*>(p.dout) + q_off;
-    // Causal: queries before the block's first key see none of its keys.
-    const int64_t q_start = p.is_causal ? block_row0 : 0;
-    for (int64_t t0 = q_start; t0 < s.seqlen_q; t0 += Tr::kTile) {
+    // Only query tiles that may see some key of the block (causal, window, lengths).
+    const LogitFeatures lf = LogitFeatures::For(p, b, h);
+    int64_t q_lo, q_hi;
+    lf.mask.QueryRange(block_row0, block_row0 + Tr::kRowsPerBlock, &q_lo, &q_hi);
+    for (int64_t t0 = q_lo; t0 < q_hi; t0 += Tr::kTile) {
       __syncthreads();
       StageRows<Tr::kTile, kHeadDim, Tr::kThreads>(q_s, P, q, p.q_stride.row, t0, s.seqlen_q, d,
                                                    float(p.scale) * kLog2e);
@@ -197,11 +216,11 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const int64_t key = warp_row0 + r;
-        const bool visible =
-            query < s.seqlen_q && key < s.seqlen_k && (!p.is_causal || key <= query);
-        const float prob = visible ? exp2f(score[r] - lse2) : 0.0f;
-        score[r] = prob;
-        dprob[r] = prob * (dprob[r] - delta);  // dS
+        float tanh_value;
+        const float prob = exp2f(lf.Logit(score[r], query, key, &tanh_value) - lse2);
+        const float drop = prob == 0.0f ? 0.0f : lf.DropFactor(query, key);
+        score[r] = prob * drop;  // dV uses the dropped-out P
+        dprob[r] = lf.ChainSoftcap(prob * (dprob[r] * drop - delta), tanh_value);  // dS
       }
 #pragma unroll 4
       for (int j = 0; j < Tr::kTile; ++j) {

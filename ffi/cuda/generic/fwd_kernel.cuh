@@ -1,4 +1,6 @@
-// Generic forward: out = softmax(scale * q k^T) v and lse, online softmax.
+// Generic forward: out = softmax(logits) v and lse, online softmax, with every
+// attention feature (LogitFeatures: masks, lengths, segments, window, soft
+// cap, bias, dropout).
 #pragma once
 
 #include <math_constants.h>
@@ -6,6 +8,7 @@
 #include "common/params.h"
 #include "cuda/generic/block_io.cuh"
 #include "cuda/generic/kernel_traits.cuh"
+#include "cuda/generic/logit_features.cuh"
 
 namespace jax_flash::cuda {
 
@@ -38,10 +41,11 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
 #pragma unroll
   for (int r = 0; r < R; ++r) row_max[r] = -CUDART_INF_F, lane_sum[r] = 0.0f;
 
-  // Causal: the block's last query row bounds the keys anyone here can see.
-  const int64_t kv_end =
-      p.is_causal ? min(s.seqlen_k, block_row0 + Tr::kRowsPerBlock) : s.seqlen_k;
-  for (int64_t t0 = 0; t0 < kv_end; t0 += Tr::kTile) {
+  // Only key tiles that some row of the block may see (causal, window, lengths).
+  const LogitFeatures lf = LogitFeatures::For(p, b, h);
+  int64_t kv_lo, kv_hi;
+  lf.mask.KeyRange(block_row0, block_row0 + Tr::kRowsPerBlock, &kv_lo, &kv_hi);
+  for (int64_t t0 = kv_lo / Tr::kTile * Tr::kTile; t0 < kv_hi; t0 += Tr::kTile) {
     __syncthreads();  // previous tile fully consumed
     StageRows<Tr::kTile, kHeadDim, Tr::kThreads>(k_s, P, k, p.k_stride.row, t0, s.seqlen_k, d, 1.0f);
     StageRows<Tr::kTile, kHeadDim, Tr::kThreads>(v_s, P, v, p.k_stride.row, t0, s.seqlen_k, d, 1.0f);
@@ -59,14 +63,15 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
     const int64_t key = t0 + lane;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const bool visible = key < s.seqlen_k && (!p.is_causal || key <= warp_row0 + r);
-      const float x = visible ? score[r] : -CUDART_INF_F;
+      float unused_tanh;
+      const float x = lf.Logit(score[r], warp_row0 + r, key, &unused_tanh);
       const float m_new = fmaxf(row_max[r], WarpMax(x));
       // Nothing visible yet: keep P = 0 instead of exp2(-inf + inf) = NaN.
       const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new;
       const float alpha = exp2f(row_max[r] - m_use);
-      score[r] = exp2f(x - m_use);
-      lane_sum[r] = lane_sum[r] * alpha + score[r];
+      const float prob = exp2f(x - m_use);
+      lane_sum[r] = lane_sum[r] * alpha + prob;  // the normalizer ignores dropout
+      score[r] = prob == 0.0f ? 0.0f : prob * lf.DropFactor(warp_row0 + r, key);
       row_max[r] = m_new;
 #pragma unroll
       for (int c = 0; c < C; ++c) acc[r][c] *= alpha;

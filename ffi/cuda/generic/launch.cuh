@@ -85,6 +85,26 @@ std::string LaunchGenericBackward(const AttentionParams& p, cudaStream_t stream)
   return CheckLaunch("dk/dv kernel");
 }
 
+template <typename Element, int kHeadDim>
+std::string LaunchGenericBiasGradient(const AttentionParams& p, size_t dbias_bytes,
+                                      cudaStream_t stream) {
+  using Tr = GenericTraits<kHeadDim>;
+  const auto& s = p.shape;
+  if (auto e = CheckGrid(s); !e.empty()) return e;
+  if (cudaMemsetAsync(p.features.dbias, 0, dbias_bytes, stream) != cudaSuccess)
+    return CheckLaunch("clearing the bias gradient");
+  const int64_t rows = s.batch * s.num_heads * s.seqlen_q;
+  DeltaKernel<Element><<<unsigned(CeilDiv(rows, 8)), 256, 0, stream>>>(p);
+  if (auto e = CheckLaunch("delta kernel"); !e.empty()) return e;
+  auto kernel = GenericDqKernel<Element, kHeadDim, /*kBiasGrad=*/true>;
+  constexpr int smem = Tr::kDqSmem * sizeof(float);
+  if (auto e = PrepareSmem(kernel, smem, "bias gradient kernel"); !e.empty()) return e;
+  const dim3 grid(unsigned(CeilDiv(s.seqlen_q, Tr::kRowsPerBlock)), unsigned(s.num_heads),
+                  unsigned(s.batch));
+  kernel<<<grid, Tr::kThreads, smem, stream>>>(p);
+  return CheckLaunch("bias gradient kernel");
+}
+
 #define JAX_FLASH_INSTANTIATE_GENERIC(Element)                                            \
   template std::string LaunchGenericForward<Element, 32>(const AttentionParams&, cudaStream_t);  \
   template std::string LaunchGenericForward<Element, 64>(const AttentionParams&, cudaStream_t);  \
@@ -93,6 +113,10 @@ std::string LaunchGenericBackward(const AttentionParams& p, cudaStream_t stream)
   template std::string LaunchGenericBackward<Element, 32>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchGenericBackward<Element, 64>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchGenericBackward<Element, 128>(const AttentionParams&, cudaStream_t);\
-  template std::string LaunchGenericBackward<Element, 256>(const AttentionParams&, cudaStream_t);
+  template std::string LaunchGenericBackward<Element, 256>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchGenericBiasGradient<Element, 32>(const AttentionParams&, size_t, cudaStream_t);  \
+  template std::string LaunchGenericBiasGradient<Element, 64>(const AttentionParams&, size_t, cudaStream_t);  \
+  template std::string LaunchGenericBiasGradient<Element, 128>(const AttentionParams&, size_t, cudaStream_t); \
+  template std::string LaunchGenericBiasGradient<Element, 256>(const AttentionParams&, size_t, cudaStream_t);
 
 }  // namespace jax_flash::cuda

@@ -16,4 +16,9 @@ std::string LaunchGenericForward(const AttentionParams& p, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 std::string LaunchGenericBackward(const AttentionParams& p, cudaStream_t stream);
 
+// dbias (p.features.dbias, dbias_bytes of float32) from the recomputed dS.
+template <typename Element, int kHeadDim>
+std::string LaunchGenericBiasGradient(const AttentionParams& p, size_t dbias_bytes,
+                                      cudaStream_t stream);
+
 }  // namespace jax_flash::cuda
