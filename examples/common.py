@@ -6,6 +6,7 @@ tokens), the command-line flags, a progress bar, the loss curve and sampling."""
 from __future__ import annotations
 
 import argparse
+import time
 
 import numpy as np
 
@@ -31,6 +32,26 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                    help="rotary embeddings on q/k, or a learned position table")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="compute dtype (parameters and optimizer state stay float32)")
+
+
+class Throughput:
+    """Training tokens per second since the last restart.
+
+    Restarted after the first step (and its logging), so compiling the train
+    and eval steps does not count against the rate.
+    """
+
+    def __init__(self):
+        self.restart()
+
+    def restart(self):
+        self.tokens, self.start = 0, time.perf_counter()
+
+    def count(self, tokens: int):
+        self.tokens += tokens
+
+    def rate(self) -> float:
+        return self.tokens / max(time.perf_counter() - self.start, 1e-9)
 
 
 class CharCorpus:

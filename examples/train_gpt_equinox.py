@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import time
 
 import equinox as eqx
 import jax
@@ -23,7 +22,7 @@ import optax
 
 import jax_flash.equinox
 from common import (
-    CharCorpus, add_common_arguments, apply_rope, progress, sample_text, write_run_outputs)
+    CharCorpus, Throughput, add_common_arguments, apply_rope, progress, sample_text, write_run_outputs)
 
 
 class Block(eqx.Module):
@@ -126,15 +125,15 @@ def main(argv=None):
 
     eval_loss = eqx.filter_jit(loss_fn)
     rng = np.random.default_rng(args.seed)
-    history, tokens, start = [], 0, time.perf_counter()
+    history, meter = [], Throughput()
     bar = progress(range(1, args.steps + 1), args.steps, not args.no_progress)
     for step in bar:
         x, y = corpus.batch(rng, "train", args.batch_size, args.seq_len)
         model, opt_state, loss = train_step(model, opt_state, x, y)
-        tokens += x.size
+        meter.count(x.size)
         if step == 1 or step % args.log_every == 0 or step == args.steps:
             val_loss = float(eval_loss(model, *corpus.batch(rng, "valid", args.batch_size, args.seq_len)))
-            rate = tokens / (time.perf_counter() - start)
+            rate = meter.rate()
             line = f"step {step:5d}  loss {float(loss):.4f}  val_loss {val_loss:.4f}  {rate:,.0f} tokens/s"
             if hasattr(bar, "set_postfix_str"):
                 bar.set_postfix_str(f"loss {float(loss):.3f} {rate:,.0f} tok/s")
@@ -142,6 +141,8 @@ def main(argv=None):
             else:
                 print(line, flush=True)
             history.append({"step": step, "loss": float(loss), "val_loss": val_loss, "tokens_per_s": rate})
+        if step == 1:
+            meter.restart()  # the rate excludes compiling the train and eval steps
     sample = ""
     if args.sample_chars > 0:
         logits_fn = eqx.filter_jit(

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import time
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +23,7 @@ from flax import nnx
 
 import jax_flash
 from common import (
-    CharCorpus, add_common_arguments, apply_rope, progress, sample_text, write_run_outputs)
+    CharCorpus, Throughput, add_common_arguments, apply_rope, progress, sample_text, write_run_outputs)
 
 
 class CausalSelfAttention(nnx.Module):
@@ -138,24 +137,24 @@ def main(argv=None):
         print(f"resumed from {checkpoint}")
 
     history = []
-    start = time.perf_counter()
-    tokens = 0
+    meter = Throughput()
     bar = progress(range(1, args.steps + 1), args.steps, not args.no_progress)
     for step in bar:
         loss = train_step(model, optimizer, *batch("train"))
-        tokens += args.batch_size * args.seq_len
+        meter.count(args.batch_size * args.seq_len)
         if step == 1 or step % args.log_every == 0 or step == args.steps:
             loss = float(loss)
             val_loss = float(eval_step(model, *batch("valid")))
-            elapsed = time.perf_counter() - start
-            line = f"step {step:5d}  loss {loss:.4f}  val_loss {val_loss:.4f}  {tokens / elapsed:,.0f} tokens/s"
+            rate = meter.rate()
+            line = f"step {step:5d}  loss {loss:.4f}  val_loss {val_loss:.4f}  {rate:,.0f} tokens/s"
             if hasattr(bar, "set_postfix_str"):
-                bar.set_postfix_str(f"loss {loss:.3f} {tokens / elapsed:,.0f} tok/s")
+                bar.set_postfix_str(f"loss {loss:.3f} {rate:,.0f} tok/s")
                 bar.write(line)
             else:
                 print(line, flush=True)
-            history.append({"step": step, "loss": loss, "val_loss": val_loss,
-                            "tokens_per_s": tokens / elapsed})
+            history.append({"step": step, "loss": loss, "val_loss": val_loss, "tokens_per_s": rate})
+        if step == 1:
+            meter.restart()  # the rate excludes compiling the train and eval steps
     sample = ""
     if args.sample_chars > 0:
         logits_fn = nnx.jit(lambda model, x: model(x))

@@ -121,17 +121,6 @@ def _forward_call(q, k, v, feature_ops, static):
     return call(q, k, v, *feature_ops, **static.attributes())
 
 
-def _uses_features(static) -> bool:
-    """Mirrors UsesFeatures (ffi/common/feature_decode.h): these run on the generic kernels."""
-    return bool(
-        static.features & (HAS_BIAS | HAS_MASK | HAS_Q_SEQLENS | HAS_KV_SEQLENS | HAS_SEGMENTS)
-        or static.window_left >= 0
-        or static.window_right >= 0
-        or static.softcap > 0
-        or static.dropout_rate > 0
-    )
-
-
 def _uses_dq_accumulator(q, static) -> bool:
     """Whether the CUDA backward can run fused, adding dQ into a float32 buffer.
 
@@ -143,7 +132,6 @@ def _uses_dq_accumulator(q, static) -> bool:
     return (
         not static.deterministic
         and static.implementation != 1  # "generic"
-        and not _uses_features(static)
         and q.dtype in (jnp.float16, jnp.bfloat16)
         and head_dim % 8 == 0
         and head_dim <= 128

@@ -24,6 +24,8 @@ import numpy as np
 import jax_flash
 
 IMPLEMENTATIONS = ("jax_flash", "cudnn", "xla")
+# Also selectable: jax_flash with deterministic=True (no dQ atomics in the backward).
+EXTRA_IMPLEMENTATIONS = ("jax_flash_deterministic",)
 
 
 VARIANTS = ("plain", "bias", "key_padding_mask")
@@ -41,8 +43,11 @@ def _extra_args(variant: str, batch, seqlen, heads, rng):
 
 
 def _attention_fn(impl: str, causal: bool, bias=None, mask=None):
-    if impl == "jax_flash":
-        return lambda q, k, v: jax_flash.attention(q, k, v, bias, mask, is_causal=causal)
+    if impl.startswith("jax_flash"):
+        deterministic = impl == "jax_flash_deterministic"
+        return lambda q, k, v: jax_flash.attention(
+            q, k, v, bias, mask, is_causal=causal, deterministic=deterministic
+        )
     return lambda q, k, v: jax.nn.dot_product_attention(
         q, k, v, bias, mask, is_causal=causal, implementation=impl
     )
@@ -154,7 +159,8 @@ def write_chart(rows, path) -> bool:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--impl", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS)
+    parser.add_argument("--impl", nargs="+", default=list(IMPLEMENTATIONS),
+                        choices=IMPLEMENTATIONS + EXTRA_IMPLEMENTATIONS)
     parser.add_argument("--head-dim", nargs="+", type=int, default=[64, 128, 256])
     parser.add_argument("--seqlen", nargs="+", type=int, default=[1024, 4096, 16384])
     parser.add_argument("--tokens", type=int, default=16384, help="B = tokens / T")

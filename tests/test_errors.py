@@ -76,14 +76,6 @@ def test_non_bool_is_causal(qkv):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_forced_sm80_with_features_is_a_clear_error(qkv):
-    q, k, v = (x.astype(jnp.bfloat16) for x in qkv)
-    mask = jnp.ones((2, 1, 1, 8), bool)
-    with pytest.raises(Exception, match="implementation='sm80' does not support bias, mask"):
-        jax.block_until_ready(jax_flash.attention(q, k, v, mask=mask, implementation="sm80"))
-
-
-@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_float64_on_gpu_is_a_clear_error(qkv):
     q, k, v = (x.astype(jnp.float64) for x in qkv)
     with pytest.raises(Exception, match="float64 is not supported by the CUDA kernels"):

@@ -1,7 +1,8 @@
 """Bias, masks, sequence lengths, segment ids, window, soft cap, dropout, GQA:
 each and combined, forward and gradients (dbias included) against the float64
-reference. These run on the CPU kernels; on a GPU they must raise a clear error
-until the CUDA kernels take them (test_features_on_gpu_are_a_clear_error)."""
+reference. On a GPU each case also runs through the generic kernels and with
+deterministic=True (the generic backward), besides the default (tensor-core
+kernels for 16-bit inputs)."""
 
 import jax
 import jax.numpy as jnp
@@ -56,13 +57,19 @@ CASES = ["bias_full", "bias_shared_over_batch", "bias_key_padding", "bias_2d", "
          "everything"]
 
 
+# Kernel choices the feature tests run through: (implementation, deterministic).
+MODES = [(None, False), ("generic", False), (None, True)] if ON_GPU else [(None, False)]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: f"{m[0] or 'auto'}{'-det' if m[1] else ''}")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
 @pytest.mark.parametrize("case", CASES)
-def test_feature_forward_and_gradients(rng, case, dtype):
+def test_feature_forward_and_gradients(rng, case, dtype, mode):
     if ON_GPU and dtype == "float64":
         pytest.skip("float64 runs on the CPU only")
     q, k, v = random_qkv(rng, B, T, S, N, K, H, dtype)
     bias, ours, ref_kwargs = _split(_features(case, rng))
+    ours.update(implementation=mode[0], deterministic=mode[1])
     dout = jnp.asarray(rng.standard_normal(q.shape), dtype)
     acc = jnp.promote_types(dtype, jnp.float32)
     if bias is not None:
@@ -227,3 +234,35 @@ def test_dropout_with_bias_gradient(rng):
         to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), to_f64_cpu(bias))
     for name, a, r in zip(("dq", "dk", "dv", "dbias"), ours, ref):
         assert_close(name, a, r, "float32", factor=GRAD_FACTOR)
+
+
+@pytest.mark.parametrize("case", ["mask_key_padding", "seq_lengths", "window", "everything", "dropout"])
+def test_features_across_many_blocks(rng, case):
+    """Lengths past several kernel blocks (128/64 rows), bf16, H=64: the
+    tensor-core feature kernels on a GPU skip and mask whole blocks."""
+    b, t, s, n, kh, h = 2, 300, 260, 4, 2, 64
+    q, k, v = random_qkv(rng, b, t, s, n, kh, h, "bfloat16")
+    dout = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
+    kwargs = {
+        "mask_key_padding": dict(mask=jnp.asarray(np.arange(s) < np.array([[s], [170]]))[:, None, None, :]),
+        "seq_lengths": dict(query_seq_lengths=jnp.array([t, 150], jnp.int32),
+                            key_value_seq_lengths=jnp.array([90, s], jnp.int32), is_causal=True),
+        "window": dict(local_window_size=(100, 40)),
+        "everything": dict(mask=jnp.asarray(rng.random((b, 1, 1, s)) > 0.1), is_causal=True,
+                           local_window_size=(150, 0), logits_soft_cap=3.0,
+                           key_value_seq_lengths=jnp.array([s, 200], jnp.int32)),
+        "dropout": dict(dropout_rate=0.25, dropout_rng=jax.random.key(4), is_causal=True),
+    }[case]
+    ref_kwargs = {k_: v_ for k_, v_ in kwargs.items() if k_ not in ("dropout_rate", "dropout_rng")}
+    if case == "dropout":
+        ref_kwargs["dropout_factor"] = to_f64_cpu(reference.dropout_factor(
+            jax.random.bits(kwargs["dropout_rng"], (2,), jnp.uint32), b, n, t, s, 0.25))
+    out = jax_flash.attention(q, k, v, **kwargs)
+    ref_out = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), **ref_kwargs)
+    assert_close("out", out, ref_out, "bfloat16")
+    grads = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, **kwargs).astype(jnp.float32)
+                                        * dout.astype(jnp.float32)), (0, 1, 2))(q, k, v)
+    ref_grads = jax.grad(lambda *a: jnp.sum(reference.attention(*a, **ref_kwargs) * to_f64_cpu(dout)),
+                         (0, 1, 2))(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(name, g, r, "bfloat16", factor=GRAD_FACTOR)

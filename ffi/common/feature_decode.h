@@ -146,9 +146,6 @@ inline ffi::Error DecodeFeatures(const ffi::AnyBuffer& q, const FeatureOperands&
 }
 
 // True when the call uses any optional feature (the CUDA kernels take none yet).
-inline bool UsesFeatures(const AttentionFeatures& f) {
-  return f.bias || f.mask || f.q_seqlens || f.kv_seqlens || f.q_segment_ids ||
-         f.window_left >= 0 || f.window_right >= 0 || f.softcap > 0 || f.dropout_rate > 0;
-}
+inline bool UsesFeatures(const AttentionFeatures& f) { return f.Any(); }
 
 }  // namespace jax_flash

@@ -70,6 +70,13 @@ struct AttentionFeatures {
   bool dropout_shared = false;  // the same mask for every batch entry and head
   int64_t seed_count = 1;
 
+  // Whether anything beyond scale/causal is on (the CUDA dispatch and kernels
+  // branch on it; feature_decode.h's UsesFeatures is the same question).
+  JAX_FLASH_HOST_DEVICE bool Any() const {
+    return bias || mask || q_seqlens || kv_seqlens || q_segment_ids || window_left >= 0 ||
+           window_right >= 0 || softcap > 0 || dropout_rate > 0;
+  }
+
   // Offset of a broadcast operand for flat batch b and head h.
   JAX_FLASH_HOST_DEVICE int64_t BroadcastOffset(const BroadcastStrides& st, int64_t b,
                                                 int64_t h) const {

@@ -88,19 +88,14 @@ ffi::Error PoisonAsync(cudaStream_t stream, std::initializer_list<const ffi::Any
   return ffi::Error::Success();
 }
 
-// Decodes the feature operands. Bias, masks, lengths, segments, window, soft
-// cap and dropout run on the generic kernels so far: with any of them, the
-// auto family is the generic one and a forced "sm80" is a clear error.
+// Decodes the feature operands (bias, masks, lengths, segments, window, soft
+// cap, dropout). The sm80 forward and fused backward have feature variants;
+// where the sm80 kernel at hand has none (the deterministic backward), the
+// call runs the generic kernels instead.
 ffi::Error DecodeFeaturesForFamily(const ffi::AnyBuffer& q, const FeatureOperands& o,
-                                   int32_t* family, AttentionParams* p) {
+                                   bool sm80_has_features, int32_t* family, AttentionParams* p) {
   if (auto e = DecodeFeatures(q, o, p); e.failure()) return e;
-  if (!UsesFeatures(p->features)) return ffi::Error::Success();
-  if (Family(*family) == Family::kSm80) {
-    return ffi::Error::InvalidArgument(
-        "jax_flash: implementation='sm80' does not support bias, mask, sequence lengths, "
-        "segment ids, local_window_size, logits_soft_cap or dropout yet; use None or 'generic'");
-  }
-  *family = int32_t(Family::kGeneric);
+  if (UsesFeatures(p->features) && !sm80_has_features) *family = int32_t(Family::kGeneric);
   return ffi::Error::Success();
 }
 
@@ -111,7 +106,9 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   AttentionParams p;
   if (auto e = BuildForwardParams(q, k, v, *out, *lse, scale, is_causal, &p); e.failure())
     return e;
-  if (auto e = DecodeFeaturesForFamily(q, JAX_FLASH_FEATURE_OPERANDS, &family, &p); e.failure())
+  if (auto e = DecodeFeaturesForFamily(q, JAX_FLASH_FEATURE_OPERANDS, /*sm80_has_features=*/true,
+                                       &family, &p);
+      e.failure())
     return e;
   if (PoisonOutputsRequested()) {
     if (auto e = PoisonAsync(stream, {&*out, &*lse}); e.failure()) return e;
@@ -148,8 +145,6 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                    is_causal, &p);
       e.failure())
     return e;
-  if (auto e = DecodeFeaturesForFamily(q, JAX_FLASH_FEATURE_OPERANDS, &family, &p); e.failure())
-    return e;
   if (PoisonOutputsRequested()) {
     if (auto e = PoisonAsync(stream, {&*dq, &*dk, &*dv, &*delta}); e.failure()) return e;
   }
@@ -162,6 +157,11 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   p.deterministic = deterministic != 0 || dq_accum->element_type() != ffi::DataType::F32 ||
                     dq_accum->size_bytes() < accum_bytes;
   if (!p.deterministic) p.dq_accum = static_cast<float*>(dq_accum->untyped_data());
+  // Only the fused sm80 backward has a feature variant.
+  if (auto e = DecodeFeaturesForFamily(q, JAX_FLASH_FEATURE_OPERANDS,
+                                       /*sm80_has_features=*/!p.deterministic, &family, &p);
+      e.failure())
+    return e;
   // The mma.sync backward covers head dims up to 128; 256 stays generic.
   if (Family(family) != Family::kGeneric && p.shape.head_dim <= 128 &&
       Sm80Supports(q.element_type(), p.shape.head_dim,
@@ -183,8 +183,7 @@ ffi::Error BiasGradientImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
                             ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                             ffi::AnyBuffer dout, JAX_FLASH_FEATURE_PARAMS,
                             ffi::Result<ffi::AnyBuffer> dbias, ffi::Result<ffi::AnyBuffer> delta) {
-  (void)deterministic;  // one bias-gradient path (atomics where the bias is broadcast)
-  int32_t family = implementation;
+  (void)deterministic, (void)implementation;  // one path: atomics where the bias is broadcast
   AttentionParams p;
   // dq/dk/dv slots are not written by this target: pass dout in their place
   // for the shape checks only.
@@ -192,8 +191,8 @@ ffi::Error BiasGradientImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
                                    &p);
       e.failure())
     return e;
-  if (auto e = DecodeFeaturesForFamily(q, JAX_FLASH_FEATURE_OPERANDS, &family, &p); e.failure())
-    return e;
+  // One bias-gradient kernel (generic, every dtype), whatever the family.
+  if (auto e = DecodeFeatures(q, JAX_FLASH_FEATURE_OPERANDS, &p); e.failure()) return e;
   if (!(features & kHasBias))
     return ffi::Error::InvalidArgument("jax_flash: the bias gradient needs a bias");
   if (auto e = ExpectSameShape("dbias", *dbias, bias.dimensions()); e.failure()) return e;

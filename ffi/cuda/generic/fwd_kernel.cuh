@@ -8,7 +8,7 @@
 #include "common/params.h"
 #include "cuda/generic/block_io.cuh"
 #include "cuda/generic/kernel_traits.cuh"
-#include "cuda/generic/logit_features.cuh"
+#include "cuda/logit_features.cuh"
 
 namespace jax_flash::cuda {
 

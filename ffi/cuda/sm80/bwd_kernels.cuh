@@ -13,7 +13,9 @@
 
 #include <type_traits>
 
+#include "common/mask_policy.h"
 #include "common/params.h"
+#include "cuda/logit_features.cuh"
 #include "cuda/sm80/kernel_traits.cuh"
 #include "cuda/sm80/mma.cuh"
 #include "cuda/row_stats.cuh"
@@ -150,9 +152,13 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
 // query heads of the key head's group (GQA) in registers. kFusedDq: also
 // adds this key block's share of dQ into p.dq_accum (float32 atomics), so
 // the separate dQ pass (and its recomputation of S and dP) is not needed.
-template <typename Element, int kHeadDim, bool kFusedDq>
+// kFeatures: the variant for calls with attention features (p.features.Any()):
+// block ranges and per-element visibility from the shared MaskPolicy, logits
+// and dropout from LogitFeatures (fused only).
+template <typename Element, int kHeadDim, bool kFusedDq, bool kFeatures = false>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     DkvKernel(const AttentionParams p) {
+  static_assert(kFusedDq || !kFeatures, "the deterministic dK/dV pass has no feature variant");
   using Tr = BwdTraits<kHeadDim>;
   constexpr int kN = Tr::kNTiles, kD = kHeadDim / 8;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -182,8 +188,16 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   // Steps run over (query head of the group, query block) pairs, flattened so
   // the next step's tiles can load whatever head they belong to. Causal:
   // queries before the block's first key see none of its keys.
-  const int64_t m_start = p.is_causal ? (n0 / Tr::kBlockCols) * Tr::kBlockCols : 0;
-  const int m_steps = int(max(int64_t(0), (s.seqlen_q - m_start + Tr::kBlockCols - 1) / Tr::kBlockCols));
+  int64_t m_start = p.is_causal ? (n0 / Tr::kBlockCols) * Tr::kBlockCols : 0;
+  int m_steps = int(max(int64_t(0), (s.seqlen_q - m_start + Tr::kBlockCols - 1) / Tr::kBlockCols));
+  const bool elementwise = kFeatures && LogitFeatures::ElementwiseLogits(p);
+  if constexpr (kFeatures) {
+    // Lengths, causal and window bound the queries alike for every head.
+    int64_t lo, hi;
+    MaskPolicy::For(p, b, hk * s.group()).QueryRange(n0, n0 + Tr::kBlockRows, &lo, &hi);
+    m_start = lo / Tr::kBlockCols * Tr::kBlockCols;
+    m_steps = hi > lo ? int((hi - m_start + Tr::kBlockCols - 1) / Tr::kBlockCols) : 0;
+  }
   const int steps = int(s.group()) * m_steps;
   const bool key_tail = n0 + Tr::kBlockRows > s.seqlen_k;
   auto load_qdo = [&](int step) {
@@ -224,20 +238,38 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     const int key_limit = int(min(int64_t(Tr::kBlockRows), s.seqlen_k - n0));
     const int query_limit = int(min(int64_t(Tr::kBlockCols), s.seqlen_q - m0));
     const int diagonal = int(max(int64_t(-2 * Tr::kBlockRows), min(int64_t(2 * Tr::kBlockRows), m0 - n0)));
+    if constexpr (kFeatures && kMasked) {
+      const LogitFeatures lf = LogitFeatures::For(p, b, h);
 #pragma unroll
-    for (int nt = 0; nt < kN; ++nt)
+      for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = nt * 8 + 2 * t + (i % 2);
-        float prob = FastExp2(fmaf(st[0][nt][i], scale_log2, -lse2_s[col]));
-        if constexpr (kMasked) {
-          const int row = warp_row + g + (i / 2) * 8;
-          if (row >= key_limit || col >= query_limit || (p.is_causal && row - col > diagonal))
-            prob = 0.0f;
+        for (int i = 0; i < 4; ++i) {
+          const int col = nt * 8 + 2 * t + (i % 2);
+          const int64_t key = n0 + warp_row + g + (i / 2) * 8, query = m0 + col;
+          float tanh_value;
+          const float x = lf.Logit(st[0][nt][i] * scale_log2, query, key, &tanh_value);
+          const float prob = FastExp2(x - lse2_s[col]);
+          const float drop = prob == 0.0f ? 0.0f : lf.DropFactor(query, key);
+          st[0][nt][i] = prob * drop;  // P^T, dropped out (dV)
+          dpt[0][nt][i] =
+              lf.ChainSoftcap(prob * (dpt[0][nt][i] * drop - delta_s[col]), tanh_value);  // dS^T
         }
-        st[0][nt][i] = prob;                                    // P^T
-        dpt[0][nt][i] = prob * (dpt[0][nt][i] - delta_s[col]);  // dS^T
-      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int col = nt * 8 + 2 * t + (i % 2);
+          float prob = FastExp2(fmaf(st[0][nt][i], scale_log2, -lse2_s[col]));
+          if constexpr (kMasked) {
+            const int row = warp_row + g + (i / 2) * 8;
+            if (row >= key_limit || col >= query_limit || (p.is_causal && row - col > diagonal))
+              prob = 0.0f;
+          }
+          st[0][nt][i] = prob;                                    // P^T
+          dpt[0][nt][i] = prob * (dpt[0][nt][i] - delta_s[col]);  // dS^T
+        }
+    }
     if constexpr (kFusedDq) {
       // dS^T to shared memory for the dQ product; pairs of queries are
       // contiguous, and the swizzle spreads the 8 key rows over all banks.
@@ -268,8 +300,15 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     // Element masks only where a pair can be invisible: tails, and causal
     // query blocks that start before the key block ends.
     const int64_t m0 = m_start + int64_t(step % m_steps) * Tr::kBlockCols;
-    const bool masked = key_tail || m0 + Tr::kBlockCols > s.seqlen_q ||
-                        (p.is_causal && m0 < n0 + Tr::kBlockRows);
+    bool masked;
+    if constexpr (kFeatures) {
+      const int64_t h = hk * s.group() + step / m_steps;
+      masked = elementwise || MaskPolicy::For(p, b, h).NeedsCheck(m0, m0 + Tr::kBlockCols, n0,
+                                                                   n0 + Tr::kBlockRows);
+    } else {
+      masked = key_tail || m0 + Tr::kBlockCols > s.seqlen_q ||
+               (p.is_causal && m0 < n0 + Tr::kBlockRows);
+    }
     if (masked) {
       run_step(step, std::true_type{});
     } else {

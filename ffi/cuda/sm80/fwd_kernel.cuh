@@ -8,7 +8,9 @@
 
 #include <type_traits>
 
+#include "common/mask_policy.h"
 #include "common/params.h"
+#include "cuda/logit_features.cuh"
 #include "cuda/row_stats.cuh"
 #include "cuda/sm80/kernel_traits.cuh"
 #include "cuda/sm80/mma.cuh"
@@ -16,10 +18,11 @@
 
 namespace jax_flash::cuda::sm80 {
 
-template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
+// kFeatures: the variant for calls with attention features (p.features.Any()).
+template <typename Element, int kHeadDim, bool kFeatures>
+__global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     ForwardKernel(const AttentionParams p) {
-  using Tr = FwdTraits<kHeadDim>;
+  using Tr = FwdTraits<kHeadDim, kFeatures>;
   constexpr int kM = Tr::kMTiles, kN = Tr::kNTiles, kD = Tr::kDTiles;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t q_tile = SmemAddr(smem);                            // [kBlockM][kHeadDim]
@@ -48,11 +51,23 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
   static_assert(Tr::kBlockM % Tr::kBlockN == 0);
   const int tail_free = s.seqlen_k % Tr::kBlockN == 0 ? n_blocks : n_blocks - 1;
   const int first_masked = p.is_causal ? min(tail_free, int(m0 / Tr::kBlockN)) : tail_free;
+  // With features, the shared MaskPolicy bounds the key blocks (lengths,
+  // causal, window) and says which ones need per-element work; a bias, soft
+  // cap or dropout puts every block on the per-element path.
+  constexpr bool features = kFeatures;
+  const bool elementwise = kFeatures && LogitFeatures::ElementwiseLogits(p);
+  int n_lo = 0, n_hi = n_blocks;
+  if constexpr (features) {
+    int64_t lo, hi;
+    MaskPolicy::For(p, b, h).KeyRange(m0, m0 + Tr::kBlockM, &lo, &hi);
+    n_lo = int(lo / Tr::kBlockN);
+    n_hi = hi > lo ? int((hi + Tr::kBlockN - 1) / Tr::kBlockN) : n_lo;
+  }
 
   LoadTileAsync<Tr::kBlockM, kHeadDim, Tr::kThreads>(q_tile, q, p.q_stride.row, m0, s.seqlen_q, d);
-  if (n_blocks > 0) {
+  if (n_hi > n_lo) {
     LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(k_tile, k, p.k_stride.row,
-                                                       int64_t(n_blocks - 1) * Tr::kBlockN,
+                                                       int64_t(n_hi - 1) * Tr::kBlockN,
                                                        s.seqlen_k, d);
   }
   CpAsyncCommit();
@@ -81,21 +96,41 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
     GemmSmemSmemT<Element, kM, kN, kHeadDim, Tr::kQkUnroll>(acc, q_tile, warp_row, k_tile, 0, lane);
 
     if constexpr (kMasked) {
-      // Block-relative int32 indices: key column c is visible to row r when
-      // c < col_limit and (not causal or c <= r + diagonal).
-      const int col_limit = int(min(int64_t(Tr::kBlockN), s.seqlen_k - n0));
-      const int diagonal = int(m0 - n0);
+      if constexpr (!features) {
+        // Block-relative int32 indices: key column c is visible to row r when
+        // c < col_limit and (not causal or c <= r + diagonal).
+        const int col_limit = int(min(int64_t(Tr::kBlockN), s.seqlen_k - n0));
+        const int diagonal = int(m0 - n0);
 #pragma unroll
-      for (int mt = 0; mt < kM; ++mt)
+        for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < kN; ++nt)
+          for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int row = warp_row + mt * 16 + g + (i / 2) * 8;
-            const int col = nt * 8 + 2 * t + (i % 2);
-            if (col >= col_limit || (p.is_causal && col > row + diagonal))
-              acc[mt][nt][i] = -CUDART_INF_F;
-          }
+            for (int i = 0; i < 4; ++i) {
+              const int row = warp_row + mt * 16 + g + (i / 2) * 8;
+              const int col = nt * 8 + 2 * t + (i % 2);
+              if (col >= col_limit || (p.is_causal && col > row + diagonal))
+                acc[mt][nt][i] = -CUDART_INF_F;
+            }
+      } else {
+        // Built here, not kept across the loop: its fields would cost
+        // registers the main loop does not have.
+        const LogitFeatures lf = LogitFeatures::For(p, b, h);
+        const float inv_scale_log2 = 1.0f / scale_log2;
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int64_t row = m0 + warp_row + mt * 16 + g + (i / 2) * 8;
+              const int64_t col = n0 + nt * 8 + 2 * t + (i % 2);
+              float unused_tanh;
+              // Back in raw units, so the softmax below is shared with the plain path.
+              acc[mt][nt][i] =
+                  lf.Logit(acc[mt][nt][i] * scale_log2, row, col, &unused_tanh) * inv_scale_log2;
+            }
+      }
     }
 
     // Online softmax; a row's 4 owners (lanes 4g..4g+3) combine by shuffles.
@@ -123,7 +158,18 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
             acc[mt][nt][2 * hh + j] = e;
             sum += e;
           }
-        row_sum[mt][hh] = row_sum[mt][hh] * alpha + sum;
+        row_sum[mt][hh] = row_sum[mt][hh] * alpha + sum;  // the normalizer ignores dropout
+        if constexpr (kMasked) {
+          if (features && elementwise && p.features.dropout_rate > 0.0) {
+            const DropoutPolicy dropout = DropoutPolicy::For(p, b);
+            const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;
+#pragma unroll
+            for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+              for (int j = 0; j < 2; ++j)
+                acc[mt][nt][2 * hh + j] *= dropout.Factor(b, h, row, n0 + nt * 8 + 2 * t + j);
+          }
+        }
 #pragma unroll
         for (int dt = 0; dt < kD; ++dt) {
           o[mt][dt][2 * hh] *= alpha;
@@ -133,7 +179,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
 
     CpAsyncWait<0>();
     __syncthreads();  // V[nb] landed; every warp is done with K[nb]
-    if (nb > 0) {
+    if (nb > n_lo) {
       LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(k_tile, k, p.k_stride.row,
                                                          n0 - Tr::kBlockN, s.seqlen_k, d);
     }
@@ -143,9 +189,23 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
     GemmRegsSmem<Element, kM, kN, kHeadDim>(o, acc, v_tile, 0, lane);
   };
 
-  int nb = n_blocks - 1;
-  for (; nb >= first_masked; --nb) process_block(nb, std::true_type{});
-  for (; nb >= 0; --nb) process_block(nb, std::false_type{});
+  if constexpr (!features) {
+    int nb = n_blocks - 1;
+    for (; nb >= first_masked; --nb) process_block(nb, std::true_type{});
+    for (; nb >= 0; --nb) process_block(nb, std::false_type{});
+  } else {
+    for (int nb = n_hi - 1; nb >= n_lo; --nb) {
+      const bool masked =
+          elementwise || MaskPolicy::For(p, b, h).NeedsCheck(m0, m0 + Tr::kBlockM,
+                                                             int64_t(nb) * Tr::kBlockN,
+                                                             int64_t(nb + 1) * Tr::kBlockN);
+      if (masked) {
+        process_block(nb, std::true_type{});
+      } else {
+        process_block(nb, std::false_type{});
+      }
+    }
+  }
   CpAsyncWait<0>();
 
   // Epilogue: normalize rows, write lse, then out.

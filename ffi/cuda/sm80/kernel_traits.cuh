@@ -5,15 +5,18 @@
 
 namespace jax_flash::cuda::sm80 {
 
-template <int kHeadDim_>
+template <int kHeadDim_, bool kFeatures_ = false>
 struct FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;  // 64, 128 or 256
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
   // Two m-tiles per warp reuse every K/V fragment loaded from shared memory
   // twice (halving shared-memory traffic per MMA); at 256 the output
   // accumulators alone would then take 256 registers, so 8 warps x 1 m-tile.
+  // The variant with attention features (masks, bias, soft cap, dropout per
+  // element) keeps one m-tile: its per-element code needs the registers.
+  static constexpr bool kFeatures = kFeatures_;
   static constexpr int kWarps = kHeadDim == 256 ? 8 : 4;
-  static constexpr int kMTiles = kHeadDim == 256 ? 1 : 2;
+  static constexpr int kMTiles = kHeadDim == 256 || kFeatures ? 1 : 2;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = kWarps * kMTiles * 16;  // 128
   // 64 keys per block: S (32 floats per m-tile) plus O fit in 255 registers.

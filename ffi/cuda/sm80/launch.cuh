@@ -8,16 +8,22 @@
 
 namespace jax_flash::cuda::sm80 {
 
-template <typename Element, int kHeadDim>
-std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
-  using Tr = FwdTraits<kHeadDim>;
+template <typename Element, int kHeadDim, bool kFeatures>
+std::string LaunchForwardVariant(const AttentionParams& p, cudaStream_t stream) {
+  using Tr = FwdTraits<kHeadDim, kFeatures>;
   if (auto e = CheckGrid(p.shape); !e.empty()) return e;
-  auto kernel = ForwardKernel<Element, kHeadDim>;
+  auto kernel = ForwardKernel<Element, kHeadDim, kFeatures>;
   if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm80 forward kernel"); !e.empty()) return e;
   const dim3 grid(unsigned(CeilDiv(p.shape.seqlen_q, Tr::kBlockM)), unsigned(p.shape.num_heads),
                   unsigned(p.shape.batch));
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   return CheckLaunch("sm80 forward kernel");
+}
+
+template <typename Element, int kHeadDim>
+std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
+  return p.features.Any() ? LaunchForwardVariant<Element, kHeadDim, true>(p, stream)
+                          : LaunchForwardVariant<Element, kHeadDim, false>(p, stream);
 }
 
 template <typename Element, int kHeadDim>
@@ -35,6 +41,8 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   DeltaKernel<Element><<<unsigned(CeilDiv(rows, 8)), 256, 0, stream>>>(p);
   if (auto e = CheckLaunch("delta kernel"); !e.empty()) return e;
 
+  if (!fused && p.features.Any())
+    return "jax_flash: the deterministic sm80 backward has no attention features (use generic)";
   if (!fused) {
     auto dq_kernel = DqKernel<Element, kHeadDim>;
     if (auto e = PrepareSmem(dq_kernel, Tr::kSmemBytes, "sm80 dq kernel"); !e.empty()) return e;
@@ -53,7 +61,8 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
     dkv_kernel<<<dkv_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
     return CheckLaunch("sm80 dk/dv kernel");
   }
-  auto fused_kernel = DkvKernel<Element, kHeadDim, true>;
+  auto fused_kernel = p.features.Any() ? DkvKernel<Element, kHeadDim, true, true>
+                                        : DkvKernel<Element, kHeadDim, true, false>;
   if (auto e = PrepareSmem(fused_kernel, Tr::kFusedSmemBytes, "sm80 fused backward kernel");
       !e.empty())
     return e;

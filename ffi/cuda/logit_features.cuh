@@ -1,4 +1,4 @@
-// The attention features as the generic kernels see them, for one (batch,
+// The attention features as the CUDA kernels see them, for one (batch,
 // head): which keys are visible (the shared MaskPolicy), the logit transform
 // (soft cap, then bias) and the dropout factor (the shared DropoutPolicy).
 // Same order and formulas as the CPU's LogitTransform:
@@ -42,6 +42,12 @@ struct LogitFeatures {
   __device__ float Logit(float score, int64_t i, int64_t j, float* tanh_value) const {
     *tanh_value = 0.0f;
     if (!mask.Visible(i, j)) return -CUDART_INF_F;
+    return Transform(score, i, j, tanh_value);
+  }
+
+  // Logit without the visibility check.
+  __device__ float Transform(float score, int64_t i, int64_t j, float* tanh_value) const {
+    *tanh_value = 0.0f;
     if (cap <= 0.0f && !bias) return score;
     float x = score * kLn2;  // scale * q.k
     if (cap > 0.0f) {
@@ -55,6 +61,13 @@ struct LogitFeatures {
   // 0 (dropped) or 1 / (1 - rate); 1 without dropout.
   __device__ float DropFactor(int64_t i, int64_t j) const {
     return dropout.active ? dropout.Factor(b, h, i, j) : 1.0f;
+  }
+
+  // Whether logits need more than the scale (soft cap, bias) or P a dropout
+  // factor: then every block takes the per-element path.
+  __device__ static bool ElementwiseLogits(const AttentionParams& p) {
+    const AttentionFeatures& f = p.features;
+    return f.bias || f.softcap > 0.0 || (f.dropout_rate > 0.0 && f.dropout_seed);
   }
 
   // d(scale * q.k) from d(logit): the soft cap's derivative 1 - tanh^2.
