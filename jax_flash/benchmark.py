@@ -35,7 +35,8 @@ def _extra_args(variant: str, batch, seqlen, heads, rng):
     """Positional (bias, mask) for a variant: a full [B, N, T, S] float32 bias,
     or a [B, 1, 1, S] key-padding mask hiding the last eighth of each sequence."""
     if variant == "bias":
-        return (jnp.asarray(rng.standard_normal((batch, heads, seqlen, seqlen)), jnp.float32), None)
+        # float32 straight from the generator: [4, 16, 4096, 4096] is 4 GiB already.
+        return (jnp.asarray(rng.standard_normal((batch, heads, seqlen, seqlen), dtype=np.float32)), None)
     if variant == "key_padding_mask":
         valid = np.arange(seqlen) < seqlen - seqlen // 8
         return (None, jnp.asarray(np.broadcast_to(valid, (batch, 1, 1, seqlen))))
@@ -69,10 +70,15 @@ def flops_forward(batch, seqlen, heads, head_dim, causal) -> float:
     return f / 2 if causal else f
 
 
-def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng, variant="plain"):
+def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng, variant="plain",
+                extra=None):
+    """Times one implementation at one point; `extra` = the variant's (bias, mask),
+    made here when not given (callers timing several implementations share one)."""
     shape = (batch, seqlen, heads, head_dim)
     q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(3))
-    attn = _attention_fn(impl, causal, *_extra_args(variant, batch, seqlen, heads, rng))
+    if extra is None:
+        extra = _extra_args(variant, batch, seqlen, heads, rng)
+    attn = _attention_fn(impl, causal, *extra)
     fwd = jax.jit(attn)
     fwd_bwd = jax.jit(
         jax.value_and_grad(lambda q, k, v: jnp.sum(attn(q, k, v).astype(jnp.float32)), (0, 1, 2))
@@ -184,10 +190,11 @@ def main(argv=None):
             for causal in args.causal:
                 batch, heads = max(1, args.tokens // seqlen), max(1, args.width // head_dim)
                 for variant in args.variant:
+                    extra = _extra_args(variant, batch, seqlen, heads, rng)
                     for impl in args.impl:
                         try:
                             row = bench_point(impl, batch, seqlen, heads, head_dim, bool(causal),
-                                              args.dtype, args.iters, rng, variant)
+                                              args.dtype, args.iters, rng, variant, extra)
                         except Exception as e:  # e.g. cudnn on the CPU, xla out of memory
                             row = {"impl": impl, "variant": variant, "batch": batch, "seqlen": seqlen,
                                    "heads": heads, "head_dim": head_dim, "causal": bool(causal),
