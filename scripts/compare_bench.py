@@ -1,0 +1,56 @@
+"""Side-by-side TFLOP/s of several benchmark runs (``python -m jax_flash.benchmark`` JSON).
+
+    python scripts/compare_bench.py main=a/results.json wip=b/results.json
+
+One row per (impl, variant, H, T, causal) point; per run its forward and
+backward TFLOP/s, and each run's ratio to the first.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def load(spec: str):
+    name, _, path = spec.partition("=")
+    with open(path) as f:
+        rows = json.load(f)["rows"]
+    points = {}
+    for r in rows:
+        key = (r["impl"], r.get("variant", "plain"), r["head_dim"], r["seqlen"], int(r["causal"]))
+        points[key] = r
+    return name, points
+
+
+def main(argv):
+    runs = [load(spec) for spec in argv]
+    if not runs:
+        raise SystemExit(__doc__)
+    names = [name for name, _ in runs]
+    header = "| impl | variant | H | T | causal | " + " | ".join(
+        f"{n} fwd | {n} bwd" for n in names) + " |"
+    lines = [header, "|" + "---|" * (5 + 2 * len(names))]
+    base = runs[0][1]
+    keys = sorted({k for _, pts in runs for k in pts})
+    for key in keys:
+        cells = []
+        for _, pts in runs:
+            r = pts.get(key)
+            if r is None or "error" in r:
+                cells += ["err" if r else "-", ""]
+                continue
+            cell = []
+            for field in ("fwd_tflops", "bwd_tflops"):
+                b = base.get(key)
+                ratio = ""
+                if b and "error" not in b and b[field] > 0 and pts is not base:
+                    ratio = f" ({r[field] / b[field]:.2f}x)"
+                cell.append(f"{r[field]:.1f}{ratio}")
+            cells += cell
+        lines.append("| " + " | ".join(str(k) for k in key) + " | " + " | ".join(cells) + " |")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
