@@ -236,11 +236,12 @@ def test_dropout_with_bias_gradient(rng):
         assert_close(name, a, r, "float32", factor=GRAD_FACTOR)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("case", ["mask_key_padding", "seq_lengths", "window", "everything", "dropout"])
-def test_features_across_many_blocks(rng, case):
-    """Lengths past several kernel blocks (128/64 rows), bf16, H=64: the
-    tensor-core feature kernels on a GPU skip and mask whole blocks."""
-    b, t, s, n, kh, h = 2, 300, 260, 4, 2, 64
+def test_features_across_many_blocks(rng, case, head_dim):
+    """Lengths past several kernel blocks (128/64 rows), bf16, every padded head
+    dim: the tensor-core feature kernels on a GPU skip and mask whole blocks."""
+    b, t, s, n, kh, h = 2, 300, 260, 4, 2, head_dim
     q, k, v = random_qkv(rng, b, t, s, n, kh, h, "bfloat16")
     dout = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
     kwargs = {
