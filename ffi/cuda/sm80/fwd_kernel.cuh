@@ -1,7 +1,7 @@
 // FlashAttention-2 forward on mma.sync (m16n8k16, float accumulation) for
-// float16/bfloat16, any GPU from sm_80. One block per (128 query rows, head,
-// batch); K and V blocks stream through shared memory with cp.async, the next
-// K block loading while P V runs and V loading while the softmax runs.
+// float16/bfloat16, any GPU from sm_80. One block per (kBlockM query rows,
+// head, batch); K and V blocks stream through shared memory with cp.async, the
+// next K block loading while P V runs and V loading while the softmax runs.
 #pragma once
 
 #include <math_constants.h>
@@ -54,10 +54,9 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   // With features, the shared MaskPolicy bounds the key blocks (lengths,
   // causal, window) and says which ones need per-element work; a bias, soft
   // cap or dropout puts every block on the per-element path.
-  constexpr bool features = kFeatures;
   const bool elementwise = kFeatures && LogitFeatures::ElementwiseLogits(p);
   int n_lo = 0, n_hi = n_blocks;
-  if constexpr (features) {
+  if constexpr (kFeatures) {
     int64_t lo, hi;
     MaskPolicy::For(p, b, h).KeyRange(m0, m0 + Tr::kBlockM, &lo, &hi);
     n_lo = int(lo / Tr::kBlockN);
@@ -96,7 +95,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     GemmSmemSmemT<Element, kM, kN, kHeadDim, Tr::kQkUnroll>(acc, q_tile, warp_row, k_tile, 0, lane);
 
     if constexpr (kMasked) {
-      if constexpr (!features) {
+      if constexpr (!kFeatures) {
         // Block-relative int32 indices: key column c is visible to row r when
         // c < col_limit and (not causal or c <= r + diagonal).
         const int col_limit = int(min(int64_t(Tr::kBlockN), s.seqlen_k - n0));
@@ -160,7 +159,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
           }
         row_sum[mt][hh] = row_sum[mt][hh] * alpha + sum;  // the normalizer ignores dropout
         if constexpr (kMasked) {
-          if (features && elementwise && p.features.dropout_rate > 0.0) {
+          if (elementwise && p.features.dropout_rate > 0.0) {
             const DropoutPolicy dropout = DropoutPolicy::For(p, b);
             const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;
 #pragma unroll
@@ -189,7 +188,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     GemmRegsSmem<Element, kM, kN, kHeadDim>(o, acc, v_tile, 0, lane);
   };
 
-  if constexpr (!features) {
+  if constexpr (!kFeatures) {
     int nb = n_blocks - 1;
     for (; nb >= first_masked; --nb) process_block(nb, std::true_type{});
     for (; nb >= 0; --nb) process_block(nb, std::false_type{});
