@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A/B of kernel versions in one device call: builds each source tree named in
-# AB_DIRS (made here with scripts/export_refs.sh; pass carry=["ab"] to the
-# device run, ab/ is git-ignored), runs the same benchmark points (BENCH_ARGS) with each, and
-# optionally a pytest selection (AB_PYTEST, e.g. "tests/test_attention.py -k long_rows")
-# against each build. Writes $OUT/ab.md (the comparison) and $OUT/ab.log.
+# AB_DIRS (made here with scripts/export_refs.sh; ab/ is git-ignored, so pass
+# carry=["ab"] to the device run), runs the same benchmark points (BENCH_ARGS)
+# with each, and optionally each tree's tests against its own build (AB_TESTS:
+# test files relative to the tree, e.g. "tests/test_attention.py"; AB_K: a
+# pytest -k expression). Writes $OUT/ab.md (the comparison) and $OUT/ab.log.
 #
 #   AB_DIRS="ab/main ab/wip-x" BENCH_ARGS="--impl jax_flash --head-dim 128 --seqlen 16384 --causal 0" \
 #     bash scripts/gpu_ab.sh
@@ -25,9 +26,11 @@ for dir in ${AB_DIRS:?set AB_DIRS to source trees, e.g. ab/main ab/wip-x}; do
     continue
   fi
   echo "== $name: built in $(( $(date +%s) - start )) s" | tee -a "$LOG"
-  if [ -n "${AB_PYTEST:-}" ]; then
+  if [ -n "${AB_TESTS:-}" ]; then
     # Tests of that tree against its own build; from /tmp so the tree is not imported.
-    (cd /tmp && PYTHONPATH="$site" python3 -m pytest -q $(echo $AB_PYTEST | sed "s#tests/#$root/$dir/tests/#g") \
+    paths=()
+    for t in $AB_TESTS; do paths+=("$root/$dir/$t"); done
+    (cd /tmp && PYTHONPATH="$site" python3 -m pytest -q "${paths[@]}" ${AB_K:+-k "$AB_K"} \
       > "/tmp/ab_pytest_$name.log" 2>&1)
     echo "   pytest: $(tail -1 /tmp/ab_pytest_$name.log)" | tee -a "$LOG"
     grep -E "^FAILED" "/tmp/ab_pytest_$name.log" | head -10 >> "$LOG"
