@@ -105,8 +105,9 @@ def attention(
       deterministic: bitwise-reproducible gradients. The default CUDA
         tensor-core backward adds each key block's share of dQ into a float32
         buffer with atomics (fastest; the summation order varies run to run);
-        ``True`` computes dQ in a separate pass instead. The CPU and the
-        generic CUDA backward are always deterministic.
+        ``True`` computes dQ in a separate pass instead. The CPU backward is
+        always deterministic; on the GPU the gradient of a broadcast ``bias``
+        is summed with atomics either way.
 
     Returns:
       The attention output, shaped and typed like ``query``; with
