@@ -24,3 +24,24 @@ def test_tiny_run_writes_json_and_table(tmp_path):
     assert all(r["fwd_ms"] > 0 and r["bwd_ms"] > 0 for r in rows)
     assert result["long_sequence"]["grads_finite"]
     assert "| jax_flash | bias |" in (tmp_path / "results.md").read_text()
+
+
+def test_compare_bench_script(tmp_path, capsys):
+    """scripts/compare_bench.py (the A/B table of scripts/gpu_ab.sh) reads two runs' JSON."""
+    import importlib.util
+    import pathlib
+
+    for name in ("a", "b"):
+        benchmark.main(["--impl", "jax_flash", "--head-dim", "32", "--seqlen", "64", "--tokens", "64",
+                        "--width", "64", "--causal", "0", "--iters", "1", "--dtype", "float32",
+                        "--out", str(tmp_path / name)])
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "compare_bench.py"
+    spec = importlib.util.spec_from_file_location("compare_bench", script)
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    capsys.readouterr()
+    compare.main([f"a={tmp_path / 'a' / 'results.json'}", f"b={tmp_path / 'b' / 'results.json'}"])
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("| impl | variant | H | T | causal | a fwd | a bwd | b fwd | b bwd |")
+    row = table[2].split("|")
+    assert row[1].strip() == "jax_flash" and "x)" in row[8] and "x)" in row[9], table
