@@ -95,6 +95,19 @@ def progress(iterable, total: int, enabled: bool = True):
     return iterable
 
 
+def log_step(bar, history: list, step: int, loss: float, val_loss: float, meter: Throughput):
+    """Prints the `step ... loss ... tokens/s` line (through the progress bar
+    when there is one) and appends the point to `history`."""
+    rate = meter.rate()
+    line = f"step {step:5d}  loss {loss:.4f}  val_loss {val_loss:.4f}  {rate:,.0f} tokens/s"
+    if hasattr(bar, "set_postfix_str"):
+        bar.set_postfix_str(f"loss {loss:.3f} {rate:,.0f} tok/s")
+        bar.write(line)
+    else:
+        print(line, flush=True)
+    history.append({"step": step, "loss": loss, "val_loss": val_loss, "tokens_per_s": rate})
+
+
 def save_loss_curve(history, path: str) -> bool:
     """Writes train/valid loss against step as a PNG (needs matplotlib)."""
     try:

@@ -22,7 +22,8 @@ import optax
 
 import jax_flash.equinox
 from common import (
-    CharCorpus, Throughput, add_common_arguments, apply_rope, progress, sample_text, write_run_outputs)
+    CharCorpus, Throughput, add_common_arguments, apply_rope, log_step, progress, sample_text,
+    write_run_outputs)
 
 
 class Block(eqx.Module):
@@ -133,14 +134,7 @@ def main(argv=None):
         meter.count(x.size)
         if step == 1 or step % args.log_every == 0 or step == args.steps:
             val_loss = float(eval_loss(model, *corpus.batch(rng, "valid", args.batch_size, args.seq_len)))
-            rate = meter.rate()
-            line = f"step {step:5d}  loss {float(loss):.4f}  val_loss {val_loss:.4f}  {rate:,.0f} tokens/s"
-            if hasattr(bar, "set_postfix_str"):
-                bar.set_postfix_str(f"loss {float(loss):.3f} {rate:,.0f} tok/s")
-                bar.write(line)
-            else:
-                print(line, flush=True)
-            history.append({"step": step, "loss": float(loss), "val_loss": val_loss, "tokens_per_s": rate})
+            log_step(bar, history, step, float(loss), val_loss, meter)
         if step == 1:
             meter.restart()  # the rate excludes compiling the train and eval steps
     sample = ""

@@ -23,7 +23,8 @@ from flax import nnx
 
 import jax_flash
 from common import (
-    CharCorpus, Throughput, add_common_arguments, apply_rope, progress, sample_text, write_run_outputs)
+    CharCorpus, Throughput, add_common_arguments, apply_rope, log_step, progress, sample_text,
+    write_run_outputs)
 
 
 class CausalSelfAttention(nnx.Module):
@@ -143,16 +144,7 @@ def main(argv=None):
         loss = train_step(model, optimizer, *batch("train"))
         meter.count(args.batch_size * args.seq_len)
         if step == 1 or step % args.log_every == 0 or step == args.steps:
-            loss = float(loss)
-            val_loss = float(eval_step(model, *batch("valid")))
-            rate = meter.rate()
-            line = f"step {step:5d}  loss {loss:.4f}  val_loss {val_loss:.4f}  {rate:,.0f} tokens/s"
-            if hasattr(bar, "set_postfix_str"):
-                bar.set_postfix_str(f"loss {loss:.3f} {rate:,.0f} tok/s")
-                bar.write(line)
-            else:
-                print(line, flush=True)
-            history.append({"step": step, "loss": loss, "val_loss": val_loss, "tokens_per_s": rate})
+            log_step(bar, history, step, float(loss), float(eval_step(model, *batch("valid"))), meter)
         if step == 1:
             meter.restart()  # the rate excludes compiling the train and eval steps
     sample = ""
