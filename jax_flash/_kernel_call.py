@@ -125,7 +125,7 @@ def _uses_dq_accumulator(q, static) -> bool:
     """Whether the CUDA backward can run fused, adding dQ into a float32 buffer.
 
     Mirrors the dispatch in ffi/cuda/handlers.cu (mma.sync backward: 16-bit
-    inputs, head dim a multiple of 8 up to 128); where this says no, the
+    inputs, head dim a multiple of 8 up to 256); where this says no, the
     handler gets an empty buffer and runs the deterministic two-pass backward.
     """
     head_dim = q.shape[-1]
@@ -134,7 +134,7 @@ def _uses_dq_accumulator(q, static) -> bool:
         and static.implementation != 1  # "generic"
         and q.dtype in (jnp.float16, jnp.bfloat16)
         and head_dim % 8 == 0
-        and head_dim <= 128
+        and head_dim <= 256
     )
 
 

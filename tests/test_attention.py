@@ -141,7 +141,7 @@ def test_sm80_forward_long_rows(rng):
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic_dq", "deterministic"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_backward_long_rows(rng, head_dim, causal, deterministic):
     """Several key and query blocks with tails, GQA, bf16 (the mma.sync backward on a GPU).
 

@@ -162,16 +162,13 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                        /*sm80_has_features=*/!p.deterministic, &family, &p);
       e.failure())
     return e;
-  // The mma.sync backward covers head dims up to 128; 256 stays generic.
-  if (Family(family) != Family::kGeneric && p.shape.head_dim <= 128 &&
+  // The mma.sync backward covers head dims up to 128, and 256 when fused
+  // (deterministic at 256 stays generic).
+  if (Family(family) != Family::kGeneric && (p.shape.head_dim <= 128 || !p.deterministic) &&
       Sm80Supports(q.element_type(), p.shape.head_dim,
                    sm80::BackwardSmemBytes(p.shape.head_dim, p.deterministic))) {
     return DispatchSm80(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
-      if constexpr (decltype(head_dim)::value <= 128) {
-        return sm80::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);
-      } else {
-        return std::string("jax_flash: unreachable sm80 backward head dim");
-      }
+      return sm80::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);
     });
   }
   return Dispatch(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {

@@ -28,6 +28,7 @@ template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     DqKernel(const AttentionParams p) {
   using Tr = BwdTraits<kHeadDim>;
+  static_assert(Tr::kDSplit == 1, "the deterministic dQ pass serves head dims up to 128");
   constexpr int kN = Tr::kNTiles, kD = kHeadDim / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t q_tile = SmemAddr(smem);                          // [kBlockRows][kHeadDim]
@@ -108,41 +109,48 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 // query block and half of the head dim, from dS^T in shared memory ([key]
 // [query], so A comes through ldmatrix.trans) and the block's K tile; then
 // float32 atomics into dq_accum (other key blocks add to the same rows).
+// Columns go in chunks of at most 64 (32 accumulator registers), so head
+// dim 256 does not need 64 registers on top of the dK/dV accumulators.
 template <typename Element, int kHeadDim>
 __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t ds_tile,
                                              uint32_t k_tile, int64_t b, int64_t h,
                                              int64_t m0, int warp, int lane) {
   using Tr = BwdTraits<kHeadDim>;
-  constexpr int kC = kHeadDim / 8, kDsC = Tr::kBlockCols / 8, kNt = Tr::kDqCols / 8;
+  constexpr int kC = kHeadDim / 8, kDsC = Tr::kBlockCols / 8;
+  constexpr int kNt = Tr::kDqCols / 8 < 8 ? Tr::kDqCols / 8 : 8;  // 8-column tiles per chunk
   const int mq = warp % Tr::kDqMTiles, dh = warp / Tr::kDqMTiles;
-  float acc[kNt][4] = {};
-#pragma unroll 2
-  for (int kk = 0; kk < Tr::kBlockRows / 16; ++kk) {
-    uint32_t a[4];  // dS[q 16 mq .., key 16 kk ..], from dS^T stored [key][query]
-    LdMatrixX4Trans(a, ds_tile + SwizzledOffset<kDsC>(kk * 16 + (lane / 16) * 8 + lane % 8,
-                                                       mq * 2 + lane / 8 % 2));
-#pragma unroll
-    for (int nt = 0; nt < kNt; nt += 2) {
-      uint32_t bf[4];  // K[key 16 kk .., d-tiles nt and nt + 1 of this half]
-      LdMatrixX4Trans(bf, k_tile + SwizzledOffset<kC>(kk * 16 + (lane / 8 % 2) * 8 + lane % 8,
-                                                      dh * kNt + nt + lane / 16));
-      Mma16816<Element>(acc[nt], a, bf[0], bf[1]);
-      Mma16816<Element>(acc[nt + 1], a, bf[2], bf[3]);
-    }
-  }
   const auto& s = p.shape;
   const int g = lane / 4, t = lane % 4;
+#pragma unroll 1
+  for (int chunk = 0; chunk < Tr::kDqCols / 8 / kNt; ++chunk) {
+    const int tile0 = dh * (Tr::kDqCols / 8) + chunk * kNt;  // first 8-column tile
+    float acc[kNt][4] = {};
+#pragma unroll 2
+    for (int kk = 0; kk < Tr::kBlockRows / 16; ++kk) {
+      uint32_t a[4];  // dS[q 16 mq .., key 16 kk ..], from dS^T stored [key][query]
+      LdMatrixX4Trans(a, ds_tile + SwizzledOffset<kDsC>(kk * 16 + (lane / 16) * 8 + lane % 8,
+                                                         mq * 2 + lane / 8 % 2));
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int64_t row = m0 + mq * 16 + g + hh * 8;
-    if (row >= s.seqlen_q) continue;
-    float* dst = p.dq_accum + (p.row_stat_index(b, h, row)) * s.head_dim;
+      for (int nt = 0; nt < kNt; nt += 2) {
+        uint32_t bf[4];  // K[key 16 kk .., d-tiles tile0 + nt and + 1]
+        LdMatrixX4Trans(bf, k_tile + SwizzledOffset<kC>(kk * 16 + (lane / 8 % 2) * 8 + lane % 8,
+                                                        tile0 + nt + lane / 16));
+        Mma16816<Element>(acc[nt], a, bf[0], bf[1]);
+        Mma16816<Element>(acc[nt + 1], a, bf[2], bf[3]);
+      }
+    }
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
-      const int col = (dh * kNt + nt) * 8 + 2 * t;
-      if (col < s.head_dim) {
-        atomicAdd(dst + col, acc[nt][2 * hh]);
-        atomicAdd(dst + col + 1, acc[nt][2 * hh + 1]);
+    for (int hh = 0; hh < 2; ++hh) {
+      const int64_t row = m0 + mq * 16 + g + hh * 8;
+      if (row >= s.seqlen_q) continue;
+      float* dst = p.dq_accum + (p.row_stat_index(b, h, row)) * s.head_dim;
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        const int col = (tile0 + nt) * 8 + 2 * t;
+        if (col < s.head_dim) {
+          atomicAdd(dst + col, acc[nt][2 * hh]);
+          atomicAdd(dst + col + 1, acc[nt][2 * hh + 1]);
+        }
       }
     }
   }
@@ -160,7 +168,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     DkvKernel(const AttentionParams p) {
   static_assert(kFusedDq || !kFeatures, "the deterministic dK/dV pass has no feature variant");
   using Tr = BwdTraits<kHeadDim>;
-  constexpr int kN = Tr::kNTiles, kD = kHeadDim / 8;
+  static_assert(kFusedDq || Tr::kDSplit == 1, "the deterministic pass serves head dims up to 128");
+  constexpr int kN = Tr::kNTiles, kD = Tr::kDkvCols / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t k_tile = SmemAddr(smem);                          // [kBlockRows][kHeadDim]
   const uint32_t v_tile = k_tile + Tr::kBlockRows * Tr::kTileBytes;
@@ -173,7 +182,10 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   const int64_t b = blockIdx.z, hk = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t n0 = int64_t(blockIdx.x) * Tr::kBlockRows;  // first key of the block
-  const int warp_row = warp * 16;
+  // This warp's 16 keys, and which kDkvCols columns of dK/dV it holds.
+  // (Spelled so that both are compile-time for kDSplit == 1.)
+  const int warp_row = (Tr::kDSplit == 1 ? warp : warp % Tr::kKeyGroups) * 16;
+  const int d_half = Tr::kDSplit == 1 ? 0 : warp / Tr::kKeyGroups;
   const int d = int(s.head_dim);
   const int64_t k_off = b * p.k_stride.batch + hk * p.k_stride.head;
 
@@ -270,7 +282,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
           dpt[0][nt][i] = prob * (dpt[0][nt][i] - delta_s[col]);  // dS^T
         }
     }
-    if constexpr (kFusedDq) {
+    if (kFusedDq && d_half == 0) {  // (both warps of a key group hold the same dS^T)
       // dS^T to shared memory for the dQ product; pairs of queries are
       // contiguous, and the swizzle spreads the 8 key rows over all banks.
 #pragma unroll
@@ -284,8 +296,10 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair));
         }
     }
-    GemmRegsSmem<Element, 1, kN, kHeadDim>(dv, st, do_tile, 0, lane);  // dV += P^T dO
-    GemmRegsSmem<Element, 1, kN, kHeadDim>(dk, dpt, q_tile, 0, lane);  // dK += dS^T Q
+    constexpr int kCols = Tr::kDkvCols;
+    const int col_tile0 = d_half * kCols / 8;
+    GemmRegsSmem<Element, 1, kN, kHeadDim, kCols>(dv, st, do_tile, 0, lane, col_tile0);  // dV += P^T dO
+    GemmRegsSmem<Element, 1, kN, kHeadDim, kCols>(dk, dpt, q_tile, 0, lane, col_tile0);  // dK += dS^T Q
     if constexpr (kFusedDq) {
       __syncthreads();  // every warp's dS^T rows are in shared memory
       AccumulateDq<Element, kHeadDim>(p, ds_tile, k_tile, b, h, m0, warp, lane);
@@ -318,10 +332,13 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 
   CpAsyncWait<0>();  // a block whose keys no query sees never waited for its K/V copies
   const int64_t out_off = k_off;
-  StoreAccumulator<Element, 1, kHeadDim>(dk, static_cast<Element*>(p.dk) + out_off, p.k_stride.row,
-                                         n0 + warp_row, s.seqlen_k, d, float(p.scale), lane);
-  StoreAccumulator<Element, 1, kHeadDim>(dv, static_cast<Element*>(p.dv) + out_off, p.k_stride.row,
-                                         n0 + warp_row, s.seqlen_k, d, 1.0f, lane);
+  const int col0 = d_half * Tr::kDkvCols;
+  StoreAccumulator<Element, 1, Tr::kDkvCols>(dk, static_cast<Element*>(p.dk) + out_off + col0,
+                                             p.k_stride.row, n0 + warp_row, s.seqlen_k, d - col0,
+                                             float(p.scale), lane);
+  StoreAccumulator<Element, 1, Tr::kDkvCols>(dv, static_cast<Element*>(p.dv) + out_off + col0,
+                                             p.k_stride.row, n0 + warp_row, s.seqlen_k, d - col0,
+                                             1.0f, lane);
 }
 
 // dQ = scale * dq_accum, rounded to the element type; one thread per pair of

@@ -33,17 +33,23 @@ struct FwdTraits {
 
 namespace jax_flash::cuda::sm80 {
 
-// Backward kernels (head dims 64 and 128; 256 would need the dK and dV
-// accumulators split over warps and stays on the generic kernels for now).
-// Both use 8 warps of one 16-row m-tile each: dQ [128 queries] sweeping key
-// blocks of 64, dK/dV [128 keys] sweeping query blocks of 64.
+// Backward kernels. 8 warps of one 16-row m-tile each. The deterministic dQ
+// pass owns 128 queries sweeping key blocks of 64; the dK/dV (fused) pass
+// owns a key block sweeping query blocks of 64. At head dim 256 the dK and dV
+// accumulators of 16 keys would take 256 registers, so pairs of warps share a
+// key group, each holding half of the head dim (kDSplit = 2, 64-key blocks;
+// both recompute the group's S and dP). The deterministic pass has no 256
+// variant: deterministic=True at 256 runs the generic kernels.
 template <int kHeadDim_>
 struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static_assert(kHeadDim == 64 || kHeadDim == 128);
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockRows = kWarps * 16;  // rows each block owns (queries or keys)
+  static constexpr int kDSplit = kHeadDim == 256 ? 2 : 1;  // warps per key group
+  static constexpr int kKeyGroups = kWarps / kDSplit;
+  static constexpr int kDkvCols = kHeadDim / kDSplit;  // dK/dV columns per warp
+  static constexpr int kBlockRows = kKeyGroups * 16;  // rows each block owns (queries or keys)
   static constexpr int kBlockCols = 64;           // rows of the other side per step
   static constexpr int kQkUnroll = 1;  // k-steps unrolled in S and dP: more spills (measured)
   static constexpr int kNTiles = kBlockCols / 8;

@@ -41,25 +41,24 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   DeltaKernel<Element><<<unsigned(CeilDiv(rows, 8)), 256, 0, stream>>>(p);
   if (auto e = CheckLaunch("delta kernel"); !e.empty()) return e;
 
-  if (!fused && p.features.Any())
-    return "jax_flash: the deterministic sm80 backward has no attention features (use generic)";
-  if (!fused) {
-    auto dq_kernel = DqKernel<Element, kHeadDim>;
-    if (auto e = PrepareSmem(dq_kernel, Tr::kSmemBytes, "sm80 dq kernel"); !e.empty()) return e;
-    const dim3 dq_grid(unsigned(CeilDiv(s.seqlen_q, Tr::kBlockRows)), unsigned(s.num_heads),
-                       unsigned(s.batch));
-    dq_kernel<<<dq_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-    if (auto e = CheckLaunch("sm80 dq kernel"); !e.empty()) return e;
-  }
-
   const dim3 dkv_grid(unsigned(CeilDiv(s.seqlen_k, Tr::kBlockRows)), unsigned(s.num_heads_k),
                       unsigned(s.batch));
   if (!fused) {
-    auto dkv_kernel = DkvKernel<Element, kHeadDim, false>;
-    if (auto e = PrepareSmem(dkv_kernel, Tr::kSmemBytes, "sm80 dk/dv kernel"); !e.empty())
-      return e;
-    dkv_kernel<<<dkv_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-    return CheckLaunch("sm80 dk/dv kernel");
+    if (p.features.Any() || Tr::kDSplit > 1)
+      return "jax_flash: no deterministic sm80 backward for these inputs (the dispatch runs generic)";
+    if constexpr (Tr::kDSplit == 1) {
+      auto dq_kernel = DqKernel<Element, kHeadDim>;
+      if (auto e = PrepareSmem(dq_kernel, Tr::kSmemBytes, "sm80 dq kernel"); !e.empty()) return e;
+      const dim3 dq_grid(unsigned(CeilDiv(s.seqlen_q, Tr::kBlockRows)), unsigned(s.num_heads),
+                         unsigned(s.batch));
+      dq_kernel<<<dq_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+      if (auto e = CheckLaunch("sm80 dq kernel"); !e.empty()) return e;
+      auto dkv_kernel = DkvKernel<Element, kHeadDim, false>;
+      if (auto e = PrepareSmem(dkv_kernel, Tr::kSmemBytes, "sm80 dk/dv kernel"); !e.empty())
+        return e;
+      dkv_kernel<<<dkv_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+      return CheckLaunch("sm80 dk/dv kernel");
+    }
   }
   auto fused_kernel = p.features.Any() ? DkvKernel<Element, kHeadDim, true, true>
                                         : DkvKernel<Element, kHeadDim, true, false>;
@@ -77,6 +76,7 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   template std::string LaunchForward<Element, 128>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchForward<Element, 256>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchBackward<Element, 64>(const AttentionParams&, cudaStream_t); \
-  template std::string LaunchBackward<Element, 128>(const AttentionParams&, cudaStream_t);
+  template std::string LaunchBackward<Element, 128>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchBackward<Element, 256>(const AttentionParams&, cudaStream_t);
 
 }  // namespace jax_flash::cuda::sm80

@@ -21,13 +21,15 @@ inline int ForwardSmemBytes(int64_t head_dim) {
 inline int BackwardSmemBytes(int64_t head_dim, bool deterministic) {
   if (deterministic)
     return head_dim <= 64 ? BwdTraits<64>::kSmemBytes : BwdTraits<128>::kSmemBytes;
-  return head_dim <= 64 ? BwdTraits<64>::kFusedSmemBytes : BwdTraits<128>::kFusedSmemBytes;
+  return head_dim <= 64    ? BwdTraits<64>::kFusedSmemBytes
+         : head_dim <= 128 ? BwdTraits<128>::kFusedSmemBytes
+                           : BwdTraits<256>::kFusedSmemBytes;
 }
 
 template <typename Element, int kHeadDim>
 std::string LaunchForward(const AttentionParams& p, cudaStream_t stream);
 
-// kHeadDim 64 or 128. Unless p.deterministic, p.dq_accum must hold
+// kHeadDim 64, 128 or 256 (256: fused only). Unless p.deterministic, p.dq_accum must hold
 // batch * heads * seqlen_q * head_dim floats of scratch.
 template <typename Element, int kHeadDim>
 std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream);

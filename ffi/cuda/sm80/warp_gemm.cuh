@@ -41,10 +41,11 @@ __device__ __forceinline__ void GemmSmemSmemT(float (&acc)[kM][kN][4], uint32_t 
   }
 }
 
-template <typename Element, int kM, int kN, int kHeadDim>
-__device__ __forceinline__ void GemmRegsSmem(float (&out)[kM][kHeadDim / 8][4],
+// kOutCols columns of B from 8-column tile b_col_tile0 on (all by default).
+template <typename Element, int kM, int kN, int kHeadDim, int kOutCols = kHeadDim>
+__device__ __forceinline__ void GemmRegsSmem(float (&out)[kM][kOutCols / 8][4],
                                              const float (&p)[kM][kN][4], uint32_t b_tile,
-                                             int b_row0, int lane) {
+                                             int b_row0, int lane, int b_col_tile0 = 0) {
   constexpr int kC = kHeadDim / 8;
 #pragma unroll
   for (int kk = 0; kk < kN / 2; ++kk) {
@@ -57,10 +58,10 @@ __device__ __forceinline__ void GemmRegsSmem(float (&out)[kM][kHeadDim / 8][4],
       a[mt][3] = Pack2<Element>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
     }
 #pragma unroll
-    for (int dt = 0; dt < kHeadDim / 8; dt += 2) {
+    for (int dt = 0; dt < kOutCols / 8; dt += 2) {
       uint32_t b[4];  // transposed: k rows kk*16.., d-tiles dt and dt + 1
       LdMatrixX4Trans(b, b_tile + SwizzledOffset<kC>(b_row0 + kk * 16 + (lane / 8 % 2) * 8 + lane % 8,
-                                                     dt + lane / 16));
+                                                     b_col_tile0 + dt + lane / 16));
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt) {
         Mma16816<Element>(out[mt][dt], a[mt], b[0], b[1]);
