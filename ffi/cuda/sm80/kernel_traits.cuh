@@ -19,12 +19,14 @@ struct FwdTraits {
   static constexpr int kMTiles = kHeadDim == 256 || kFeatures ? 1 : 2;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = kWarps * kMTiles * 16;  // 128
-  // 64 keys per block: S (32 floats per m-tile) plus O fit in 255 registers.
-  static constexpr int kBlockN = 64;
+  // Keys per block: 64, S (32 floats per m-tile) plus O fit in 255 registers;
+  // at 128 with two m-tiles, 32 keys free the registers a fully unrolled
+  // (prefetching) QK^T loop needs.
+  static constexpr int kBlockN = kHeadDim == 128 && kMTiles == 2 ? 32 : 64;
   static constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S per m-tile
   static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per m-tile
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-  static constexpr int kQkUnroll = kHeadDim == 64 ? 4 : 1;  // the most that compiles without spills
+  static constexpr int kQkUnroll = kHeadDim == 256 ? 1 : kHeadDim / 16;  // full unroll where it does not spill
   // Q, K and V tiles, 16-bit elements.
   static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * 2;
 };
