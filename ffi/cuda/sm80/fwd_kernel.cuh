@@ -33,7 +33,10 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / s.group();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;  // MMA fragment row / column-pair owner
-  const int64_t m0 = int64_t(blockIdx.x) * Tr::kBlockM;
+  // Causal: the last query blocks see the most keys; launching them first
+  // keeps the final wave from being a few long blocks on an idle GPU.
+  const int64_t m0 =
+      int64_t(p.is_causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * Tr::kBlockM;
   const int warp_row = warp * kM * 16;  // first row of this warp inside the block
   const int d = int(s.head_dim);
 
