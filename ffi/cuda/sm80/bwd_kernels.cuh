@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const uint32_t addr = ds_tile +
+          const uint32_t addr = ds_tile + (step % 2) * Tr::kDsBytes +
                                 SwizzledOffset<Tr::kBlockCols / 8>(warp_row + g + hh * 8, nt) +
                                 4 * t;
           const uint32_t pair = Pack2<Element>(dpt[0][nt][2 * hh], dpt[0][nt][2 * hh + 1]);
@@ -300,10 +300,15 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     const int col_tile0 = d_half * kCols / 8;
     GemmRegsSmem<Element, 1, kN, kHeadDim, kCols>(dv, st, do_tile, 0, lane, col_tile0);  // dV += P^T dO
     GemmRegsSmem<Element, 1, kN, kHeadDim, kCols>(dk, dpt, q_tile, 0, lane, col_tile0);  // dK += dS^T Q
-    if constexpr (kFusedDq) {
-      __syncthreads();  // every warp's dS^T rows are in shared memory
-      AccumulateDq<Element, kHeadDim>(p, ds_tile, k_tile, b, h, m0, warp, lane);
-    }
+  };
+  // dQ of a step runs at the start of the next one (after its barrier, which
+  // also makes every warp's dS^T rows visible), so a step needs one barrier;
+  // dS^T alternates between two buffers.
+  auto accumulate_dq = [&](int step) {
+    const int64_t h = hk * s.group() + step / m_steps;
+    const int64_t m0 = m_start + int64_t(step % m_steps) * Tr::kBlockCols;
+    AccumulateDq<Element, kHeadDim>(p, ds_tile + (step % 2) * Tr::kDsBytes, k_tile, b, h, m0,
+                                    warp, lane);
   };
 
   if (steps > 0) load_qdo(0);
@@ -311,6 +316,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     CpAsyncWait<0>();
     __syncthreads();  // this step's tiles landed; every warp is done with the previous step's
     if (step + 1 < steps) load_qdo(step + 1);  // into the stage the previous step used
+    if (kFusedDq && step > 0) accumulate_dq(step - 1);
     // Element masks only where a pair can be invisible: tails, and causal
     // query blocks that start before the key block ends.
     const int64_t m0 = m_start + int64_t(step % m_steps) * Tr::kBlockCols;
@@ -330,6 +336,10 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     }
   }
 
+  if (kFusedDq && steps > 0) {
+    __syncthreads();  // the last step's dS^T rows are in shared memory
+    accumulate_dq(steps - 1);
+  }
   CpAsyncWait<0>();  // a block whose keys no query sees never waited for its K/V copies
   const int64_t out_off = k_off;
   const int col0 = d_half * Tr::kDkvCols;

@@ -66,9 +66,11 @@ struct BwdTraits {
   static constexpr int kRowStatsOffset = 2 * kBlockRows * kTileBytes + kStages * kStageBytes;
   static constexpr int kSmemBytes = kRowStatsOffset + kStages * 2 * kBlockCols * 4;
   // The fused kernel (dQ by float32 atomics) also keeps dS^T [kBlockRows
-  // keys][kBlockCols queries], 16-bit, for dQ = dS K across the warps.
+  // keys][kBlockCols queries], 16-bit, for dQ = dS K across the warps; two
+  // of them, as a step's dQ runs during the next step.
   static constexpr int kDsOffset = kSmemBytes;
-  static constexpr int kFusedSmemBytes = kDsOffset + kBlockRows * kBlockCols * 2;
+  static constexpr int kDsBytes = kBlockRows * kBlockCols * 2;
+  static constexpr int kFusedSmemBytes = kDsOffset + 2 * kDsBytes;
   // dQ = dS K splits the [kBlockCols][kHeadDim] product over the 8 warps:
   // 4 query m-tiles x 2 halves of the head dim.
   static constexpr int kDqMTiles = kBlockCols / 16;
