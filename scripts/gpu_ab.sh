@@ -13,32 +13,57 @@ OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 LOG="$OUT/ab.log"
 root=$(pwd)
-export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$LOG"
-results=()
-for dir in ${AB_DIRS:?set AB_DIRS to source trees, e.g. ab/main ab/wip-x}; do
+# Builds, then tests, run side by side (compile-bound, 16 host cores); the
+# benchmarks run one tree at a time so their timings do not disturb each other.
+dirs=(${AB_DIRS:?set AB_DIRS to source trees, e.g. ab/main ab/wip-x})
+export CMAKE_BUILD_PARALLEL_LEVEL=$(( 16 / ${#dirs[@]} > 2 ? 16 / ${#dirs[@]} : 2 ))
+start=$(date +%s)
+for dir in "${dirs[@]}"; do
   name=$(basename "$dir")
-  site=/tmp/ab_site/$name
-  start=$(date +%s)
-  if ! python3 -m pip install --no-build-isolation --no-deps --target "$site" "$root/$dir" \
-      > "/tmp/ab_build_$name.log" 2>&1; then
-    echo "== $name: build FAILED" | tee -a "$LOG"; tail -30 "/tmp/ab_build_$name.log" >> "$LOG"
-    continue
-  fi
-  echo "== $name: built in $(( $(date +%s) - start )) s" | tee -a "$LOG"
-  if [ -n "${AB_TESTS:-}" ]; then
-    # Tests of that tree against its own build; from /tmp so the tree is not imported.
-    paths=()
-    for t in $AB_TESTS; do paths+=("$root/$dir/$t"); done
-    (cd /tmp && PYTHONPATH="$site" python3 -m pytest -q "${paths[@]}" ${AB_K:+-k "$AB_K"} \
-      > "/tmp/ab_pytest_$name.log" 2>&1)
-    echo "   pytest: $(tail -1 /tmp/ab_pytest_$name.log)" | tee -a "$LOG"
-    grep -E "^FAILED" "/tmp/ab_pytest_$name.log" | head -10 >> "$LOG"
-  fi
-  if [ -n "${BENCH_ARGS:-}" ]; then
-    (cd /tmp && PYTHONPATH="$site" python3 -m jax_flash.benchmark $BENCH_ARGS --out "/tmp/ab_out/$name" \
-      >> "$LOG" 2>&1)
-    [ -f "/tmp/ab_out/$name/results.json" ] && results+=("$name=/tmp/ab_out/$name/results.json")
+  python3 -m pip install --no-build-isolation --no-deps --target "/tmp/ab_site/$name" "$root/$dir" \
+    > "/tmp/ab_build_$name.log" 2>&1 || touch "/tmp/ab_build_$name.failed" &
+done
+wait
+echo "== builds: $(( $(date +%s) - start )) s" | tee -a "$LOG"
+built=()
+for dir in "${dirs[@]}"; do
+  name=$(basename "$dir")
+  if [ -e "/tmp/ab_build_$name.failed" ]; then
+    echo "== $name: build FAILED" | tee -a "$LOG"; grep -E "error|Error" "/tmp/ab_build_$name.log" | head -20 >> "$LOG"
+  else
+    built+=("$dir")
   fi
 done
-[ ${#results[@]} -gt 0 ] && python3 "$root/scripts/compare_bench.py" "${results[@]}" | tee "$OUT/ab.md"
+if [ -n "${AB_TESTS:-}" ]; then
+  # Each tree's tests against its own build; from /tmp so the tree is not imported.
+  start=$(date +%s)
+  for dir in "${built[@]}"; do
+    name=$(basename "$dir")
+    paths=()
+    for t in $AB_TESTS; do paths+=("$root/$dir/$t"); done
+    (cd /tmp && PYTHONPATH="/tmp/ab_site/$name" python3 -m pytest -q "${paths[@]}" ${AB_K:+-k "$AB_K"} \
+      > "/tmp/ab_pytest_$name.log" 2>&1) &
+  done
+  wait
+  echo "== tests: $(( $(date +%s) - start )) s" | tee -a "$LOG"
+  for dir in "${built[@]}"; do
+    name=$(basename "$dir")
+    echo "   $name pytest: $(tail -1 /tmp/ab_pytest_$name.log)" | tee -a "$LOG"
+    grep -E "^FAILED" "/tmp/ab_pytest_$name.log" | head -10 | tee -a "$LOG"
+  done
+fi
+results=()
+if [ -n "${BENCH_ARGS:-}" ]; then
+  for dir in "${built[@]}"; do
+    name=$(basename "$dir")
+    echo "== $name: benchmark" >> "$LOG"
+    (cd /tmp && PYTHONPATH="/tmp/ab_site/$name" python3 -m jax_flash.benchmark $BENCH_ARGS --out "/tmp/ab_out/$name" \
+      >> "$LOG" 2>&1)
+    [ -f "/tmp/ab_out/$name/results.json" ] && results+=("$name=/tmp/ab_out/$name/results.json")
+    # Partial comparison after each tree, so a call cut off by its limit still reports.
+    [ ${#results[@]} -gt 0 ] && python3 "$root/scripts/compare_bench.py" "${results[@]}" > "$OUT/ab.md"
+  done
+fi
+[ ${#results[@]} -gt 0 ] && cat "$OUT/ab.md"
