@@ -12,6 +12,68 @@
 
 namespace jax_flash::cuda {
 
+// Which pairs of one row of an MMA accumulator fragment are visible, as
+// bits: the fragment row `row` (a query in the forward, a key in the
+// backward) against this thread's 2 * kNTiles columns c0 + 8 * nt + e, as bit
+// 2 * nt + e. The same answer as MaskPolicy::Visible, but with the per-row
+// work done once per block: lengths, causal and window become one int32
+// column range, and only the mask array and segment ids are read per pair
+// (and only for pairs inside that range).
+template <int kNTiles, bool kRowsAreQueries>
+JAX_FLASH_HOST_DEVICE uint32_t VisibleBits(const MaskPolicy& m, int64_t row, int64_t c0) {
+  static_assert(2 * kNTiles <= 32, "one bit per fragment column");
+  constexpr int kCols = 8 * kNTiles;
+  int64_t lo, hi;
+  if constexpr (kRowsAreQueries) {
+    m.KeyRange(row, row + 1, &lo, &hi);  // exact for one query
+  } else {
+    m.QueryRange(row, row + 1, &lo, &hi);  // exact for one key
+  }
+  // Relative to c0, clamped so that it fits 32 bits and compares against
+  // compile-time column offsets.
+  auto relative = [c0](int64_t x) {
+    x -= c0;
+    return int(x < -1 ? -1 : (x > kCols ? kCols : x));
+  };
+  const int lo_rel = relative(lo), hi_rel = relative(hi);
+  uint32_t bits = 0;
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c = 8 * nt + e;
+      if (c >= lo_rel && c < hi_rel) bits |= 1u << (2 * nt + e);
+    }
+  if (bits == 0 || !m.HasElementMasks()) return bits;
+  // A set bit means row and column are inside the lengths, so the reads
+  // below stay in bounds.
+  if (m.q_segments) {
+    const int32_t id = kRowsAreQueries ? m.q_segments[row] : m.kv_segments[row];
+    const int32_t* col_ids = (kRowsAreQueries ? m.kv_segments : m.q_segments) + c0;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if ((bits >> (2 * nt + e) & 1u) && col_ids[8 * nt + e] != id) bits &= ~(1u << (2 * nt + e));
+  }
+  if (m.mask) {
+    const int64_t row_stride = kRowsAreQueries ? m.mask_row : m.mask_col;
+    const int64_t col_stride = kRowsAreQueries ? m.mask_col : m.mask_row;
+    const uint8_t* mask = m.mask + row * row_stride + c0 * col_stride;
+    if (col_stride == 0) {  // the same byte for the whole row (e.g. key padding in the backward)
+      if (*mask == 0) bits = 0;
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if ((bits >> (2 * nt + e) & 1u) && mask[(8 * nt + e) * col_stride] == 0)
+            bits &= ~(1u << (2 * nt + e));
+    }
+  }
+  return bits;
+}
+
 struct LogitFeatures {
   MaskPolicy mask;
   DropoutPolicy dropout;
@@ -45,8 +107,17 @@ struct LogitFeatures {
     return Transform(score, i, j, tanh_value);
   }
 
+  // Whether Transform does more than return its score.
+  __device__ bool NeedsTransform() const { return cap > 0.0f || bias; }
+
   // Logit without the visibility check.
   __device__ float Transform(float score, int64_t i, int64_t j, float* tanh_value) const {
+    return Apply(score, bias ? bias[i * bias_row + j * bias_col] : 0.0f, tanh_value);
+  }
+
+  // Soft cap, then the bias value (0 without a bias), on score = log2(e) *
+  // scale * q.k; in log2 units like Logit.
+  __device__ float Apply(float score, float bias_value, float* tanh_value) const {
     *tanh_value = 0.0f;
     if (cap <= 0.0f && !bias) return score;
     float x = score * kLn2;  // scale * q.k
@@ -54,8 +125,13 @@ struct LogitFeatures {
       *tanh_value = tanhf(x / cap);
       x = cap * *tanh_value;
     }
-    if (bias) x += bias[i * bias_row + j * bias_col];
-    return x * kLog2e;
+    return (x + bias_value) * kLog2e;
+  }
+
+  // Query i's bias from key j0 on, for reading key j0 + c at [c * bias_col]
+  // (a row pointer computed once per fragment row); null without a bias.
+  __device__ const float* BiasRow(int64_t i, int64_t j0) const {
+    return bias ? bias + i * bias_row + j0 * bias_col : nullptr;
   }
 
   // 0 (dropped) or 1 / (1 - rate); 1 without dropout.

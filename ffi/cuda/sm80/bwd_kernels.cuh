@@ -253,19 +253,30 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     if constexpr (kFeatures && kMasked) {
       const LogitFeatures lf = LogitFeatures::For(p, b, h);
 #pragma unroll
-      for (int nt = 0; nt < kN; ++nt)
+      for (int hh = 0; hh < 2; ++hh) {
+        const int64_t key = n0 + warp_row + g + hh * 8;
+        const uint32_t visible = VisibleBits<kN, false>(lf.mask, key, m0 + 2 * t);
+        // The bias read along a key row: query m0 + 2t + c at [c * bias_row].
+        const float* bias = lf.bias ? lf.bias + (m0 + 2 * t) * lf.bias_row + key * lf.bias_col
+                                    : nullptr;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int col = nt * 8 + 2 * t + (i % 2);
-          const int64_t key = n0 + warp_row + g + (i / 2) * 8, query = m0 + col;
-          float tanh_value;
-          const float x = lf.Logit(st[0][nt][i] * scale_log2, query, key, &tanh_value);
-          const float prob = FastExp2(x - lse2_s[col]);
-          const float drop = prob == 0.0f ? 0.0f : lf.DropFactor(query, key);
-          st[0][nt][i] = prob * drop;  // P^T, dropped out (dV)
-          dpt[0][nt][i] =
-              lf.ChainSoftcap(prob * (dpt[0][nt][i] * drop - delta_s[col]), tanh_value);  // dS^T
-        }
+        for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = nt * 8 + 2 * t + e, i = 2 * hh + e;
+            const int64_t query = m0 + col;
+            float tanh_value = 0.0f, prob = 0.0f;
+            if (visible >> (2 * nt + e) & 1u) {
+              const float bias_value = bias ? bias[(8 * nt + e) * lf.bias_row] : 0.0f;
+              const float x = lf.Apply(st[0][nt][i] * scale_log2, bias_value, &tanh_value);
+              prob = FastExp2(x - lse2_s[col]);
+            }
+            const float drop = prob == 0.0f ? 0.0f : lf.DropFactor(query, key);
+            st[0][nt][i] = prob * drop;  // P^T, dropped out (dV)
+            dpt[0][nt][i] =
+                lf.ChainSoftcap(prob * (dpt[0][nt][i] * drop - delta_s[col]), tanh_value);  // dS^T
+          }
+      }
     } else {
 #pragma unroll
       for (int nt = 0; nt < kN; ++nt)

@@ -115,23 +115,33 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
                 acc[mt][nt][i] = -CUDART_INF_F;
             }
       } else {
-        // Built here, not kept across the loop: its fields would cost
+        // Built here, not kept across the loop: their fields would cost
         // registers the main loop does not have.
         const LogitFeatures lf = LogitFeatures::For(p, b, h);
+        const bool transform = lf.NeedsTransform();
         const float inv_scale_log2 = 1.0f / scale_log2;
 #pragma unroll
         for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < kN; ++nt)
+          for (int hh = 0; hh < 2; ++hh) {
+            const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;
+            const uint32_t visible = VisibleBits<kN, true>(lf.mask, row, n0 + 2 * t);
+            const float* bias = lf.BiasRow(row, n0 + 2 * t);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const int64_t row = m0 + warp_row + mt * 16 + g + (i / 2) * 8;
-              const int64_t col = n0 + nt * 8 + 2 * t + (i % 2);
-              float unused_tanh;
-              // Back in raw units, so the softmax below is shared with the plain path.
-              acc[mt][nt][i] =
-                  lf.Logit(acc[mt][nt][i] * scale_log2, row, col, &unused_tanh) * inv_scale_log2;
-            }
+            for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                float& x = acc[mt][nt][2 * hh + e];
+                if (!(visible >> (2 * nt + e) & 1u)) {
+                  x = -CUDART_INF_F;
+                } else if (transform) {
+                  float unused_tanh;
+                  // Back in raw units, so the softmax below is shared with the plain path.
+                  const float bias_value = bias ? bias[(8 * nt + e) * lf.bias_col] : 0.0f;
+                  x = lf.Apply(x * scale_log2, bias_value, &unused_tanh) * inv_scale_log2;
+                }
+              }
+          }
       }
     }
 
