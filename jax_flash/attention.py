@@ -99,9 +99,9 @@ def attention(
         that supports the inputs, ``"sm80"`` forces the mma.sync tensor-core
         kernels (float16/bfloat16, head dim a multiple of 8, compute capability
         >= 8.0; an error otherwise), ``"generic"`` the exact SIMT kernels that
-        take every dtype and head dim. The mma.sync backward covers head dims
-        up to 128; above that the backward runs the generic kernels. Ignored on
-        the CPU.
+        take every dtype and head dim. The mma.sync kernels cover head dims up to
+        256 (``deterministic=True``: up to 128; above that its backward runs
+        the generic kernels). Ignored on the CPU.
       deterministic: bitwise-reproducible gradients. The default CUDA
         tensor-core backward adds each key block's share of dQ into a float32
         buffer with atomics (fastest; the summation order varies run to run);
