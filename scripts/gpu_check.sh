@@ -37,17 +37,22 @@ if [ -n "${BENCH_ARGS:-}" ]; then
   cp /tmp/bench/results.png "$OUT/bench.png" 2>/dev/null
 fi
 if [ -n "${NCU:-}" ]; then
-  # One profiled launch of each kernel family at H=128, T=4096, bf16 (forward and backward).
+  # One profiled forward and fused backward at H=128, T=4096, bf16: plain,
+  # then with a [B, 1, 1, S] key-padding mask (the feature variants).
   cat > /tmp/ncu_case.py <<'PY'
 import jax, jax.numpy as jnp, numpy as np, jax_flash
 q, k, v = (jnp.asarray(np.random.default_rng(i).standard_normal((4, 4096, 16, 128)), jnp.bfloat16) for i in range(3))
-f = jax.jit(jax.grad(lambda q, k, v: jnp.sum(jax_flash.attention(q, k, v).astype(jnp.float32)), (0, 1, 2)))
-jax.block_until_ready(f(q, k, v))
+mask = jnp.asarray(np.broadcast_to(np.arange(4096) < 3584, (4, 1, 1, 4096)))
+loss = lambda q, k, v, m: jnp.sum(jax_flash.attention(q, k, v, mask=m).astype(jnp.float32))
+f = jax.jit(jax.grad(loss, (0, 1, 2)))
+jax.block_until_ready(f(q, k, v, None))
+jax.block_until_ready(f(q, k, v, mask))
 PY
-  timeout 240 ncu --clock-control none --kernel-name regex:"ForwardKernel|DqKernel|DkvKernel" --launch-count 3 \
+  timeout 300 ncu --clock-control none --kernel-name regex:"ForwardKernel|DqKernel|DkvKernel" --launch-count 4 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
-    python3 /tmp/ncu_case.py > "$OUT/ncu.txt" 2>&1
-  grep -E "ForwardKernel|DqKernel|DkvKernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Stall|Warp Cycles Per Issued|Bank" "$OUT/ncu.txt" | head -60
+    --section ComputeWorkloadAnalysis --section InstructionStats --section SchedulerStats \
+    --section SourceCounters python3 /tmp/ncu_case.py > "$OUT/ncu.txt" 2>&1
+  grep -E "ForwardKernel|DqKernel|DkvKernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|Bank" "$OUT/ncu.txt" | head -80
 fi
 if [ -n "${EXAMPLES:-}" ]; then
   # Issue 5's larger config: tokens/s and final loss for flash vs cudnn vs xla.
