@@ -1,9 +1,11 @@
 """Side-by-side TFLOP/s of several benchmark runs (``python -m jax_flash.benchmark`` JSON).
 
     python scripts/compare_bench.py main=a/results.json wip=b/results.json
+    python scripts/compare_bench.py main=a/1.json,a/2.json wip=b/1.json,b/2.json
 
 One row per (impl, variant, H, T, causal) point; per run its forward and
-backward TFLOP/s, and each run's ratio to the first.
+backward TFLOP/s, and each run's ratio to the first. A run given as several
+comma-separated files is their union (e.g. two benchmark invocations).
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import sys
 
 
 def load(spec: str):
-    name, _, path = spec.partition("=")
-    with open(path) as f:
-        rows = json.load(f)["rows"]
+    name, _, paths = spec.partition("=")
+    rows = []
+    for path in paths.split(","):
+        with open(path) as f:
+            rows += json.load(f)["rows"]
     points = {}
     for r in rows:
         key = (r["impl"], r.get("variant", "plain"), r["head_dim"], r["seqlen"], int(r["causal"]))

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A/B of kernel versions in one device call: builds each source tree named in
 # AB_DIRS (made here with scripts/export_refs.sh; ab/ is git-ignored, so pass
-# carry=["ab"] to the device run), runs the same benchmark points (BENCH_ARGS)
-# with each, and optionally each tree's tests against its own build (AB_TESTS:
+# carry=["ab"] to the device run), runs the same benchmark points (BENCH_ARGS;
+# several sets separated by ';') with each, and optionally each tree's tests against its own build (AB_TESTS:
 # test files relative to the tree, e.g. "tests/test_attention.py"; AB_K: a
 # pytest -k expression). Writes $OUT/ab.md (the comparison) and $OUT/ab.log.
 #
@@ -56,12 +56,20 @@ if [ -n "${AB_TESTS:-}" ]; then
 fi
 results=()
 if [ -n "${BENCH_ARGS:-}" ]; then
+  # BENCH_ARGS may hold several argument sets separated by ';' (e.g. a plain
+  # grid and one feature point); each tree runs all of them.
+  IFS=';' read -ra bench_sets <<< "$BENCH_ARGS"
   for dir in "${built[@]}"; do
     name=$(basename "$dir")
     echo "== $name: benchmark" >> "$LOG"
-    (cd /tmp && PYTHONPATH="/tmp/ab_site/$name" python3 -m jax_flash.benchmark $BENCH_ARGS --out "/tmp/ab_out/$name" \
-      >> "$LOG" 2>&1)
-    [ -f "/tmp/ab_out/$name/results.json" ] && results+=("$name=/tmp/ab_out/$name/results.json")
+    jsons=()
+    for i in "${!bench_sets[@]}"; do
+      out="/tmp/ab_out/$name/$i"
+      (cd /tmp && PYTHONPATH="/tmp/ab_site/$name" python3 -m jax_flash.benchmark ${bench_sets[$i]} --out "$out" \
+        >> "$LOG" 2>&1)
+      [ -f "$out/results.json" ] && jsons+=("$out/results.json")
+    done
+    [ ${#jsons[@]} -gt 0 ] && results+=("$name=$(IFS=,; echo "${jsons[*]}")")
     # Partial comparison after each tree, so a call cut off by its limit still reports.
     [ ${#results[@]} -gt 0 ] && python3 "$root/scripts/compare_bench.py" "${results[@]}" > "$OUT/ab.md"
   done

@@ -45,3 +45,25 @@ def test_compare_bench_script(tmp_path, capsys):
     assert table[0].startswith("| impl | variant | H | T | causal | a fwd | a bwd | b fwd | b bwd |")
     row = table[2].split("|")
     assert row[1].strip() == "jax_flash" and "x)" in row[8] and "x)" in row[9], table
+
+
+def test_compare_bench_merges_files_of_one_run(tmp_path, capsys):
+    """A run given as comma-separated files (gpu_ab.sh's ';'-separated BENCH_ARGS sets) is their union."""
+    import importlib.util
+    import pathlib
+
+    common = ["--impl", "jax_flash", "--head-dim", "32", "--seqlen", "64", "--tokens", "64",
+              "--width", "64", "--causal", "0", "--iters", "1", "--dtype", "float32"]
+    benchmark.main(common + ["--out", str(tmp_path / "plain")])
+    benchmark.main(common + ["--variant", "key_padding_mask", "--out", str(tmp_path / "mask")])
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "compare_bench.py"
+    spec = importlib.util.spec_from_file_location("compare_bench", script)
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    capsys.readouterr()
+    both = f"{tmp_path / 'plain' / 'results.json'},{tmp_path / 'mask' / 'results.json'}"
+    compare.main([f"two={both}", f"one={tmp_path / 'plain' / 'results.json'}"])
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [r.split("|")[2].strip() for r in rows] == ["key_padding_mask", "plain"], rows
+    mask_row = rows[0].split("|")
+    assert mask_row[8].strip() == "-", rows  # the one-file run has no mask point
