@@ -126,7 +126,8 @@ def _uses_dq_accumulator(q, static) -> bool:
 
     Mirrors the dispatch in ffi/cuda/handlers.cu (mma.sync backward: 16-bit
     inputs, head dim a multiple of 8 up to 256); where this says no, the
-    handler gets an empty buffer and runs the deterministic two-pass backward.
+    handler gets an empty buffer and runs the deterministic backward (two
+    passes on the tensor cores up to head dim 128, the generic kernels above).
     """
     head_dim = q.shape[-1]
     return (
