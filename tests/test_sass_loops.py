@@ -1,0 +1,39 @@
+"""scripts/sass_loops.py (kernel_report.sh's loop statistics) on a synthetic SASS listing."""
+
+import importlib.util
+import pathlib
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "sass_loops.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("sass_loops", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_loops_are_backward_branches_with_their_bodies():
+    m = _module()
+    instrs = [
+        (0x00, "MOV R1, c[0x0][0x28]"),
+        (0x10, "LDSM.16.M88.4 R4, [R2]"),            # loop start
+        (0x20, "HMMA.16816.F32.BF16 R8, R4, R6, R8"),
+        (0x30, "@P0 BRA 0x60"),                       # forward branch: not a loop
+        (0x40, "BAR.SYNC.DEFER_BLOCKING 0x0"),
+        (0x50, "@P1 BRA 0x10"),                       # backward branch: loop 0x10-0x50
+        (0x60, "EXIT"),
+    ]
+    (start, end, body), = list(m.loops(instrs))
+    assert (start, end, len(body)) == (0x10, 0x50, 5)
+    ops = [m.opcode(text) for _, text in body]
+    assert ops == ["LDSM", "HMMA", "BRA", "BAR", "BRA"]
+
+
+def test_short_name_of_the_mangled_kernels():
+    m = _module()
+    assert m.short_name("_ZN9jax_flash4cuda4sm8013ForwardKernelI13__nv_bfloat16Li128ELb0EEEvNS_15AttentionParamsE") \
+        == "ForwardKernel<128, 0>"
+    assert m.short_name("_ZN9jax_flash4cuda4sm809DkvKernelI13__nv_bfloat16Li256ELb1ELb0EEEvNS_15AttentionParamsE") \
+        == "DkvKernel<256, 1, 0>"
+    assert m.short_name("not_a_kernel") == "not_a_kernel"
