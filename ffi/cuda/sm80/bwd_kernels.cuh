@@ -121,6 +121,8 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
   const int mq = warp % Tr::kDqMTiles, dh = warp / Tr::kDqMTiles;
   const auto& s = p.shape;
   const int g = lane / 4, t = lane % 4;
+  const SwizzledRows<kDsC> ds_rows(ds_tile, (lane / 16) * 8 + lane % 8, lane / 8 % 2);
+  const SwizzledRows<kC> k_rows(k_tile, (lane / 8 % 2) * 8 + lane % 8, lane / 16);
 #pragma unroll 1
   for (int chunk = 0; chunk < Tr::kDqCols / 8 / kNt; ++chunk) {
     const int tile0 = dh * (Tr::kDqCols / 8) + chunk * kNt;  // first 8-column tile
@@ -128,13 +130,11 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
 #pragma unroll 2
     for (int kk = 0; kk < Tr::kBlockRows / 16; ++kk) {
       uint32_t a[4];  // dS[q 16 mq .., key 16 kk ..], from dS^T stored [key][query]
-      LdMatrixX4Trans(a, ds_tile + SwizzledOffset<kDsC>(kk * 16 + (lane / 16) * 8 + lane % 8,
-                                                         mq * 2 + lane / 8 % 2));
+      LdMatrixX4Trans(a, ds_rows.At(kk * 16, mq * 2));
 #pragma unroll
       for (int nt = 0; nt < kNt; nt += 2) {
         uint32_t bf[4];  // K[key 16 kk .., d-tiles tile0 + nt and + 1]
-        LdMatrixX4Trans(bf, k_tile + SwizzledOffset<kC>(kk * 16 + (lane / 8 % 2) * 8 + lane % 8,
-                                                        tile0 + nt + lane / 16));
+        LdMatrixX4Trans(bf, k_rows.At(kk * 16, tile0 + nt));
         Mma16816<Element>(acc[nt], a, bf[0], bf[1]);
         Mma16816<Element>(acc[nt + 1], a, bf[2], bf[3]);
       }
