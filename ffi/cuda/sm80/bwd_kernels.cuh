@@ -120,6 +120,7 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
   constexpr int kNt = Tr::kDqCols / 8 < 8 ? Tr::kDqCols / 8 : 8;  // 8-column tiles per chunk
   const int mq = warp % Tr::kDqMTiles, dh = warp / Tr::kDqMTiles;
   const auto& s = p.shape;
+  const int d = int(s.head_dim);
   const int g = lane / 4, t = lane % 4;
   const SwizzledRows<kDsC> ds_rows(ds_tile, (lane / 16) * 8 + lane % 8, lane / 8 % 2);
   const SwizzledRows<kC> k_rows(k_tile, (lane / 8 % 2) * 8 + lane % 8, lane / 16);
@@ -139,17 +140,33 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
         Mma16816<Element>(acc[nt + 1], a, bf[2], bf[3]);
       }
     }
+    // One pointer per row (the columns are then immediate offsets) and one
+    // column check per chunk: the padded head-dim case is the rare one.
+    const bool all_cols = (tile0 + kNt) * 8 <= d;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int64_t row = m0 + mq * 16 + g + hh * 8;
       if (row >= s.seqlen_q) continue;
-      float* dst = p.dq_accum + (p.row_stat_index(b, h, row)) * s.head_dim;
+      float* dst = p.dq_accum + p.row_stat_index(b, h, row) * d + tile0 * 8 + 2 * t;
+      if (all_cols) {
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        const int col = (tile0 + nt) * 8 + 2 * t;
-        if (col < s.head_dim) {
-          atomicAdd(dst + col, acc[nt][2 * hh]);
-          atomicAdd(dst + col + 1, acc[nt][2 * hh + 1]);
+        for (int nt = 0; nt < kNt; ++nt) {
+#if __CUDA_ARCH__ >= 900
+          // Hopper adds a float pair in one atomic (8-byte aligned: even column).
+          atomicAdd(reinterpret_cast<float2*>(dst + nt * 8),
+                    make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]));
+#else
+          atomicAdd(dst + nt * 8, acc[nt][2 * hh]);
+          atomicAdd(dst + nt * 8 + 1, acc[nt][2 * hh + 1]);
+#endif
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) {
+          if ((tile0 + nt) * 8 + 2 * t < d) {
+            atomicAdd(dst + nt * 8, acc[nt][2 * hh]);
+            atomicAdd(dst + nt * 8 + 1, acc[nt][2 * hh + 1]);
+          }
         }
       }
     }
