@@ -146,6 +146,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     }
 
     // Online softmax; a row's 4 owners (lanes 4g..4g+3) combine by shuffles.
+    float alpha[kM][2];  // rescale factor of each row's O and sum
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
@@ -159,7 +160,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
         const float new_max = fmaxf(row_max[mt][hh], mx * scale_log2);
         // Nothing visible yet (only possible in masked blocks): P = 0.
         const float m_use = (kMasked && new_max == -CUDART_INF_F) ? 0.0f : new_max;
-        const float alpha = FastExp2(row_max[mt][hh] - m_use);
+        alpha[mt][hh] = FastExp2(row_max[mt][hh] - m_use);
         row_max[mt][hh] = new_max;
         float sum = 0.0f;
 #pragma unroll
@@ -170,7 +171,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
             acc[mt][nt][2 * hh + j] = e;
             sum += e;
           }
-        row_sum[mt][hh] = row_sum[mt][hh] * alpha + sum;  // the normalizer ignores dropout
+        row_sum[mt][hh] = row_sum[mt][hh] * alpha[mt][hh] + sum;  // the normalizer ignores dropout
         if constexpr (kMasked) {
           if (elementwise && p.features.dropout_rate > 0.0) {
             const DropoutPolicy dropout = DropoutPolicy::For(p, b);
@@ -182,12 +183,21 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
                 acc[mt][nt][2 * hh + j] *= dropout.Factor(b, h, row, n0 + nt * 8 + 2 * t + j);
           }
         }
-#pragma unroll
-        for (int dt = 0; dt < kD; ++dt) {
-          o[mt][dt][2 * hh] *= alpha;
-          o[mt][dt][2 * hh + 1] *= alpha;
-        }
       }
+    // O is rescaled only when some row of the warp has a new maximum (alpha
+    // is exactly 1 otherwise): past the first key blocks of a long row the
+    // maxima rarely move, and the rescale is 4 * kM * kDTiles FMULs per block.
+    bool moved = false;
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) moved |= alpha[mt][0] != 1.0f || alpha[mt][1] != 1.0f;
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < kD; ++dt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[mt][dt][i] *= alpha[mt][i / 2];
+    }
 
     CpAsyncWait<0>();
     __syncthreads();  // V[nb] landed; every warp is done with K[nb]

@@ -26,7 +26,9 @@ struct FwdTraits {
   static constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S per m-tile
   static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per m-tile
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-  static constexpr int kQkUnroll = kHeadDim == 256 ? 1 : kHeadDim / 16;  // full unroll where it does not spill
+  // QK^T fully unrolled (no spills since the swizzle left the k loop; at 256
+  // it spilled before).
+  static constexpr int kQkUnroll = kHeadDim / 16;
   // Q, K and V tiles, 16-bit elements.
   static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * 2;
 };
