@@ -273,9 +273,17 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       for (int hh = 0; hh < 2; ++hh) {
         const int64_t key = n0 + warp_row + g + hh * 8;
         const uint32_t visible = VisibleBits<kN, false>(lf.mask, key, m0 + 2 * t);
-        // The bias read along a key row: query m0 + 2t + c at [c * bias_row].
-        const float* bias = lf.bias ? lf.bias + (m0 + 2 * t) * lf.bias_row + key * lf.bias_col
-                                    : nullptr;
+        // The bias along the key row (query m0 + 2t + c at [c * bias_row]),
+        // read before any is used (clamped columns, see LastVisibleColumn).
+        float bias_values[kN][2] = {};
+        if (lf.bias && visible) {
+          const float* bias = lf.bias + (m0 + 2 * t) * lf.bias_row + key * lf.bias_col;
+          const int last = LastVisibleColumn(visible);
+#pragma unroll
+          for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) bias_values[nt][e] = bias[min(8 * nt + e, last) * lf.bias_row];
+        }
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
@@ -284,8 +292,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
             const int64_t query = m0 + col;
             float tanh_value = 0.0f, prob = 0.0f;
             if (visible >> (2 * nt + e) & 1u) {
-              const float bias_value = bias ? bias[(8 * nt + e) * lf.bias_row] : 0.0f;
-              const float x = lf.Apply(st[0][nt][i] * scale_log2, bias_value, &tanh_value);
+              const float x = lf.Apply(st[0][nt][i] * scale_log2, bias_values[nt][e], &tanh_value);
               prob = FastExp2(x - lse2_s[col]);
             }
             const float drop = prob == 0.0f ? 0.0f : lf.DropFactor(query, key);

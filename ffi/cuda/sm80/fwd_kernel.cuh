@@ -126,7 +126,18 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
           for (int hh = 0; hh < 2; ++hh) {
             const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;
             const uint32_t visible = VisibleBits<kN, true>(lf.mask, row, n0 + 2 * t);
-            const float* bias = lf.BiasRow(row, n0 + 2 * t);
+            // The row's bias values, read before any is used (clamped columns,
+            // see LastVisibleColumn), so the reads overlap.
+            float bias_values[kN][2] = {};
+            if (lf.bias && visible) {
+              const float* bias = lf.BiasRow(row, n0 + 2 * t);
+              const int last = LastVisibleColumn(visible);
+#pragma unroll
+              for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                  bias_values[nt][e] = bias[min(8 * nt + e, last) * lf.bias_col];
+            }
 #pragma unroll
             for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
@@ -137,8 +148,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
                 } else if (transform) {
                   float unused_tanh;
                   // Back in raw units, so the softmax below is shared with the plain path.
-                  const float bias_value = bias ? bias[(8 * nt + e) * lf.bias_col] : 0.0f;
-                  x = lf.Apply(x * scale_log2, bias_value, &unused_tanh) * inv_scale_log2;
+                  x = lf.Apply(x * scale_log2, bias_values[nt][e], &unused_tanh) * inv_scale_log2;
                 }
               }
           }
