@@ -1,7 +1,8 @@
 // FlashAttention-2 forward on mma.sync (m16n8k16, float accumulation) for
 // float16/bfloat16, any GPU from sm_80. One block per (kBlockM query rows,
-// head, batch); K and V blocks stream through shared memory with cp.async, the
-// next K block loading while P V runs and V loading while the softmax runs.
+// head, batch); K and V blocks stream through two shared-memory stages with
+// cp.async: the next key block's K and V load during the whole of this
+// block's QK^T, softmax and P V, and one barrier per key block suffices.
 #pragma once
 
 #include <math_constants.h>
@@ -26,8 +27,9 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   constexpr int kM = Tr::kMTiles, kN = Tr::kNTiles, kD = Tr::kDTiles;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t q_tile = SmemAddr(smem);                            // [kBlockM][kHeadDim]
-  const uint32_t k_tile = q_tile + Tr::kBlockM * kHeadDim * 2;       // [kBlockN][kHeadDim]
-  const uint32_t v_tile = k_tile + Tr::kBlockN * kHeadDim * 2;       // [kBlockN][kHeadDim]
+  // Stage s (= key block index % 2): K then V, [kBlockN][kHeadDim] each.
+  const uint32_t kv_stages = q_tile + Tr::kBlockM * kHeadDim * 2;
+  constexpr uint32_t kTileBytes = Tr::kBlockN * kHeadDim * 2;
 
   const auto& s = p.shape;
   const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / s.group();
@@ -66,12 +68,16 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     n_hi = hi > lo ? int((hi + Tr::kBlockN - 1) / Tr::kBlockN) : n_lo;
   }
 
-  LoadTileAsync<Tr::kBlockM, kHeadDim, Tr::kThreads>(q_tile, q, p.q_stride.row, m0, s.seqlen_q, d);
-  if (n_hi > n_lo) {
-    LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(k_tile, k, p.k_stride.row,
-                                                       int64_t(n_hi - 1) * Tr::kBlockN,
+  // K and V of key block nb into stage nb % 2 (one commit group).
+  auto load_kv = [&](int nb) {
+    const uint32_t stage = kv_stages + (nb & 1) * 2 * kTileBytes;
+    const int64_t n0 = int64_t(nb) * Tr::kBlockN;
+    LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(stage, k, p.k_stride.row, n0, s.seqlen_k, d);
+    LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(stage + kTileBytes, v, p.k_stride.row, n0,
                                                        s.seqlen_k, d);
-  }
+  };
+  LoadTileAsync<Tr::kBlockM, kHeadDim, Tr::kThreads>(q_tile, q, p.q_stride.row, m0, s.seqlen_q, d);
+  if (n_hi > n_lo) load_kv(n_hi - 1);  // blocks run last to first
   CpAsyncCommit();
 
   float o[kM][kD][4] = {};
@@ -88,9 +94,11 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   auto process_block = [&](int nb, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
     const int64_t n0 = int64_t(nb) * Tr::kBlockN;
+    const uint32_t k_tile = kv_stages + (nb & 1) * 2 * kTileBytes, v_tile = k_tile + kTileBytes;
     CpAsyncWait<0>();
-    __syncthreads();  // K[nb] (and Q) landed; every warp is done with V[nb + 1]
-    LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(v_tile, v, p.k_stride.row, n0, s.seqlen_k, d);
+    __syncthreads();  // block nb's K and V (and Q) landed; every warp is done with block nb + 1,
+                      // whose stage block nb - 1 now fills
+    if (nb > n_lo) load_kv(nb - 1);
     CpAsyncCommit();
 
     // S = Q K^T  [kM x 16 rows][kBlockN], raw (unscaled) logits.
@@ -208,14 +216,6 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
 #pragma unroll
           for (int i = 0; i < 4; ++i) o[mt][dt][i] *= alpha[mt][i / 2];
     }
-
-    CpAsyncWait<0>();
-    __syncthreads();  // V[nb] landed; every warp is done with K[nb]
-    if (nb > n_lo) {
-      LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(k_tile, k, p.k_stride.row,
-                                                         n0 - Tr::kBlockN, s.seqlen_k, d);
-    }
-    CpAsyncCommit();
 
     // O += P V
     GemmRegsSmem<Element, kM, kN, kHeadDim>(o, acc, v_tile, 0, lane);
