@@ -16,7 +16,10 @@ struct FwdTraits {
   // element) keeps one m-tile: its per-element code needs the registers.
   static constexpr bool kFeatures = kFeatures_;
   static constexpr int kWarps = kHeadDim == 256 ? 8 : 4;
-  static constexpr int kMTiles = kHeadDim == 256 || kFeatures ? 1 : 2;
+  // The feature variants keep one m-tile per warp for register room, except
+  // at 64, where two fit (as in the plain kernel: half the K/V fragment reads
+  // per MMA).
+  static constexpr int kMTiles = kHeadDim == 256 || (kFeatures && kHeadDim > 64) ? 1 : 2;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = kWarps * kMTiles * 16;  // 128
   // Keys per block: 64, S (32 floats per m-tile) plus O fit in 255 registers;
