@@ -17,8 +17,7 @@ namespace jax_flash::cuda {
 // backward) against this thread's 2 * kNTiles columns c0 + 8 * nt + e, as bit
 // 2 * nt + e. The same answer as MaskPolicy::Visible, but with the per-row
 // work done once per block: lengths, causal and window become one int32
-// column range, and only the mask array and segment ids are read per pair
-// (and only for pairs inside that range).
+// column range, and only the mask array and segment ids are read per pair.
 template <int kNTiles, bool kRowsAreQueries>
 JAX_FLASH_HOST_DEVICE uint32_t VisibleBits(const MaskPolicy& m, int64_t row, int64_t c0) {
   static_assert(2 * kNTiles <= 32, "one bit per fragment column");
@@ -45,33 +44,54 @@ JAX_FLASH_HOST_DEVICE uint32_t VisibleBits(const MaskPolicy& m, int64_t row, int
       if (c >= lo_rel && c < hi_rel) bits |= 1u << (2 * nt + e);
     }
   if (bits == 0 || !m.HasElementMasks()) return bits;
-  // A set bit means row and column are inside the lengths, so the reads
-  // below stay in bounds.
+  // The reads below go to every column, clamped into [c0, c0 + hi_rel): in
+  // bounds (bits != 0, so the row is inside its length and hi_rel >= 1), and
+  // unconditional, so they are issued together. (Reading only where a bit is
+  // set made each read wait for the previous one: one memory latency per pair.)
+  const int last = hi_rel - 1;
+  uint32_t keep = ~0u;
   if (m.q_segments) {
     const int32_t id = kRowsAreQueries ? m.q_segments[row] : m.kv_segments[row];
     const int32_t* col_ids = (kRowsAreQueries ? m.kv_segments : m.q_segments) + c0;
+    int32_t ids[kNTiles][2];
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) ids[nt][e] = col_ids[min(8 * nt + e, last)];
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e)
-        if ((bits >> (2 * nt + e) & 1u) && col_ids[8 * nt + e] != id) bits &= ~(1u << (2 * nt + e));
+        if (ids[nt][e] != id) keep &= ~(1u << (2 * nt + e));
   }
   if (m.mask) {
     const int64_t row_stride = kRowsAreQueries ? m.mask_row : m.mask_col;
     const int64_t col_stride = kRowsAreQueries ? m.mask_col : m.mask_row;
     const uint8_t* mask = m.mask + row * row_stride + c0 * col_stride;
     if (col_stride == 0) {  // the same byte for the whole row (e.g. key padding in the backward)
-      if (*mask == 0) bits = 0;
+      if (*mask == 0) keep = 0;
     } else {
+      uint8_t bytes[kNTiles][2];
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) bytes[nt][e] = mask[min(8 * nt + e, last) * col_stride];
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          if ((bits >> (2 * nt + e) & 1u) && mask[(8 * nt + e) * col_stride] == 0)
-            bits &= ~(1u << (2 * nt + e));
+          if (bytes[nt][e] == 0) keep &= ~(1u << (2 * nt + e));
     }
   }
-  return bits;
+  return bits & keep;
+}
+
+// The largest fragment column offset 8 * nt + e whose bit is set in a
+// nonzero VisibleBits result: per-pair reads (the bias) clamped to it stay in
+// bounds and can all be issued at once.
+__device__ inline int LastVisibleColumn(uint32_t visible) {
+  const int k = 31 - __clz(visible);
+  return 8 * (k >> 1) + (k & 1);
 }
 
 struct LogitFeatures {

@@ -120,7 +120,10 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
   constexpr int kNt = Tr::kDqCols / 8 < 8 ? Tr::kDqCols / 8 : 8;  // 8-column tiles per chunk
   const int mq = warp % Tr::kDqMTiles, dh = warp / Tr::kDqMTiles;
   const auto& s = p.shape;
+  const int d = int(s.head_dim);
   const int g = lane / 4, t = lane % 4;
+  const SwizzledRows<kDsC> ds_rows(ds_tile, (lane / 16) * 8 + lane % 8, lane / 8 % 2);
+  const SwizzledRows<kC> k_rows(k_tile, (lane / 8 % 2) * 8 + lane % 8, lane / 16);
 #pragma unroll 1
   for (int chunk = 0; chunk < Tr::kDqCols / 8 / kNt; ++chunk) {
     const int tile0 = dh * (Tr::kDqCols / 8) + chunk * kNt;  // first 8-column tile
@@ -128,28 +131,42 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
 #pragma unroll 2
     for (int kk = 0; kk < Tr::kBlockRows / 16; ++kk) {
       uint32_t a[4];  // dS[q 16 mq .., key 16 kk ..], from dS^T stored [key][query]
-      LdMatrixX4Trans(a, ds_tile + SwizzledOffset<kDsC>(kk * 16 + (lane / 16) * 8 + lane % 8,
-                                                         mq * 2 + lane / 8 % 2));
+      LdMatrixX4Trans(a, ds_rows.At(kk * 16, mq * 2));
 #pragma unroll
       for (int nt = 0; nt < kNt; nt += 2) {
         uint32_t bf[4];  // K[key 16 kk .., d-tiles tile0 + nt and + 1]
-        LdMatrixX4Trans(bf, k_tile + SwizzledOffset<kC>(kk * 16 + (lane / 8 % 2) * 8 + lane % 8,
-                                                        tile0 + nt + lane / 16));
+        LdMatrixX4Trans(bf, k_rows.At(kk * 16, tile0 + nt));
         Mma16816<Element>(acc[nt], a, bf[0], bf[1]);
         Mma16816<Element>(acc[nt + 1], a, bf[2], bf[3]);
       }
     }
+    // One pointer per row (the columns are then immediate offsets) and one
+    // column check per chunk: the padded head-dim case is the rare one.
+    const bool all_cols = (tile0 + kNt) * 8 <= d;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int64_t row = m0 + mq * 16 + g + hh * 8;
       if (row >= s.seqlen_q) continue;
-      float* dst = p.dq_accum + (p.row_stat_index(b, h, row)) * s.head_dim;
+      float* dst = p.dq_accum + p.row_stat_index(b, h, row) * d + tile0 * 8 + 2 * t;
+      if (all_cols) {
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        const int col = (tile0 + nt) * 8 + 2 * t;
-        if (col < s.head_dim) {
-          atomicAdd(dst + col, acc[nt][2 * hh]);
-          atomicAdd(dst + col + 1, acc[nt][2 * hh + 1]);
+        for (int nt = 0; nt < kNt; ++nt) {
+#if __CUDA_ARCH__ >= 900
+          // Hopper adds a float pair in one atomic (8-byte aligned: even column).
+          atomicAdd(reinterpret_cast<float2*>(dst + nt * 8),
+                    make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]));
+#else
+          atomicAdd(dst + nt * 8, acc[nt][2 * hh]);
+          atomicAdd(dst + nt * 8 + 1, acc[nt][2 * hh + 1]);
+#endif
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) {
+          if ((tile0 + nt) * 8 + 2 * t < d) {
+            atomicAdd(dst + nt * 8, acc[nt][2 * hh]);
+            atomicAdd(dst + nt * 8 + 1, acc[nt][2 * hh + 1]);
+          }
         }
       }
     }
@@ -256,9 +273,17 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       for (int hh = 0; hh < 2; ++hh) {
         const int64_t key = n0 + warp_row + g + hh * 8;
         const uint32_t visible = VisibleBits<kN, false>(lf.mask, key, m0 + 2 * t);
-        // The bias read along a key row: query m0 + 2t + c at [c * bias_row].
-        const float* bias = lf.bias ? lf.bias + (m0 + 2 * t) * lf.bias_row + key * lf.bias_col
-                                    : nullptr;
+        // The bias along the key row (query m0 + 2t + c at [c * bias_row]),
+        // read before any is used (clamped columns, see LastVisibleColumn).
+        float bias_values[kN][2] = {};
+        if (lf.bias && visible) {
+          const float* bias = lf.bias + (m0 + 2 * t) * lf.bias_row + key * lf.bias_col;
+          const int last = LastVisibleColumn(visible);
+#pragma unroll
+          for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) bias_values[nt][e] = bias[min(8 * nt + e, last) * lf.bias_row];
+        }
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
@@ -267,8 +292,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
             const int64_t query = m0 + col;
             float tanh_value = 0.0f, prob = 0.0f;
             if (visible >> (2 * nt + e) & 1u) {
-              const float bias_value = bias ? bias[(8 * nt + e) * lf.bias_row] : 0.0f;
-              const float x = lf.Apply(st[0][nt][i] * scale_log2, bias_value, &tanh_value);
+              const float x = lf.Apply(st[0][nt][i] * scale_log2, bias_values[nt][e], &tanh_value);
               prob = FastExp2(x - lse2_s[col]);
             }
             const float drop = prob == 0.0f ? 0.0f : lf.DropFactor(query, key);

@@ -1,7 +1,8 @@
 // FlashAttention-2 forward on mma.sync (m16n8k16, float accumulation) for
 // float16/bfloat16, any GPU from sm_80. One block per (kBlockM query rows,
-// head, batch); K and V blocks stream through shared memory with cp.async, the
-// next K block loading while P V runs and V loading while the softmax runs.
+// head, batch); K and V blocks stream through two shared-memory stages with
+// cp.async: the next key block's K and V load during the whole of this
+// block's QK^T, softmax and P V, and one barrier per key block suffices.
 #pragma once
 
 #include <math_constants.h>
@@ -26,8 +27,9 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   constexpr int kM = Tr::kMTiles, kN = Tr::kNTiles, kD = Tr::kDTiles;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t q_tile = SmemAddr(smem);                            // [kBlockM][kHeadDim]
-  const uint32_t k_tile = q_tile + Tr::kBlockM * kHeadDim * 2;       // [kBlockN][kHeadDim]
-  const uint32_t v_tile = k_tile + Tr::kBlockN * kHeadDim * 2;       // [kBlockN][kHeadDim]
+  // Stage s (= key block index % 2): K then V, [kBlockN][kHeadDim] each.
+  const uint32_t kv_stages = q_tile + Tr::kBlockM * kHeadDim * 2;
+  constexpr uint32_t kTileBytes = Tr::kBlockN * kHeadDim * 2;
 
   const auto& s = p.shape;
   const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / s.group();
@@ -66,12 +68,16 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     n_hi = hi > lo ? int((hi + Tr::kBlockN - 1) / Tr::kBlockN) : n_lo;
   }
 
-  LoadTileAsync<Tr::kBlockM, kHeadDim, Tr::kThreads>(q_tile, q, p.q_stride.row, m0, s.seqlen_q, d);
-  if (n_hi > n_lo) {
-    LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(k_tile, k, p.k_stride.row,
-                                                       int64_t(n_hi - 1) * Tr::kBlockN,
+  // K and V of key block nb into stage nb % 2 (one commit group).
+  auto load_kv = [&](int nb) {
+    const uint32_t stage = kv_stages + (nb & 1) * 2 * kTileBytes;
+    const int64_t n0 = int64_t(nb) * Tr::kBlockN;
+    LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(stage, k, p.k_stride.row, n0, s.seqlen_k, d);
+    LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(stage + kTileBytes, v, p.k_stride.row, n0,
                                                        s.seqlen_k, d);
-  }
+  };
+  LoadTileAsync<Tr::kBlockM, kHeadDim, Tr::kThreads>(q_tile, q, p.q_stride.row, m0, s.seqlen_q, d);
+  if (n_hi > n_lo) load_kv(n_hi - 1);  // blocks run last to first
   CpAsyncCommit();
 
   float o[kM][kD][4] = {};
@@ -88,9 +94,11 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   auto process_block = [&](int nb, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
     const int64_t n0 = int64_t(nb) * Tr::kBlockN;
+    const uint32_t k_tile = kv_stages + (nb & 1) * 2 * kTileBytes, v_tile = k_tile + kTileBytes;
     CpAsyncWait<0>();
-    __syncthreads();  // K[nb] (and Q) landed; every warp is done with V[nb + 1]
-    LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(v_tile, v, p.k_stride.row, n0, s.seqlen_k, d);
+    __syncthreads();  // block nb's K and V (and Q) landed; every warp is done with block nb + 1,
+                      // whose stage block nb - 1 now fills
+    if (nb > n_lo) load_kv(nb - 1);
     CpAsyncCommit();
 
     // S = Q K^T  [kM x 16 rows][kBlockN], raw (unscaled) logits.
@@ -126,7 +134,18 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
           for (int hh = 0; hh < 2; ++hh) {
             const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;
             const uint32_t visible = VisibleBits<kN, true>(lf.mask, row, n0 + 2 * t);
-            const float* bias = lf.BiasRow(row, n0 + 2 * t);
+            // The row's bias values, read before any is used (clamped columns,
+            // see LastVisibleColumn), so the reads overlap.
+            float bias_values[kN][2] = {};
+            if (lf.bias && visible) {
+              const float* bias = lf.BiasRow(row, n0 + 2 * t);
+              const int last = LastVisibleColumn(visible);
+#pragma unroll
+              for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                  bias_values[nt][e] = bias[min(8 * nt + e, last) * lf.bias_col];
+            }
 #pragma unroll
             for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
@@ -137,8 +156,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
                 } else if (transform) {
                   float unused_tanh;
                   // Back in raw units, so the softmax below is shared with the plain path.
-                  const float bias_value = bias ? bias[(8 * nt + e) * lf.bias_col] : 0.0f;
-                  x = lf.Apply(x * scale_log2, bias_value, &unused_tanh) * inv_scale_log2;
+                  x = lf.Apply(x * scale_log2, bias_values[nt][e], &unused_tanh) * inv_scale_log2;
                 }
               }
           }
@@ -146,6 +164,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     }
 
     // Online softmax; a row's 4 owners (lanes 4g..4g+3) combine by shuffles.
+    float alpha[kM][2];  // rescale factor of each row's O and sum
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
@@ -159,7 +178,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
         const float new_max = fmaxf(row_max[mt][hh], mx * scale_log2);
         // Nothing visible yet (only possible in masked blocks): P = 0.
         const float m_use = (kMasked && new_max == -CUDART_INF_F) ? 0.0f : new_max;
-        const float alpha = FastExp2(row_max[mt][hh] - m_use);
+        alpha[mt][hh] = FastExp2(row_max[mt][hh] - m_use);
         row_max[mt][hh] = new_max;
         float sum = 0.0f;
 #pragma unroll
@@ -170,7 +189,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
             acc[mt][nt][2 * hh + j] = e;
             sum += e;
           }
-        row_sum[mt][hh] = row_sum[mt][hh] * alpha + sum;  // the normalizer ignores dropout
+        row_sum[mt][hh] = row_sum[mt][hh] * alpha[mt][hh] + sum;  // the normalizer ignores dropout
         if constexpr (kMasked) {
           if (elementwise && p.features.dropout_rate > 0.0) {
             const DropoutPolicy dropout = DropoutPolicy::For(p, b);
@@ -182,20 +201,21 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
                 acc[mt][nt][2 * hh + j] *= dropout.Factor(b, h, row, n0 + nt * 8 + 2 * t + j);
           }
         }
-#pragma unroll
-        for (int dt = 0; dt < kD; ++dt) {
-          o[mt][dt][2 * hh] *= alpha;
-          o[mt][dt][2 * hh + 1] *= alpha;
-        }
       }
-
-    CpAsyncWait<0>();
-    __syncthreads();  // V[nb] landed; every warp is done with K[nb]
-    if (nb > n_lo) {
-      LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(k_tile, k, p.k_stride.row,
-                                                         n0 - Tr::kBlockN, s.seqlen_k, d);
+    // O is rescaled only when some row of the warp has a new maximum (alpha
+    // is exactly 1 otherwise): past the first key blocks of a long row the
+    // maxima rarely move, and the rescale is 4 * kM * kDTiles FMULs per block.
+    bool moved = false;
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) moved |= alpha[mt][0] != 1.0f || alpha[mt][1] != 1.0f;
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < kD; ++dt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[mt][dt][i] *= alpha[mt][i / 2];
     }
-    CpAsyncCommit();
 
     // O += P V
     GemmRegsSmem<Element, kM, kN, kHeadDim>(o, acc, v_tile, 0, lane);

@@ -16,19 +16,25 @@ struct FwdTraits {
   // element) keeps one m-tile: its per-element code needs the registers.
   static constexpr bool kFeatures = kFeatures_;
   static constexpr int kWarps = kHeadDim == 256 ? 8 : 4;
-  static constexpr int kMTiles = kHeadDim == 256 || kFeatures ? 1 : 2;
+  // The feature variants keep one m-tile per warp for register room, except
+  // at 64, where two fit (as in the plain kernel: half the K/V fragment reads
+  // per MMA).
+  static constexpr int kMTiles = kHeadDim == 256 || (kFeatures && kHeadDim > 64) ? 1 : 2;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = kWarps * kMTiles * 16;  // 128
   // Keys per block: 64, S (32 floats per m-tile) plus O fit in 255 registers;
   // at 128 with two m-tiles, 32 keys free the registers a fully unrolled
-  // (prefetching) QK^T loop needs.
-  static constexpr int kBlockN = kHeadDim == 128 && kMTiles == 2 ? 32 : 64;
+  // (prefetching) QK^T loop needs; at 256, 32 keys keep the two K/V stages
+  // and Q at 128 KiB (an A100 has 164 KiB per block).
+  static constexpr int kBlockN = kHeadDim == 256 || (kHeadDim == 128 && kMTiles == 2) ? 32 : 64;
   static constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S per m-tile
   static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per m-tile
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-  static constexpr int kQkUnroll = kHeadDim == 256 ? 1 : kHeadDim / 16;  // full unroll where it does not spill
-  // Q, K and V tiles, 16-bit elements.
-  static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * 2;
+  // QK^T fully unrolled (no spills since the swizzle left the k loop; at 256
+  // it spilled before).
+  static constexpr int kQkUnroll = kHeadDim / 16;
+  // Q, then two stages of K and V tiles, 16-bit elements.
+  static constexpr int kSmemBytes = (kBlockM + 4 * kBlockN) * kHeadDim * 2;
 };
 
 }  // namespace jax_flash::cuda::sm80
@@ -53,7 +59,10 @@ struct BwdTraits {
   static constexpr int kDkvCols = kHeadDim / kDSplit;  // dK/dV columns per warp
   static constexpr int kBlockRows = kKeyGroups * 16;  // rows each block owns (queries or keys)
   static constexpr int kBlockCols = 64;           // rows of the other side per step
-  static constexpr int kQkUnroll = 1;  // k-steps unrolled in S and dP: more spills (measured)
+  // k-steps unrolled in S and dP: 4 lets the next k-step's ldmatrix issue
+  // under this one's MMAs, with no spills since the swizzle left the loop
+  // (8, the full unroll at 128, spills 16 B).
+  static constexpr int kQkUnroll = 4;
   static constexpr int kNTiles = kBlockCols / 8;
   static constexpr int kTileBytes = kHeadDim * 2;  // one row of a 16-bit tile
   // Two [kBlockRows] tiles (Q, dO or K, V) and two [kBlockCols] tiles (K, V

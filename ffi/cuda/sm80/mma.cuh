@@ -94,6 +94,31 @@ __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
   return uint32_t((row * kChunks + (chunk ^ (row & 7))) * 16);
 }
 
+// ldmatrix lane addresses in a swizzled tile, with the swizzle hoisted out
+// of the k loop. A lane reads its row `row` plus offsets that are multiples
+// of 8 rows (so row % 8, the swizzle's key, never changes), at chunk C + h:
+// C even (usually a compile-time k step), h the lane's 0/1 chunk bit. Then
+//   (C + h) ^ (row % 8) = (C & ~7) + ((C & 6) ^ (h ^ row % 8)),
+// so each chunk costs one XOR with a per-lane constant, shared by every row
+// tile the lane reads, instead of SwizzledOffset's multiply-XOR-add per read.
+template <int kChunks>
+struct SwizzledRows {
+  static_assert(kChunks >= 8 && kChunks % 8 == 0);
+  uint32_t base;  // the tile + this lane's row
+  uint32_t key;   // (h ^ row % 8) * 16
+
+  __device__ __forceinline__ SwizzledRows(uint32_t tile, int row, int h)
+      : base(tile + uint32_t(row * kChunks * 16)), key(uint32_t(((h ^ row) & 7) * 16)) {}
+
+  // Byte address of chunk c_even + h of row (row + row_offset); row_offset a
+  // multiple of 8, c_even even. Equals tile + SwizzledOffset(row + row_offset,
+  // c_even + h).
+  __device__ __forceinline__ uint32_t At(int row_offset, int c_even) const {
+    return base + uint32_t(row_offset * kChunks * 16 + (c_even & ~7) * 16) +
+           (uint32_t((c_even & 6) * 16) ^ key);
+  }
+};
+
 // Copies rows [row0, row0 + kRows) x [0, kHeadDim) of a 16-bit tensor into a
 // swizzled shared tile; rows >= num_rows and columns >= head_dim read as zero.
 // head_dim must be a multiple of 8 (whole 16-byte chunks). A thread always

@@ -20,18 +20,17 @@ __device__ __forceinline__ void GemmSmemSmemT(float (&acc)[kM][kN][4], uint32_t 
                                               int lane) {
   static_assert(kN % 2 == 0);
   constexpr int kC = kHeadDim / 8;
+  const SwizzledRows<kC> a_rows(a_tile, a_row0 + (lane / 8 % 2) * 8 + lane % 8, lane / 16);
+  const SwizzledRows<kC> b_rows(b_tile, b_row0 + (lane / 16) * 8 + lane % 8, lane / 8 % 2);
 #pragma unroll kUnroll
   for (int ks = 0; ks < kHeadDim / 16; ++ks) {
     uint32_t a[kM][4];
 #pragma unroll
-    for (int mt = 0; mt < kM; ++mt)
-      LdMatrixX4(a[mt], a_tile + SwizzledOffset<kC>(a_row0 + mt * 16 + (lane / 8 % 2) * 8 + lane % 8,
-                                                    ks * 2 + lane / 16));
+    for (int mt = 0; mt < kM; ++mt) LdMatrixX4(a[mt], a_rows.At(mt * 16, ks * 2));
 #pragma unroll
     for (int nt = 0; nt < kN; nt += 2) {
       uint32_t b[4];  // n-tiles nt and nt + 1, k halves 0 and 1
-      LdMatrixX4(b, b_tile + SwizzledOffset<kC>(b_row0 + nt * 8 + (lane / 16) * 8 + lane % 8,
-                                                ks * 2 + lane / 8 % 2));
+      LdMatrixX4(b, b_rows.At(nt * 8, ks * 2));
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt) {
         Mma16816<Element>(acc[mt][nt], a[mt], b[0], b[1]);
@@ -41,12 +40,14 @@ __device__ __forceinline__ void GemmSmemSmemT(float (&acc)[kM][kN][4], uint32_t 
   }
 }
 
-// kOutCols columns of B from 8-column tile b_col_tile0 on (all by default).
+// kOutCols columns of B from 8-column tile b_col_tile0 on (all by default;
+// b_col_tile0 even).
 template <typename Element, int kM, int kN, int kHeadDim, int kOutCols = kHeadDim>
 __device__ __forceinline__ void GemmRegsSmem(float (&out)[kM][kOutCols / 8][4],
                                              const float (&p)[kM][kN][4], uint32_t b_tile,
                                              int b_row0, int lane, int b_col_tile0 = 0) {
   constexpr int kC = kHeadDim / 8;
+  const SwizzledRows<kC> b_rows(b_tile, b_row0 + (lane / 8 % 2) * 8 + lane % 8, lane / 16);
 #pragma unroll
   for (int kk = 0; kk < kN / 2; ++kk) {
     uint32_t a[kM][4];
@@ -60,8 +61,7 @@ __device__ __forceinline__ void GemmRegsSmem(float (&out)[kM][kOutCols / 8][4],
 #pragma unroll
     for (int dt = 0; dt < kOutCols / 8; dt += 2) {
       uint32_t b[4];  // transposed: k rows kk*16.., d-tiles dt and dt + 1
-      LdMatrixX4Trans(b, b_tile + SwizzledOffset<kC>(b_row0 + kk * 16 + (lane / 8 % 2) * 8 + lane % 8,
-                                                     b_col_tile0 + dt + lane / 16));
+      LdMatrixX4Trans(b, b_rows.At(kk * 16, b_col_tile0 + dt));
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt) {
         Mma16816<Element>(out[mt][dt], a[mt], b[0], b[1]);
