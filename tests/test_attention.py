@@ -139,6 +139,29 @@ def test_sm80_forward_long_rows(rng):
         assert_close("out", out, ref_out, "bfloat16")
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("climb", [4.0, 40.0], ids=["gentle", "steep"])
+def test_forward_row_maximum_moves_between_key_blocks(rng, climb, causal):
+    """Logits on a ramp along the keys, rising for half the query rows and
+    falling for the other half, so a row's maximum grows by about `climb`
+    log2 units per 32 keys in whichever order the kernel visits key blocks.
+    Steep: the softmax offset has to move at nearly every block; gentle: it
+    lags the running maximum (probabilities above 1 before normalizing).
+    """
+    b, tq, tk, heads, head_dim = 1, 256, 640, 2, 128
+    q, k, v = (np.asarray(x, np.float32) for x in random_qkv(rng, b, tq, tk, heads, heads, head_dim, "bfloat16"))
+    scale = 1.0 / np.sqrt(head_dim)
+    # logit(i, j) gains sign_i * 16 * ramp_j * scale from dimension 0.
+    ramp = np.arange(tk) * (climb / np.log2(np.e) / 32 / (16 * scale))
+    q[..., 0] = np.where(np.arange(tq) % 2 == 0, 16.0, -16.0)[None, :, None]
+    k[..., 0] = (ramp - ramp.mean())[None, :, None]
+    q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+    out, residual = jax_flash.attention(q, k, v, is_causal=causal, return_residual=True)
+    ref_out, ref_lse = reference_f64(q, k, v, is_causal=causal)
+    assert_close("out", out, ref_out, "bfloat16")
+    assert_close("lse", residual, np.swapaxes(ref_lse, -1, -2), "bfloat16")
+
+
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic_dq", "deterministic"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
