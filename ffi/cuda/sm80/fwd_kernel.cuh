@@ -90,6 +90,9 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   // The sm80 dispatch requires scale > 0, so max(scale * s) = scale * max(s)
   // and each probability is one FFMA and one ex2.
   const float scale_log2 = float(p.scale) * kLog2e;
+  // How far (log2 units) a row's exponent offset may lag its running maximum:
+  // probabilities up to 2^8 keep float sums of 2^20+ keys far from overflow.
+  constexpr float kRescaleSlack = 8.0f;
 
   auto process_block = [&](int nb, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
@@ -164,7 +167,14 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     }
 
     // Online softmax; a row's 4 owners (lanes 4g..4g+3) combine by shuffles.
-    float alpha[kM][2];  // rescale factor of each row's O and sum
+    // The exponent offset m (row_max) lags the true running maximum by up to
+    // kRescaleSlack (log2 units): P = exp2(x - m) <= 2^kRescaleSlack is still
+    // exact in float and 16-bit (only the exponent grows), and O and the sum
+    // are rescaled only when some row of the warp outgrows the slack, which
+    // past the first key blocks of a row is rare (the rescale is 4 * kM *
+    // kDTiles FMULs plus an exp2 per row, and sits between the two GEMMs).
+    float blk_max[kM][2];
+    bool grow = false;
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
@@ -175,11 +185,32 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
           mx = fmaxf(mx, fmaxf(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float new_max = fmaxf(row_max[mt][hh], mx * scale_log2);
+        blk_max[mt][hh] = mx * scale_log2;
+        // False while the row has seen nothing visible (-inf > -inf).
+        grow |= blk_max[mt][hh] > row_max[mt][hh] + kRescaleSlack;
+      }
+    if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float new_max = fmaxf(row_max[mt][hh], blk_max[mt][hh]);
+          // exp2(-inf - finite) = 0; both -inf (nothing visible yet) keeps 1.
+          const float alpha =
+              new_max == -CUDART_INF_F ? 1.0f : FastExp2(row_max[mt][hh] - new_max);
+          row_max[mt][hh] = new_max;
+          row_sum[mt][hh] *= alpha;
+#pragma unroll
+          for (int dt = 0; dt < kD; ++dt) o[mt][dt][2 * hh] *= alpha, o[mt][dt][2 * hh + 1] *= alpha;
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
         // Nothing visible yet (only possible in masked blocks): P = 0.
-        const float m_use = (kMasked && new_max == -CUDART_INF_F) ? 0.0f : new_max;
-        alpha[mt][hh] = FastExp2(row_max[mt][hh] - m_use);
-        row_max[mt][hh] = new_max;
+        const float m_use =
+            (kMasked && row_max[mt][hh] == -CUDART_INF_F) ? 0.0f : row_max[mt][hh];
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt)
@@ -189,7 +220,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
             acc[mt][nt][2 * hh + j] = e;
             sum += e;
           }
-        row_sum[mt][hh] = row_sum[mt][hh] * alpha[mt][hh] + sum;  // the normalizer ignores dropout
+        row_sum[mt][hh] += sum;  // the normalizer ignores dropout
         if constexpr (kMasked) {
           if (elementwise && p.features.dropout_rate > 0.0) {
             const DropoutPolicy dropout = DropoutPolicy::For(p, b);
@@ -202,20 +233,6 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
           }
         }
       }
-    // O is rescaled only when some row of the warp has a new maximum (alpha
-    // is exactly 1 otherwise): past the first key blocks of a long row the
-    // maxima rarely move, and the rescale is 4 * kM * kDTiles FMULs per block.
-    bool moved = false;
-#pragma unroll
-    for (int mt = 0; mt < kM; ++mt) moved |= alpha[mt][0] != 1.0f || alpha[mt][1] != 1.0f;
-    if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-      for (int mt = 0; mt < kM; ++mt)
-#pragma unroll
-        for (int dt = 0; dt < kD; ++dt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) o[mt][dt][i] *= alpha[mt][i / 2];
-    }
 
     // O += P V
     GemmRegsSmem<Element, kM, kN, kHeadDim>(o, acc, v_tile, 0, lane);

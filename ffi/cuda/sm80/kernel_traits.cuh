@@ -22,17 +22,18 @@ struct FwdTraits {
   static constexpr int kMTiles = kHeadDim == 256 || (kFeatures && kHeadDim > 64) ? 1 : 2;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = kWarps * kMTiles * 16;  // 128
-  // Keys per block: 64, S (32 floats per m-tile) plus O fit in 255 registers;
-  // at 128 with two m-tiles, 32 keys free the registers a fully unrolled
-  // (prefetching) QK^T loop needs; at 256, 32 keys keep the two K/V stages
-  // and Q at 128 KiB (an A100 has 164 KiB per block).
-  static constexpr int kBlockN = kHeadDim == 256 || (kHeadDim == 128 && kMTiles == 2) ? 32 : 64;
+  // Keys per block: 64 (S, 32 floats per m-tile, plus O fit in 255
+  // registers; per key block the QK^T B fragments feed twice as many MMAs as
+  // with 32 and the fixed per-block work is halved); at 256, 32 keys keep
+  // the two K/V stages and Q at 128 KiB (an A100 has 164 KiB per block).
+  static constexpr int kBlockN = kHeadDim == 256 ? 32 : 64;
   static constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S per m-tile
   static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per m-tile
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-  // QK^T fully unrolled (no spills since the swizzle left the k loop; at 256
-  // it spilled before).
-  static constexpr int kQkUnroll = kHeadDim / 16;
+  // QK^T k steps unrolled: fully (no spills since the swizzle left the k
+  // loop), except 4 of 8 at 128 with two m-tiles, where 64 keys leave no
+  // room for more.
+  static constexpr int kQkUnroll = kHeadDim == 128 && kMTiles == 2 ? 4 : kHeadDim / 16;
   // Q, then two stages of K and V tiles, 16-bit elements.
   static constexpr int kSmemBytes = (kBlockM + 4 * kBlockN) * kHeadDim * 2;
 };
