@@ -42,50 +42,62 @@ struct FwdTraits {
 
 namespace jax_flash::cuda::sm80 {
 
-// Backward kernels. 8 warps of one 16-row m-tile each. The deterministic dQ
-// pass owns 128 queries sweeping key blocks of 64; the dK/dV (fused) pass
-// owns a key block sweeping query blocks of 64. At head dim 256 the dK and dV
-// accumulators of 16 keys would take 256 registers, so pairs of warps share a
-// key group, each holding half of the head dim (kDSplit = 2, 64-key blocks;
-// both recompute the group's S and dP). The deterministic pass has no 256
-// variant: deterministic=True at 256 runs the generic kernels.
+// Backward kernels, 8 warps each.
+//
+// dK/dV pass (fused with dQ by default): a block owns kBlockRows keys and
+// sweeps query blocks of kBlockCols. Warps form key groups of 32 keys (two
+// 16-row m-tiles, so every fragment read from shared memory feeds two MMAs);
+// the kQSplit warps of a group split the group's S^T / dP^T by queries and
+// its dK / dV accumulators by head-dim columns, trading their P^T and dS^T
+// slices through shared memory. (One warp per 16 keys holding all columns
+// needs no exchange, but reads 35% more shared memory per MMA, which bounds
+// this kernel; at 256 it also had to compute S^T and dP^T twice.)
+//
+// Deterministic dQ pass: 8 warps x 16 queries sweeping key blocks of 64; no
+// 256 variant (deterministic=True at 256 runs the generic kernels).
 template <int kHeadDim_>
 struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kDSplit = kHeadDim == 256 ? 2 : 1;  // warps per key group
-  static constexpr int kKeyGroups = kWarps / kDSplit;
-  static constexpr int kDkvCols = kHeadDim / kDSplit;  // dK/dV columns per warp
-  static constexpr int kBlockRows = kKeyGroups * 16;  // rows each block owns (queries or keys)
-  static constexpr int kBlockCols = 64;           // rows of the other side per step
-  // k-steps unrolled in S and dP: 4 lets the next k-step's ldmatrix issue
-  // under this one's MMAs, with no spills since the swizzle left the loop
-  // (8, the full unroll at 128, spills 16 B).
-  static constexpr int kQkUnroll = 4;
-  static constexpr int kNTiles = kBlockCols / 8;
+  static constexpr int kBlockCols = 64;  // queries per step of the dK/dV pass
   static constexpr int kTileBytes = kHeadDim * 2;  // one row of a 16-bit tile
-  // Two [kBlockRows] tiles (Q, dO or K, V) and two [kBlockCols] tiles (K, V
-  // or Q, dO) per pipeline stage, plus lse/delta for kBlockCols rows per stage
-  // in the dK/dV kernel. Two stages: the next step's tiles load while this
+
+  // dK/dV pass. dK and dV of 32 keys x kDkvCols columns take 2 x 64 float
+  // registers per thread at every head dim but 64 (where they take 32).
+  static constexpr int kQSplit = kHeadDim == 256 ? 4 : 2;  // warps per key group
+  static constexpr int kKeyGroups = kWarps / kQSplit;
+  static constexpr int kKeyMTiles = 2;
+  static constexpr int kBlockRows = kKeyGroups * kKeyMTiles * 16;  // keys per block: 128, 64 at 256
+  static constexpr int kQCols = kBlockCols / kQSplit;  // queries of S^T per warp
+  static constexpr int kSNTiles = kQCols / 8;
+  static constexpr int kDkvCols = kHeadDim / kQSplit;  // dK/dV columns per warp
+  // S^T and dP^T k steps unrolled (each issues 4 ldmatrix for 8 MMAs).
+  static constexpr int kQkUnroll = 2;
+  // Per pipeline stage: Q and dO [kBlockCols][kHeadDim], then lse2 and delta
+  // for kBlockCols rows. Two stages: the next step's tiles load while this
   // one computes (one block per SM at 255 registers leaves nothing else to
   // hide the copy behind).
   static constexpr int kStages = 2;
   static constexpr int kStageBytes = 2 * kBlockCols * kTileBytes;
   static constexpr int kRowStatsOffset = 2 * kBlockRows * kTileBytes + kStages * kStageBytes;
-  static constexpr int kSmemBytes = kRowStatsOffset + kStages * 2 * kBlockCols * 4;
-  // The fused kernel (dQ by float32 atomics) also keeps dS^T [kBlockRows
-  // keys][kBlockCols queries], 16-bit, for dQ = dS K across the warps; two
-  // of them, as a step's dQ runs during the next step.
-  static constexpr int kDsOffset = kSmemBytes;
-  static constexpr int kDsBytes = kBlockRows * kBlockCols * 2;
-  static constexpr int kFusedSmemBytes = kDsOffset + 2 * kDsBytes;
-  // dQ = dS K splits the [kBlockCols][kHeadDim] product over the 8 warps:
-  // 4 query m-tiles x 2 halves of the head dim.
-  static constexpr int kDqMTiles = kBlockCols / 16;
-  static_assert(kWarps == 2 * kDqMTiles);
-  static constexpr int kDqCols = kHeadDim / 2;
+  // The step's P^T and dS^T, [kBlockRows keys][kBlockCols queries], 16-bit:
+  // the slices each warp computed, for its group partners (dV, dK) and, for
+  // dS^T, every warp (dQ = dS K).
+  static constexpr int kPtOffset = kRowStatsOffset + kStages * 2 * kBlockCols * 4;
+  static constexpr int kPtBytes = kBlockRows * kBlockCols * 2;
+  static constexpr int kDsOffset = kPtOffset + kPtBytes;
+  static constexpr int kDkvSmemBytes = kDsOffset + kPtBytes;
+  // dQ = dS K over the block's keys: [kBlockCols][kHeadDim] split over the 8
+  // warps as 2 query halves (two m-tiles each) x 4 column quarters.
+  static constexpr int kDqColsPerWarp = kHeadDim / 4;
+
+  // Deterministic dQ pass: Q and dO [kDqRows][kHeadDim], two stages of K and
+  // V [kBlockCols][kHeadDim], 64 keys per step.
+  static constexpr int kDqRows = kWarps * 16;
+  static constexpr int kNTiles = kBlockCols / 8;  // n8 tiles of its S per warp
+  static constexpr int kDqSmemBytes = 2 * kDqRows * kTileBytes + kStages * kStageBytes;
 };
 
 }  // namespace jax_flash::cuda::sm80

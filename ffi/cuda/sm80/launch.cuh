@@ -44,28 +44,28 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   const dim3 dkv_grid(unsigned(CeilDiv(s.seqlen_k, Tr::kBlockRows)), unsigned(s.num_heads_k),
                       unsigned(s.batch));
   if (!fused) {
-    if (p.features.Any() || Tr::kDSplit > 1)
+    if (p.features.Any() || kHeadDim > 128)
       return "jax_flash: no deterministic sm80 backward for these inputs (the dispatch runs generic)";
-    if constexpr (Tr::kDSplit == 1) {
+    if constexpr (kHeadDim <= 128) {
       auto dq_kernel = DqKernel<Element, kHeadDim>;
-      if (auto e = PrepareSmem(dq_kernel, Tr::kSmemBytes, "sm80 dq kernel"); !e.empty()) return e;
-      const dim3 dq_grid(unsigned(CeilDiv(s.seqlen_q, Tr::kBlockRows)), unsigned(s.num_heads),
+      if (auto e = PrepareSmem(dq_kernel, Tr::kDqSmemBytes, "sm80 dq kernel"); !e.empty()) return e;
+      const dim3 dq_grid(unsigned(CeilDiv(s.seqlen_q, Tr::kDqRows)), unsigned(s.num_heads),
                          unsigned(s.batch));
-      dq_kernel<<<dq_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+      dq_kernel<<<dq_grid, Tr::kThreads, Tr::kDqSmemBytes, stream>>>(p);
       if (auto e = CheckLaunch("sm80 dq kernel"); !e.empty()) return e;
       auto dkv_kernel = DkvKernel<Element, kHeadDim, false>;
-      if (auto e = PrepareSmem(dkv_kernel, Tr::kSmemBytes, "sm80 dk/dv kernel"); !e.empty())
+      if (auto e = PrepareSmem(dkv_kernel, Tr::kDkvSmemBytes, "sm80 dk/dv kernel"); !e.empty())
         return e;
-      dkv_kernel<<<dkv_grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+      dkv_kernel<<<dkv_grid, Tr::kThreads, Tr::kDkvSmemBytes, stream>>>(p);
       return CheckLaunch("sm80 dk/dv kernel");
     }
   }
   auto fused_kernel = p.features.Any() ? DkvKernel<Element, kHeadDim, true, true>
                                         : DkvKernel<Element, kHeadDim, true, false>;
-  if (auto e = PrepareSmem(fused_kernel, Tr::kFusedSmemBytes, "sm80 fused backward kernel");
+  if (auto e = PrepareSmem(fused_kernel, Tr::kDkvSmemBytes, "sm80 fused backward kernel");
       !e.empty())
     return e;
-  fused_kernel<<<dkv_grid, Tr::kThreads, Tr::kFusedSmemBytes, stream>>>(p);
+  fused_kernel<<<dkv_grid, Tr::kThreads, Tr::kDkvSmemBytes, stream>>>(p);
   if (auto e = CheckLaunch("sm80 fused backward kernel"); !e.empty()) return e;
   DqConvertKernel<Element><<<unsigned(CeilDiv(rows * s.head_dim / 2, 256)), 256, 0, stream>>>(p);
   return CheckLaunch("dq convert kernel");

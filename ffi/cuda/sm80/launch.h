@@ -18,12 +18,15 @@ inline int ForwardSmemBytes(int64_t head_dim) {
          : head_dim <= 128 ? FwdTraits<128>::kSmemBytes
                            : FwdTraits<256>::kSmemBytes;
 }
+template <int kHeadDim>
+constexpr int BackwardSmemBytes(bool deterministic) {
+  using Tr = BwdTraits<kHeadDim>;
+  return deterministic && Tr::kDqSmemBytes > Tr::kDkvSmemBytes ? Tr::kDqSmemBytes : Tr::kDkvSmemBytes;
+}
 inline int BackwardSmemBytes(int64_t head_dim, bool deterministic) {
-  if (deterministic)
-    return head_dim <= 64 ? BwdTraits<64>::kSmemBytes : BwdTraits<128>::kSmemBytes;
-  return head_dim <= 64    ? BwdTraits<64>::kFusedSmemBytes
-         : head_dim <= 128 ? BwdTraits<128>::kFusedSmemBytes
-                           : BwdTraits<256>::kFusedSmemBytes;
+  return head_dim <= 64    ? BackwardSmemBytes<64>(deterministic)
+         : head_dim <= 128 ? BackwardSmemBytes<128>(deterministic)
+                           : BackwardSmemBytes<256>(deterministic);
 }
 
 template <typename Element, int kHeadDim>

@@ -1,8 +1,9 @@
-// The two warp-level matrix products every mma.sync kernel is built from.
-// Shared tiles are swizzled (SwizzledOffset) with kHeadDim 16-bit columns.
+// The warp-level matrix products every mma.sync kernel is built from.
+// Shared tiles are swizzled (SwizzledOffset), kHeadDim 16-bit columns unless said.
 //
 //   GemmSmemSmemT: acc[m][n] += sum_d A[m][d] * B[n][d]   (S = Q K^T and kin)
 //   GemmRegsSmem:  out[m][d] += sum_n P[m][n] * B[n][d]   (O = P V and kin)
+//   GemmSmemSmem:  the same with A in shared memory        (dV += P^T dO from a partner's P^T)
 //
 // A warp owns kM 16-row m-tiles of A (rows a_row0 + 16 * mt ..); the n extent
 // is kN 8-column tiles. In GemmRegsSmem the left operand is an accumulator of
@@ -62,6 +63,35 @@ __device__ __forceinline__ void GemmRegsSmem(float (&out)[kM][kOutCols / 8][4],
     for (int dt = 0; dt < kOutCols / 8; dt += 2) {
       uint32_t b[4];  // transposed: k rows kk*16.., d-tiles dt and dt + 1
       LdMatrixX4Trans(b, b_rows.At(kk * 16, b_col_tile0 + dt));
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        Mma16816<Element>(out[mt][dt], a[mt], b[0], b[1]);
+        Mma16816<Element>(out[mt][dt + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// out[m][d] += sum_k A[m][k] * B[k][d] with both operands in shared memory:
+// A rows a_row0 + 16 * mt .. of a tile with kAChunks 16-byte chunks per row,
+// from column a_col0 (a multiple of 16) over kKSteps * 16 columns; B rows
+// b_row0 + k of a tile with kBChunks chunks per row, columns from 8-column
+// tile b_col_tile0 (even) on.
+template <typename Element, int kM, int kKSteps, int kAChunks, int kBChunks, int kOutCols>
+__device__ __forceinline__ void GemmSmemSmem(float (&out)[kM][kOutCols / 8][4], uint32_t a_tile,
+                                             int a_row0, int a_col0, uint32_t b_tile, int b_row0,
+                                             int b_col_tile0, int lane) {
+  const SwizzledRows<kAChunks> a_rows(a_tile, a_row0 + (lane / 8 % 2) * 8 + lane % 8, lane / 16);
+  const SwizzledRows<kBChunks> b_rows(b_tile, b_row0 + (lane / 8 % 2) * 8 + lane % 8, lane / 16);
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) LdMatrixX4(a[mt], a_rows.At(mt * 16, a_col0 / 8 + ks * 2));
+#pragma unroll
+    for (int dt = 0; dt < kOutCols / 8; dt += 2) {
+      uint32_t b[4];  // transposed: k rows ks*16.., d-tiles dt and dt + 1
+      LdMatrixX4Trans(b, b_rows.At(ks * 16, b_col_tile0 + dt));
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt) {
         Mma16816<Element>(out[mt][dt], a[mt], b[0], b[1]);
