@@ -143,16 +143,19 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
       }
     }
   }
-  // One pointer per row (the columns are then immediate offsets) and one
-  // column check per warp: the padded head-dim case is the rare one.
+  // One pointer for the warp's first row (rows are d floats apart, columns
+  // immediate offsets) and one column check per warp: the padded head-dim
+  // case is the rare one.
   const bool all_cols = (tile0 + kNt) * 8 <= d;
+  const int64_t row0 = m0 + q_half * 32 + g;
+  float* const dst0 = p.dq_accum + p.row_stat_index(b, h, row0) * d + tile0 * 8 + 2 * t;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int64_t row = m0 + q_half * 32 + mt * 16 + g + hh * 8;
-      if (row >= s.seqlen_q) continue;
-      float* dst = p.dq_accum + p.row_stat_index(b, h, row) * d + tile0 * 8 + 2 * t;
+      const int r = mt * 16 + hh * 8;
+      if (row0 + r >= s.seqlen_q) continue;
+      float* dst = dst0 + r * d;
       if (all_cols) {
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt) {
@@ -248,11 +251,20 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   }
   const int steps = int(s.group()) * m_steps;
   const bool key_tail = n0 + Tr::kBlockRows > s.seqlen_k;
-  auto load_qdo = [&](int step) {
-    const int64_t h = hk * s.group() + step / m_steps;
-    const int64_t m0 = m_start + int64_t(step % m_steps) * Tr::kBlockCols;
+  // A step's query head and first query, advanced without divisions.
+  struct StepPos {
+    int64_t h, m0;
+  };
+  const int64_t m_end = m_start + int64_t(m_steps) * Tr::kBlockCols;
+  auto advance = [&](StepPos pos) {
+    pos.m0 += Tr::kBlockCols;
+    if (pos.m0 >= m_end) pos.m0 = m_start, ++pos.h;
+    return pos;
+  };
+  auto load_qdo = [&](int stage_index, StepPos pos) {
+    const int64_t h = pos.h, m0 = pos.m0;
     const int64_t q_off = b * p.q_stride.batch + h * p.q_stride.head;
-    const uint32_t stage = qdo_stages + (step % Tr::kStages) * Tr::kStageBytes;
+    const uint32_t stage = qdo_stages + stage_index * Tr::kStageBytes;
     LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(
         stage, static_cast<const Element*>(p.q) + q_off, p.q_stride.row, m0, s.seqlen_q, d);
     LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(
@@ -260,7 +272,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
         p.q_stride.row, m0, s.seqlen_q, d);
     CpAsyncCommit();
     if (threadIdx.x < Tr::kBlockCols) {  // plain loads: visible after the next barrier
-      float* stats = row_stats + (step % Tr::kStages) * 2 * Tr::kBlockCols;
+      float* stats = row_stats + stage_index * 2 * Tr::kBlockCols;
       const int64_t row = min(m0 + threadIdx.x, s.seqlen_q - 1);
       stats[threadIdx.x] = Log2Lse(static_cast<const float*>(p.lse)[p.row_stat_index(b, h, row)]);
       stats[Tr::kBlockCols + threadIdx.x] =
@@ -268,23 +280,13 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     }
   };
 
-  auto run_step = [&](int step, auto masked) {
+  auto run_step = [&](int stage_index, StepPos pos, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
-    const int64_t h = hk * s.group() + step / m_steps;
-    const int64_t m0 = m_start + int64_t(step % m_steps) * Tr::kBlockCols;
-    const uint32_t q_tile = qdo_stages + (step % Tr::kStages) * Tr::kStageBytes;
+    const int64_t h = pos.h, m0 = pos.m0;
+    const uint32_t q_tile = qdo_stages + stage_index * Tr::kStageBytes;
     const uint32_t do_tile = q_tile + Tr::kBlockCols * Tr::kTileBytes;
-    const float* lse2_s = row_stats + (step % Tr::kStages) * 2 * Tr::kBlockCols;
+    const float* lse2_s = row_stats + stage_index * 2 * Tr::kBlockCols;
     const float* delta_s = lse2_s + Tr::kBlockCols;
-
-    // The previous step's dQ reads every warp's dS^T from shared memory; it
-    // runs here, before this step's slices overwrite them (below, after a
-    // barrier that the S^T and dP^T products leave little to wait for).
-    if (kFusedDq && step > 0) {
-      const int64_t prev_h = hk * s.group() + (step - 1) / m_steps;
-      const int64_t prev_m0 = m_start + int64_t((step - 1) % m_steps) * Tr::kBlockCols;
-      AccumulateDq<Element, kHeadDim>(p, ds_tile, k_tile, b, prev_h, prev_m0, warp, lane);
-    }
 
     float st[kM][kSN][4] = {}, dpt[kM][kSN][4] = {};
     GemmSmemSmemT<Element, kM, kSN, kHeadDim, Tr::kQkUnroll>(st, k_tile, warp_row, q_tile, q_col0, lane);    // S^T
@@ -350,7 +352,6 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
             dpt[mt][nt][i] = prob * (dpt[mt][nt][i] - delta_s[col]);  // dS^T
           }
     }
-    if constexpr (kFusedDq) __syncthreads();  // every warp is done with the previous dS^T
     // This warp's P^T and dS^T slices to shared memory for its partners (and
     // dS^T for dQ): pairs of queries are contiguous, and the swizzle spreads
     // the 8 key rows of a store over all banks.
@@ -370,7 +371,13 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     // Own queries first, from registers, while the partners store theirs.
     GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dv, st, do_tile, q_col0, lane, col_tile0);  // dV += P^T dO
     GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dk, dpt, q_tile, q_col0, lane, col_tile0);  // dK += dS^T Q
-    SyncKeyGroup<Tr::kQSplit>(group);
+    // The partners' slices are in shared memory. The fused pass waits for
+    // every warp instead: dQ below reads all of dS^T.
+    if constexpr (kFusedDq) {
+      __syncthreads();
+    } else {
+      SyncKeyGroup<Tr::kQSplit>(group);
+    }
 #pragma unroll
     for (int j = 1; j < Tr::kQSplit; ++j) {
       const int c0 = ((q_part + j) % Tr::kQSplit) * Tr::kQCols;  // a partner's queries
@@ -379,41 +386,37 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       GemmSmemSmem<Element, kM, Tr::kQCols / 16, kPtC, kHeadDim / 8, Tr::kDkvCols>(
           dk, ds_tile, warp_row, c0, q_tile, c0, col_tile0, lane);
     }
+    if constexpr (kFusedDq) AccumulateDq<Element, kHeadDim>(p, ds_tile, k_tile, b, h, m0, warp, lane);
   };
 
-  if (steps > 0) load_qdo(0);
+  StepPos pos{hk * s.group(), m_start};
+  if (steps > 0) load_qdo(0, pos);
   for (int step = 0; step < steps; ++step) {
     CpAsyncWait<0>();
     // This step's tiles landed; every warp is done with the previous step's
     // (tiles, and P^T / dS^T slices, whose last reads were the partners'
-    // dV / dK products; the fused dQ waits for its own barrier).
+    // dV / dK products and the dQ product).
     __syncthreads();
-    if (step + 1 < steps) load_qdo(step + 1);  // into the stage the previous step used
+    const StepPos next = advance(pos);
+    if (step + 1 < steps) load_qdo((step + 1) & 1, next);  // into the stage the previous step used
     // Element masks only where a pair can be invisible: tails, and causal
     // query blocks that start before the key block ends.
-    const int64_t m0 = m_start + int64_t(step % m_steps) * Tr::kBlockCols;
     bool masked;
     if constexpr (kFeatures) {
-      const int64_t h = hk * s.group() + step / m_steps;
-      masked = elementwise || MaskPolicy::For(p, b, h).NeedsCheck(m0, m0 + Tr::kBlockCols, n0,
-                                                                   n0 + Tr::kBlockRows);
+      masked = elementwise || MaskPolicy::For(p, b, pos.h).NeedsCheck(pos.m0, pos.m0 + Tr::kBlockCols,
+                                                                       n0, n0 + Tr::kBlockRows);
     } else {
-      masked = key_tail || m0 + Tr::kBlockCols > s.seqlen_q ||
-               (p.is_causal && m0 < n0 + Tr::kBlockRows);
+      masked = key_tail || pos.m0 + Tr::kBlockCols > s.seqlen_q ||
+               (p.is_causal && pos.m0 < n0 + Tr::kBlockRows);
     }
     if (masked) {
-      run_step(step, std::true_type{});
+      run_step(step & 1, pos, std::true_type{});
     } else {
-      run_step(step, std::false_type{});
+      run_step(step & 1, pos, std::false_type{});
     }
+    pos = next;
   }
 
-  if (kFusedDq && steps > 0) {
-    __syncthreads();  // the last step's dS^T slices are in shared memory
-    const int64_t h = hk * s.group() + (steps - 1) / m_steps;
-    const int64_t m0 = m_start + int64_t((steps - 1) % m_steps) * Tr::kBlockCols;
-    AccumulateDq<Element, kHeadDim>(p, ds_tile, k_tile, b, h, m0, warp, lane);
-  }
   CpAsyncWait<0>();  // a block whose keys no query sees never waited for its K/V copies
   const int64_t out_off = k_off;
   const int col0 = col_tile0 * 8;
