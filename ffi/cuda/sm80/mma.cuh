@@ -133,14 +133,18 @@ __device__ __forceinline__ void LoadTileAsync(uint32_t smem_tile, const Element*
   static_assert(kThreads % kChunks == 0 && kRowStep % 8 == 0 && kRows % kRowStep == 0);
   const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
   const uint32_t dst = smem_tile + SwizzledOffset<kChunks>(r, c);
-  const Element* g = src + (row0 + r) * row_stride + c * 8;
+  // One 64-bit multiply per tile, then a constant byte step per copy (a
+  // product per copy, with the strides re-read from the parameters, cost
+  // ~12 instructions a copy in the key-block loops).
+  const char* g = reinterpret_cast<const char*>(src + (row0 + r) * row_stride + c * 8);
+  const int64_t step_bytes = int64_t(kRowStep) * row_stride * int64_t(sizeof(Element));
   const int64_t rows_left = num_rows - row0 - r;
   const bool col_ok = c * 8 < head_dim;
 #pragma unroll
   for (int i = 0; i < kRows / kRowStep; ++i) {
     const bool valid = col_ok && i * kRowStep < rows_left;
-    CpAsync16(dst + i * kRowStep * kChunks * 16, valid ? g + i * kRowStep * row_stride : src,
-              valid);
+    CpAsync16(dst + i * kRowStep * kChunks * 16, valid ? static_cast<const void*>(g) : src, valid);
+    g += step_bytes;
   }
 }
 
