@@ -3,16 +3,21 @@
     python -m jax_flash.benchmark --help
 
 Method: for each point, every implementation is jitted, run once to compile
-and warm up, then timed `--iters` times (each call blocked on); the median is
-reported. Forward = jit(attention); backward = jit(value_and_grad) minus
-forward. FLOPs as in ../shared/GPU.md: forward 4*B*N*Tq*Tk*H (halved when
-causal), backward 2.5x forward. Writes JSON and a markdown table to --out.
+and warm up, then timed `--iters` times; the median is reported. A sample is
+`calls` back-to-back calls blocked on once, divided by `calls`, where `calls`
+makes a sample last at least --min-sample-ms (so the host's dispatch latency,
+~0.05-0.1 ms a call, is not counted as kernel time at short lengths; 0 gives
+one blocked call per sample, the method of results before 2026-11-30 v7).
+Forward = jit(attention); backward = jit(value_and_grad) minus forward.
+FLOPs as in ../shared/GPU.md: forward 4*B*N*Tq*Tk*H (halved when causal),
+backward 2.5x forward. Writes JSON and a markdown table to --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
@@ -57,14 +62,25 @@ def _attention_fn(impl: str, causal: bool):
     )
 
 
-def _median_seconds(fn, args, iters: int) -> float:
+def calls_per_sample(one_call_s: float, min_sample_s: float, max_calls: int = 100) -> int:
+    """Back-to-back calls that make a timing sample last at least min_sample_s."""
+    if min_sample_s <= 0 or one_call_s >= min_sample_s:
+        return 1
+    return min(max_calls, math.ceil(min_sample_s / max(one_call_s, 1e-7)))
+
+
+def _median_seconds(fn, args, iters: int, min_sample_s: float = 0.0) -> float:
     jax.block_until_ready(fn(*args))  # compile + warm-up
+    start = time.perf_counter()
     jax.block_until_ready(fn(*args))
+    calls = calls_per_sample(time.perf_counter() - start, min_sample_s)
     times = []
     for _ in range(iters):
         start = time.perf_counter()
+        for _ in range(calls - 1):
+            fn(*args)  # dispatched asynchronously; the device runs them in order
         jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
+        times.append((time.perf_counter() - start) / calls)
     return statistics.median(times)
 
 
@@ -74,7 +90,7 @@ def flops_forward(batch, seqlen, heads, head_dim, causal) -> float:
 
 
 def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng, variant="plain",
-                extra=None):
+                extra=None, min_sample_s=0.0):
     """Times one implementation at one point; `extra` = the variant's (bias, mask),
     made here when not given (callers timing several implementations share one)."""
     shape = (batch, seqlen, heads, head_dim)
@@ -88,8 +104,8 @@ def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng,
         lambda q, k, v, bias, mask: jnp.sum(attn(q, k, v, bias, mask).astype(jnp.float32)), (0, 1, 2)
     ))
     args = (q, k, v) + tuple(extra)
-    t_fwd = _median_seconds(fwd, args, iters)
-    t_total = _median_seconds(fwd_bwd, args, iters)
+    t_fwd = _median_seconds(fwd, args, iters, min_sample_s)
+    t_total = _median_seconds(fwd_bwd, args, iters, min_sample_s)
     t_bwd = max(t_total - t_fwd, 1e-9)
     f = flops_forward(batch, seqlen, heads, head_dim, causal)
     return {
@@ -178,7 +194,10 @@ def main(argv=None):
     parser.add_argument("--width", type=int, default=2048, help="N = width / H")
     parser.add_argument("--causal", nargs="+", type=int, default=[0, 1], choices=[0, 1])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=10, help="timing samples per point (median)")
+    parser.add_argument("--min-sample-ms", type=float, default=5.0,
+                        help="back-to-back calls per sample until it lasts this long (0: one "
+                             "blocked call per sample, which also counts host dispatch latency)")
     parser.add_argument("--variant", nargs="+", default=["plain"], choices=VARIANTS,
                         help="plain, with a full float32 bias, or with a [B,1,1,S] key-padding mask")
     parser.add_argument("--long-seqlen", type=int, default=0,
@@ -199,7 +218,8 @@ def main(argv=None):
                     for impl in args.impl:
                         try:
                             row = bench_point(impl, batch, seqlen, heads, head_dim, bool(causal),
-                                              args.dtype, args.iters, rng, variant, extra)
+                                              args.dtype, args.iters, rng, variant, extra,
+                                              args.min_sample_ms / 1e3)
                         except Exception as e:  # e.g. cudnn on the CPU, xla out of memory
                             row = {"impl": impl, "variant": variant, "batch": batch, "seqlen": seqlen,
                                    "heads": heads, "head_dim": head_dim, "causal": bool(causal),
@@ -212,7 +232,8 @@ def main(argv=None):
         print("long sequence:", long_run, flush=True)
     os.makedirs(args.out, exist_ok=True)
     meta = {"jax": jax.__version__, "device": jax.devices()[0].device_kind,
-            "build": jax_flash.build_info(), "iters": args.iters}
+            "build": jax_flash.build_info(), "iters": args.iters,
+            "min_sample_ms": args.min_sample_ms}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "long_sequence": long_run}, f, indent=1)
     write_chart(rows, os.path.join(args.out, "results.png"))

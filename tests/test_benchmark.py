@@ -67,3 +67,29 @@ def test_compare_bench_merges_files_of_one_run(tmp_path, capsys):
     assert [r.split("|")[2].strip() for r in rows] == ["key_padding_mask", "plain"], rows
     mask_row = rows[0].split("|")
     assert mask_row[8].strip() == "-", rows  # the one-file run has no mask point
+
+
+def test_calls_per_sample_amortizes_dispatch_at_short_calls():
+    """A sample of short calls repeats them until it lasts min_sample_s (capped); long calls stay single."""
+    assert benchmark.calls_per_sample(0.0005, 0.005) == 10
+    assert benchmark.calls_per_sample(0.0007, 0.005) == 8  # rounds up: the sample is at least 5 ms
+    assert benchmark.calls_per_sample(0.02, 0.005) == 1
+    assert benchmark.calls_per_sample(0.0005, 0.0) == 1  # 0: one blocked call per sample
+    assert benchmark.calls_per_sample(1e-9, 0.005) == 100  # capped
+
+
+def test_back_to_back_samples_divide_by_the_call_count(monkeypatch):
+    """Each sample's time is per call: with 10 calls of ~1 ms a sample, the median is ~1 ms, not ~10."""
+    import time as time_module
+
+    calls = []
+
+    def fake_fn(x):
+        calls.append(x)
+        time_module.sleep(0.001)
+        return x
+
+    seconds = benchmark._median_seconds(fake_fn, (1,), iters=3, min_sample_s=0.01)
+    per_sample = (len(calls) - 2) // 3  # two warm-up calls, then 3 samples
+    assert per_sample >= 5, len(calls)
+    assert 0.0009 < seconds < 0.004, seconds
