@@ -79,17 +79,19 @@ def test_calls_per_sample_amortizes_dispatch_at_short_calls():
 
 
 def test_back_to_back_samples_divide_by_the_call_count(monkeypatch):
-    """Each sample's time is per call: with 10 calls of ~1 ms a sample, the median is ~1 ms, not ~10."""
-    import time as time_module
-
+    """With a clock that advances 1 ms per call, a 10 ms sample holds 10 calls and reports 1 ms per call."""
+    clock = [0.0]
     calls = []
 
     def fake_fn(x):
         calls.append(x)
-        time_module.sleep(0.001)
+        clock[0] += 0.001
         return x
 
+    monkeypatch.setattr(benchmark.time, "perf_counter", lambda: clock[0])
     seconds = benchmark._median_seconds(fake_fn, (1,), iters=3, min_sample_s=0.01)
-    per_sample = (len(calls) - 2) // 3  # two warm-up calls, then 3 samples
-    assert per_sample >= 5, len(calls)
-    assert 0.0009 < seconds < 0.004, seconds
+    assert len(calls) == 2 + 3 * 10, len(calls)  # compile + calibration call, then 3 samples of 10
+    assert abs(seconds - 0.001) < 1e-12, seconds
+    calls.clear()
+    assert abs(benchmark._median_seconds(fake_fn, (1,), iters=3, min_sample_s=0.0) - 0.001) < 1e-12
+    assert len(calls) == 2 + 3  # the old method: one blocked call per sample
