@@ -280,6 +280,24 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     }
   };
 
+  // A warp's [kM x 16 keys][kQCols queries] fragment (P^T or dS^T) into a
+  // [kBlockRows][kBlockCols] 16-bit tile, for its partners (and dQ): pairs of
+  // queries are contiguous, and the swizzle spreads the 8 key rows of a
+  // store over all banks.
+  auto store_slice = [&](uint32_t tile, const float(&frag)[kM][kSN][4]) {
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const uint32_t offset =
+              SwizzledOffset<kPtC>(warp_row + mt * 16 + g + hh * 8, q_col0 / 8 + nt) + 4 * t;
+          const uint32_t pair = Pack2<Element>(frag[mt][nt][2 * hh], frag[mt][nt][2 * hh + 1]);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile + offset), "r"(pair));
+        }
+  };
+
   auto run_step = [&](int stage_index, StepPos pos, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
     const int64_t h = pos.h, m0 = pos.m0;
@@ -290,14 +308,40 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 
     float st[kM][kSN][4] = {}, dpt[kM][kSN][4] = {};
     GemmSmemSmemT<Element, kM, kSN, kHeadDim, Tr::kQkUnroll>(st, k_tile, warp_row, q_tile, q_col0, lane);    // S^T
+    constexpr bool kPlainLogits = !(kFeatures && kMasked);
+    if constexpr (kPlainLogits) {
+      // P^T, and dV's own share, before the dP^T product: the exp2s (one
+      // MUFU per element) then overlap MMAs instead of following both
+      // products with the tensor cores idle, and dP^T and P^T are never
+      // live together outside the feature path.
+      // Block-relative int32 indices: key row r (of kBlockRows) and query
+      // column c (of kBlockCols) see each other when r < key_limit, c <
+      // query_limit and (not causal or r - c <= m0 - n0).
+      const int key_limit = int(min(int64_t(Tr::kBlockRows), s.seqlen_k - n0));
+      const int query_limit = int(min(int64_t(Tr::kBlockCols), s.seqlen_q - m0));
+      const int diagonal =
+          int(max(int64_t(-2 * Tr::kBlockRows), min(int64_t(2 * Tr::kBlockRows), m0 - n0)));
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int col = q_col0 + nt * 8 + 2 * t + (i % 2);
+            float prob = FastExp2(fmaf(st[mt][nt][i], scale_log2, -lse2_s[col]));
+            if constexpr (kMasked) {
+              const int row = warp_row + mt * 16 + g + (i / 2) * 8;
+              if (row >= key_limit || col >= query_limit || (p.is_causal && row - col > diagonal))
+                prob = 0.0f;
+            }
+            st[mt][nt][i] = prob;  // P^T
+          }
+      // dV's own queries, from registers (the partners' come after the barrier).
+      store_slice(pt_tile, st);
+      GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dv, st, do_tile, q_col0, lane, col_tile0);  // dV += P^T dO
+    }
     GemmSmemSmemT<Element, kM, kSN, kHeadDim, Tr::kQkUnroll>(dpt, v_tile, warp_row, do_tile, q_col0, lane);  // dP^T
-    // Block-relative int32 indices: key row r (of kBlockRows) and query
-    // column c (of kBlockCols) see each other when r < key_limit, c <
-    // query_limit and (not causal or r - c <= m0 - n0).
-    const int key_limit = int(min(int64_t(Tr::kBlockRows), s.seqlen_k - n0));
-    const int query_limit = int(min(int64_t(Tr::kBlockCols), s.seqlen_q - m0));
-    const int diagonal = int(max(int64_t(-2 * Tr::kBlockRows), min(int64_t(2 * Tr::kBlockRows), m0 - n0)));
-    if constexpr (kFeatures && kMasked) {
+    if constexpr (!kPlainLogits) {
       const LogitFeatures lf = LogitFeatures::For(p, b, h);
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt)
@@ -334,6 +378,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
                   lf.ChainSoftcap(prob * (dpt[mt][nt][i] * drop - delta_s[col]), tanh_value);  // dS^T
             }
         }
+      store_slice(pt_tile, st);
+      GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dv, st, do_tile, q_col0, lane, col_tile0);  // dV += P^T dO
     } else {
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt)
@@ -342,34 +388,10 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int col = q_col0 + nt * 8 + 2 * t + (i % 2);
-            float prob = FastExp2(fmaf(st[mt][nt][i], scale_log2, -lse2_s[col]));
-            if constexpr (kMasked) {
-              const int row = warp_row + mt * 16 + g + (i / 2) * 8;
-              if (row >= key_limit || col >= query_limit || (p.is_causal && row - col > diagonal))
-                prob = 0.0f;
-            }
-            st[mt][nt][i] = prob;                                     // P^T
-            dpt[mt][nt][i] = prob * (dpt[mt][nt][i] - delta_s[col]);  // dS^T
+            dpt[mt][nt][i] = st[mt][nt][i] * (dpt[mt][nt][i] - delta_s[col]);  // dS^T
           }
     }
-    // This warp's P^T and dS^T slices to shared memory for its partners (and
-    // dS^T for dQ): pairs of queries are contiguous, and the swizzle spreads
-    // the 8 key rows of a store over all banks.
-#pragma unroll
-    for (int mt = 0; mt < kM; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kSN; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const uint32_t offset =
-              SwizzledOffset<kPtC>(warp_row + mt * 16 + g + hh * 8, q_col0 / 8 + nt) + 4 * t;
-          const uint32_t p_pair = Pack2<Element>(st[mt][nt][2 * hh], st[mt][nt][2 * hh + 1]);
-          const uint32_t ds_pair = Pack2<Element>(dpt[mt][nt][2 * hh], dpt[mt][nt][2 * hh + 1]);
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(pt_tile + offset), "r"(p_pair));
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_tile + offset), "r"(ds_pair));
-        }
-    // Own queries first, from registers, while the partners store theirs.
-    GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dv, st, do_tile, q_col0, lane, col_tile0);  // dV += P^T dO
+    store_slice(ds_tile, dpt);
     GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dk, dpt, q_tile, q_col0, lane, col_tile0);  // dK += dS^T Q
     // The partners' slices are in shared memory. The fused pass waits for
     // every warp instead: dQ below reads all of dS^T.
