@@ -310,10 +310,9 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     GemmSmemSmemT<Element, kM, kSN, kHeadDim, Tr::kQkUnroll>(st, k_tile, warp_row, q_tile, q_col0, lane);    // S^T
     constexpr bool kPlainLogits = !(kFeatures && kMasked);
     if constexpr (kPlainLogits) {
-      // P^T, and dV's own share, before the dP^T product: the exp2s (one
-      // MUFU per element) then overlap MMAs instead of following both
-      // products with the tensor cores idle, and dP^T and P^T are never
-      // live together outside the feature path.
+      // P^T before the dP^T product: the exp2s (one MUFU per element) then
+      // complete under its MMAs instead of following both products with the
+      // tensor cores idle.
       // Block-relative int32 indices: key row r (of kBlockRows) and query
       // column c (of kBlockCols) see each other when r < key_limit, c <
       // query_limit and (not causal or r - c <= m0 - n0).
@@ -336,11 +335,15 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
             }
             st[mt][nt][i] = prob;  // P^T
           }
+    }
+    // The exp2s above complete under these MMAs; k steps unrolled by 4 (the
+    // full 8 at 128 spills once P^T and dP^T are both live).
+    GemmSmemSmemT<Element, kM, kSN, kHeadDim, 4>(dpt, v_tile, warp_row, do_tile, q_col0, lane);  // dP^T
+    if constexpr (kPlainLogits) {
       // dV's own queries, from registers (the partners' come after the barrier).
       store_slice(pt_tile, st);
       GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dv, st, do_tile, q_col0, lane, col_tile0);  // dV += P^T dO
     }
-    GemmSmemSmemT<Element, kM, kSN, kHeadDim, Tr::kQkUnroll>(dpt, v_tile, warp_row, do_tile, q_col0, lane);  // dP^T
     if constexpr (!kPlainLogits) {
       const LogitFeatures lf = LogitFeatures::For(p, b, h);
 #pragma unroll
