@@ -336,9 +336,9 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
             st[mt][nt][i] = prob;  // P^T
           }
     }
-    // The exp2s above complete under these MMAs; k steps unrolled by 4 (the
-    // full 8 at 128 spills once P^T and dP^T are both live).
-    GemmSmemSmemT<Element, kM, kSN, kHeadDim, 4>(dpt, v_tile, warp_row, do_tile, q_col0, lane);  // dP^T
+    // The exp2s above complete under these MMAs (the full unroll, 8 k steps
+    // at 128, spills once P^T and dP^T are both live).
+    GemmSmemSmemT<Element, kM, kSN, kHeadDim, Tr::kQkUnroll>(dpt, v_tile, warp_row, do_tile, q_col0, lane);  // dP^T
     if constexpr (kPlainLogits) {
       // dV's own queries, from registers (the partners' come after the barrier).
       store_slice(pt_tile, st);

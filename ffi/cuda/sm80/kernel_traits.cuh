@@ -73,9 +73,10 @@ struct BwdTraits {
   static constexpr int kQCols = kBlockCols / kQSplit;  // queries of S^T per warp
   static constexpr int kSNTiles = kQCols / 8;
   static constexpr int kDkvCols = kHeadDim / kQSplit;  // dK/dV columns per warp
-  // S^T and dP^T k steps unrolled (each issues 4 ldmatrix for 8 MMAs): all
-  // 4 at 64; 2 elsewhere, where 4 would spill.
-  static constexpr int kQkUnroll = kHeadDim == 64 ? 4 : 2;
+  // S^T and dP^T k steps unrolled by 4 (each issues 4 ldmatrix for 8 MMAs;
+  // the next step's loads go under this one's MMAs): 0 spills in the plain
+  // kernels at every head dim.
+  static constexpr int kQkUnroll = 4;
   // Per pipeline stage: Q and dO [kBlockCols][kHeadDim], then lse2 and delta
   // for kBlockCols rows. Two stages: the next step's tiles load while this
   // one computes (one block per SM at 255 registers leaves nothing else to
