@@ -11,17 +11,21 @@ struct FwdTraits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
   // Two m-tiles per warp reuse every K/V fragment loaded from shared memory
   // twice (halving shared-memory traffic per MMA); at 256 the output
-  // accumulators alone would then take 256 registers, so 8 warps x 1 m-tile.
+  // accumulators alone would then take 256 registers, so one m-tile.
   // The variant with attention features (masks, bias, soft cap, dropout per
   // element) keeps one m-tile: its per-element code needs the registers.
+  // 4 warps per block at every head dim: two blocks share an SM (registers
+  // and shared memory allow two), and their barriers are independent, so one
+  // block's softmax runs beside the other's MMAs. (At 256 one block of 8
+  // warps had all warps of the SM in the same phase.)
   static constexpr bool kFeatures = kFeatures_;
-  static constexpr int kWarps = kHeadDim == 256 ? 8 : 4;
+  static constexpr int kWarps = 4;
   // The feature variants keep one m-tile per warp for register room, except
   // at 64, where two fit (as in the plain kernel: half the K/V fragment reads
   // per MMA).
   static constexpr int kMTiles = kHeadDim == 256 || (kFeatures && kHeadDim > 64) ? 1 : 2;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockM = kWarps * kMTiles * 16;  // 128
+  static constexpr int kBlockM = kWarps * kMTiles * 16;  // 128, 64 with one m-tile
   // Keys per block: 64 (S, 32 floats per m-tile, plus O fit in 255
   // registers; per key block the QK^T B fragments feed twice as many MMAs as
   // with 32 and the fixed per-block work is halved); at 256, 32 keys keep
