@@ -199,7 +199,10 @@ __device__ __forceinline__ void SyncKeyGroup(int group) {
 // kBlockCols queries it computes S^T and dP^T for slice q_part = w % kQSplit
 // (kQCols queries), and of dK and dV the columns kDkvCols * q_part ... Its
 // own P^T and dS^T slices feed dV and dK from registers; the partners'
-// slices come from shared memory after the group's barrier.
+// slices come from shared memory after a barrier (the group's; the block's
+// in the fused pass, whose dQ product then reads every warp's dS^T). Two
+// barriers per step: that one, and the step's start (tiles landed; the
+// previous step's P^T / dS^T readers done).
 template <typename Element, int kHeadDim, bool kFusedDq, bool kFeatures = false>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     DkvKernel(const AttentionParams p) {
