@@ -219,6 +219,16 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   float* row_stats = reinterpret_cast<float*>(smem + Tr::kRowStatsOffset);  // [kStages][2][kBlockCols]
   const uint32_t pt_tile = k_tile + Tr::kPtOffset;  // [kBlockRows][kBlockCols]
   const uint32_t ds_tile = k_tile + Tr::kDsOffset;  // [kBlockRows][kBlockCols]
+  // Hopper: dS^T alternates between two tiles and a step's dQ runs in the
+  // next step (Tr::kFusedSm90SmemBytes; the launch sizes shared memory to match).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kDeferDq = kFusedDq;
+#else
+  constexpr bool kDeferDq = false;
+#endif
+  auto ds_buffer = [&](int parity) {
+    return kDeferDq && parity ? k_tile + Tr::kDs2Offset : ds_tile;
+  };
 
   const auto& s = p.shape;
   const int64_t b = blockIdx.z, hk = blockIdx.y;
@@ -309,6 +319,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     const float* lse2_s = row_stats + stage_index * 2 * Tr::kBlockCols;
     const float* delta_s = lse2_s + Tr::kBlockCols;
 
+    const uint32_t ds_write = ds_buffer(stage_index);  // this step's dS^T tile
     float st[kM][kSN][4] = {}, dpt[kM][kSN][4] = {};
     GemmSmemSmemT<Element, kM, kSN, kHeadDim, Tr::kQkUnroll>(st, k_tile, warp_row, q_tile, q_col0, lane);    // S^T
     constexpr bool kPlainLogits = !(kFeatures && kMasked);
@@ -397,11 +408,11 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
             dpt[mt][nt][i] = st[mt][nt][i] * (dpt[mt][nt][i] - delta_s[col]);  // dS^T
           }
     }
-    store_slice(ds_tile, dpt);
+    store_slice(ds_write, dpt);
     GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dk, dpt, q_tile, q_col0, lane, col_tile0);  // dK += dS^T Q
-    // The partners' slices are in shared memory. The fused pass waits for
-    // every warp instead: dQ below reads all of dS^T.
-    if constexpr (kFusedDq) {
+    // The partners' slices are in shared memory. The fused pass without a
+    // second dS^T tile waits for every warp instead: dQ below reads all of dS^T.
+    if constexpr (kFusedDq && !kDeferDq) {
       __syncthreads();
     } else {
       SyncKeyGroup<Tr::kQSplit>(group);
@@ -412,12 +423,13 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       GemmSmemSmem<Element, kM, Tr::kQCols / 16, kPtC, kHeadDim / 8, Tr::kDkvCols>(
           dv, pt_tile, warp_row, c0, do_tile, c0, col_tile0, lane);
       GemmSmemSmem<Element, kM, Tr::kQCols / 16, kPtC, kHeadDim / 8, Tr::kDkvCols>(
-          dk, ds_tile, warp_row, c0, q_tile, c0, col_tile0, lane);
+          dk, ds_write, warp_row, c0, q_tile, c0, col_tile0, lane);
     }
-    if constexpr (kFusedDq) AccumulateDq<Element, kHeadDim>(p, ds_tile, k_tile, b, h, m0, warp, lane);
+    if constexpr (kFusedDq && !kDeferDq)
+      AccumulateDq<Element, kHeadDim>(p, ds_tile, k_tile, b, h, m0, warp, lane);
   };
 
-  StepPos pos{hk * s.group(), m_start};
+  StepPos pos{hk * s.group(), m_start}, prev = pos;
   if (steps > 0) load_qdo(0, pos);
   for (int step = 0; step < steps; ++step) {
     CpAsyncWait<0>();
@@ -427,6 +439,12 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     __syncthreads();
     const StepPos next = advance(pos);
     if (step + 1 < steps) load_qdo((step + 1) & 1, next);  // into the stage the previous step used
+    // The previous step's dQ, from its dS^T tile (every warp's slices are in
+    // since the barrier above; this step writes the other tile).
+    if constexpr (kDeferDq) {
+      if (step > 0) AccumulateDq<Element, kHeadDim>(p, ds_buffer((step - 1) & 1), k_tile, b, prev.h,
+                                                    prev.m0, warp, lane);
+    }
     // Element masks only where a pair can be invisible: tails, and causal
     // query blocks that start before the key block ends.
     bool masked;
@@ -442,7 +460,15 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     } else {
       run_step(step & 1, pos, std::false_type{});
     }
+    prev = pos;
     pos = next;
+  }
+  if constexpr (kDeferDq) {
+    if (steps > 0) {
+      __syncthreads();  // the last step's dS^T slices are in
+      AccumulateDq<Element, kHeadDim>(p, ds_buffer((steps - 1) & 1), k_tile, b, prev.h, prev.m0,
+                                      warp, lane);
+    }
   }
 
   CpAsyncWait<0>();  // a block whose keys no query sees never waited for its K/V copies

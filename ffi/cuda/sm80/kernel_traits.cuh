@@ -95,6 +95,12 @@ struct BwdTraits {
   static constexpr int kPtBytes = kBlockRows * kBlockCols * 2;
   static constexpr int kDsOffset = kPtOffset + kPtBytes;
   static constexpr int kDkvSmemBytes = kDsOffset + kPtBytes;
+  // On Hopper (227 KiB per block) the fused pass keeps a second dS^T tile, so
+  // a step's dQ product can run in the next step (after its first barrier)
+  // and the mid-step barrier only has to gather a key group; an A100 (163
+  // KiB) cannot fit it at 128.
+  static constexpr int kDs2Offset = kDkvSmemBytes;
+  static constexpr int kFusedSm90SmemBytes = kDs2Offset + kPtBytes;
   // dQ = dS K over the block's keys: [kBlockCols][kHeadDim] split over the 8
   // warps as 2 query halves (two m-tiles each) x 4 column quarters.
   static constexpr int kDqColsPerWarp = kHeadDim / 4;
