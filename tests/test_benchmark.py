@@ -16,14 +16,15 @@ def test_help_works_without_a_gpu():
 def test_tiny_run_writes_json_and_table(tmp_path):
     benchmark.main(["--impl", "jax_flash", "jax_flash_deterministic", "xla", "--head-dim", "32", "--seqlen", "128",
                     "--tokens", "256", "--width", "64", "--causal", "1", "--iters", "2",
-                    "--dtype", "float32", "--variant", "plain", "bias", "key_padding_mask",
+                    "--dtype", "float32", "--variant", "plain", "bias", "key_padding_mask", "kv_lengths",
                     "--long-seqlen", "512", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "results.json").read_text())
     rows = result["rows"]
-    assert len(rows) == 9 and all("error" not in r for r in rows), rows
+    assert len(rows) == 12 and all("error" not in r for r in rows), rows
     assert all(r["fwd_ms"] > 0 and r["bwd_ms"] > 0 for r in rows)
     assert result["long_sequence"]["grads_finite"]
-    assert "| jax_flash | bias |" in (tmp_path / "results.md").read_text()
+    table = (tmp_path / "results.md").read_text()
+    assert "| jax_flash | bias |" in table and "| xla | kv_lengths |" in table
 
 
 def test_compare_bench_script(tmp_path, capsys):
@@ -79,17 +80,19 @@ def test_calls_per_sample_amortizes_dispatch_at_short_calls():
 
 
 def test_back_to_back_samples_divide_by_the_call_count(monkeypatch):
-    """Each sample's time is per call: with 10 calls of ~1 ms a sample, the median is ~1 ms, not ~10."""
-    import time as time_module
-
+    """With a clock that advances 1 ms per call, a 10 ms sample holds 10 calls and reports 1 ms per call."""
+    clock = [0.0]
     calls = []
 
     def fake_fn(x):
         calls.append(x)
-        time_module.sleep(0.001)
+        clock[0] += 0.001
         return x
 
+    monkeypatch.setattr(benchmark.time, "perf_counter", lambda: clock[0])
     seconds = benchmark._median_seconds(fake_fn, (1,), iters=3, min_sample_s=0.01)
-    per_sample = (len(calls) - 2) // 3  # two warm-up calls, then 3 samples
-    assert per_sample >= 5, len(calls)
-    assert 0.0009 < seconds < 0.004, seconds
+    assert len(calls) == 2 + 3 * 10, len(calls)  # compile + calibration call, then 3 samples of 10
+    assert abs(seconds - 0.001) < 1e-12, seconds
+    calls.clear()
+    assert abs(benchmark._median_seconds(fake_fn, (1,), iters=3, min_sample_s=0.0) - 0.001) < 1e-12
+    assert len(calls) == 2 + 3  # the old method: one blocked call per sample
