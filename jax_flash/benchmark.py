@@ -33,32 +33,39 @@ IMPLEMENTATIONS = ("jax_flash", "cudnn", "xla")
 EXTRA_IMPLEMENTATIONS = ("jax_flash_deterministic",)
 
 
-VARIANTS = ("plain", "bias", "key_padding_mask")
+VARIANTS = ("plain", "bias", "key_padding_mask", "kv_lengths")
 
 
 def _extra_args(variant: str, batch, seqlen, heads, rng):
-    """Positional (bias, mask) for a variant: a full [B, N, T, S] float32 bias,
-    or a [B, 1, 1, S] key-padding mask hiding the last eighth of each sequence."""
+    """Positional (bias, mask, key_value_seq_lengths) for a variant: a full [B, N, T, S]
+    float32 bias; a [B, 1, 1, S] key-padding mask hiding the last eighth of each
+    sequence; or the same padding as per-batch key lengths (which jax's cuDNN path
+    takes, unlike that mask)."""
     if variant == "bias":
         # float32 straight from the generator: [4, 16, 4096, 4096] is 4 GiB already.
-        return (jnp.asarray(rng.standard_normal((batch, heads, seqlen, seqlen), dtype=np.float32)), None)
+        return (jnp.asarray(rng.standard_normal((batch, heads, seqlen, seqlen), dtype=np.float32)), None, None)
     if variant == "key_padding_mask":
         valid = np.arange(seqlen) < seqlen - seqlen // 8
-        return (None, jnp.asarray(np.broadcast_to(valid, (batch, 1, 1, seqlen))))
-    return (None, None)
+        return (None, jnp.asarray(np.broadcast_to(valid, (batch, 1, 1, seqlen))), None)
+    if variant == "kv_lengths":
+        return (None, None, jnp.full((batch,), seqlen - seqlen // 8, jnp.int32))
+    return (None, None, None)
 
 
 def _attention_fn(impl: str, causal: bool):
-    """attention(q, k, v, bias, mask). The bias and mask are arguments of the
-    jitted function, never closed over: a closed-over array becomes an XLA
-    constant (4 GiB for the bias variant), which is slow to compile and run."""
+    """attention(q, k, v, bias, mask, kv_lengths). The bias, mask and lengths are
+    arguments of the jitted function, never closed over: a closed-over array
+    becomes an XLA constant (4 GiB for the bias variant), which is slow to
+    compile and run."""
     if impl.startswith("jax_flash"):
         deterministic = impl == "jax_flash_deterministic"
-        return lambda q, k, v, bias, mask: jax_flash.attention(
-            q, k, v, bias, mask, is_causal=causal, deterministic=deterministic
+        return lambda q, k, v, bias, mask, kv_lengths: jax_flash.attention(
+            q, k, v, bias, mask, is_causal=causal, key_value_seq_lengths=kv_lengths,
+            deterministic=deterministic,
         )
-    return lambda q, k, v, bias, mask: jax.nn.dot_product_attention(
-        q, k, v, bias, mask, is_causal=causal, implementation=impl
+    return lambda q, k, v, bias, mask, kv_lengths: jax.nn.dot_product_attention(
+        q, k, v, bias, mask, is_causal=causal, key_value_seq_lengths=kv_lengths,
+        implementation=impl,
     )
 
 
@@ -91,7 +98,7 @@ def flops_forward(batch, seqlen, heads, head_dim, causal) -> float:
 
 def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng, variant="plain",
                 extra=None, min_sample_s=0.0):
-    """Times one implementation at one point; `extra` = the variant's (bias, mask),
+    """Times one implementation at one point; `extra` = the variant's (bias, mask, kv_lengths),
     made here when not given (callers timing several implementations share one)."""
     shape = (batch, seqlen, heads, head_dim)
     q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(3))
@@ -101,7 +108,8 @@ def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng,
     fwd = jax.jit(attn)
     # Gradients of q, k and v only: the bias is not differentiated.
     fwd_bwd = jax.jit(jax.value_and_grad(
-        lambda q, k, v, bias, mask: jnp.sum(attn(q, k, v, bias, mask).astype(jnp.float32)), (0, 1, 2)
+        lambda q, k, v, bias, mask, kv_lengths: jnp.sum(attn(q, k, v, bias, mask, kv_lengths).astype(jnp.float32)),
+        (0, 1, 2)
     ))
     args = (q, k, v) + tuple(extra)
     t_fwd = _median_seconds(fwd, args, iters, min_sample_s)
@@ -199,7 +207,8 @@ def main(argv=None):
                         help="back-to-back calls per sample until it lasts this long (0: one "
                              "blocked call per sample, which also counts host dispatch latency)")
     parser.add_argument("--variant", nargs="+", default=["plain"], choices=VARIANTS,
-                        help="plain, with a full float32 bias, or with a [B,1,1,S] key-padding mask")
+                        help="plain; with a full float32 bias; with a [B,1,1,S] key-padding mask; "
+                             "or with the same padding as key_value_seq_lengths")
     parser.add_argument("--long-seqlen", type=int, default=0,
                         help="also run jax_flash fwd+bwd at B=1, N=16, H=128 and this length "
                              "(131072 for the 128k check), reporting peak device memory")

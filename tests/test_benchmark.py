@@ -16,14 +16,15 @@ def test_help_works_without_a_gpu():
 def test_tiny_run_writes_json_and_table(tmp_path):
     benchmark.main(["--impl", "jax_flash", "jax_flash_deterministic", "xla", "--head-dim", "32", "--seqlen", "128",
                     "--tokens", "256", "--width", "64", "--causal", "1", "--iters", "2",
-                    "--dtype", "float32", "--variant", "plain", "bias", "key_padding_mask",
+                    "--dtype", "float32", "--variant", "plain", "bias", "key_padding_mask", "kv_lengths",
                     "--long-seqlen", "512", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "results.json").read_text())
     rows = result["rows"]
-    assert len(rows) == 9 and all("error" not in r for r in rows), rows
+    assert len(rows) == 12 and all("error" not in r for r in rows), rows
     assert all(r["fwd_ms"] > 0 and r["bwd_ms"] > 0 for r in rows)
     assert result["long_sequence"]["grads_finite"]
-    assert "| jax_flash | bias |" in (tmp_path / "results.md").read_text()
+    table = (tmp_path / "results.md").read_text()
+    assert "| jax_flash | bias |" in table and "| xla | kv_lengths |" in table
 
 
 def test_compare_bench_script(tmp_path, capsys):
