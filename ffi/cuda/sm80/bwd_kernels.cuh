@@ -66,12 +66,12 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   float dq[1][kD][4] = {};
 
   const int64_t kv_end = p.is_causal ? min(s.seqlen_k, m0 + Tr::kDqRows) : s.seqlen_k;
-  const int steps = int((kv_end + Tr::kBlockCols - 1) / Tr::kBlockCols);
+  const int steps = int((kv_end + Tr::kDqBlockCols - 1) / Tr::kDqBlockCols);
   auto load_kv = [&](int step) {
-    const uint32_t stage = kv_stages + (step % Tr::kStages) * Tr::kStageBytes;
-    const int64_t n0 = int64_t(step) * Tr::kBlockCols;
-    LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(stage, k, p.k_stride.row, n0, s.seqlen_k, d);
-    LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(stage + Tr::kBlockCols * Tr::kTileBytes, v,
+    const uint32_t stage = kv_stages + (step % Tr::kStages) * Tr::kDqStageBytes;
+    const int64_t n0 = int64_t(step) * Tr::kDqBlockCols;
+    LoadTileAsync<Tr::kDqBlockCols, kHeadDim, Tr::kThreads>(stage, k, p.k_stride.row, n0, s.seqlen_k, d);
+    LoadTileAsync<Tr::kDqBlockCols, kHeadDim, Tr::kThreads>(stage + Tr::kDqBlockCols * Tr::kTileBytes, v,
                                                           p.k_stride.row, n0, s.seqlen_k, d);
     CpAsyncCommit();
   };
@@ -80,14 +80,14 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     CpAsyncWait<0>();
     __syncthreads();  // this step's K/V landed; every warp is done with the previous step's
     if (step + 1 < steps) load_kv(step + 1);  // into the stage the previous step used
-    const int64_t n0 = int64_t(step) * Tr::kBlockCols;
-    const uint32_t k_tile = kv_stages + (step % Tr::kStages) * Tr::kStageBytes;
-    const uint32_t v_tile = k_tile + Tr::kBlockCols * Tr::kTileBytes;
+    const int64_t n0 = int64_t(step) * Tr::kDqBlockCols;
+    const uint32_t k_tile = kv_stages + (step % Tr::kStages) * Tr::kDqStageBytes;
+    const uint32_t v_tile = k_tile + Tr::kDqBlockCols * Tr::kTileBytes;
 
     float sc[1][kN][4] = {}, dp[1][kN][4] = {};
     GemmSmemSmemT<Element, 1, kN, kHeadDim, kQkUnroll>(sc, q_tile, warp_row, k_tile, 0, lane);   // S
     GemmSmemSmemT<Element, 1, kN, kHeadDim, kQkUnroll>(dp, do_tile, warp_row, v_tile, 0, lane);  // dP
-    const int col_limit = int(min(int64_t(Tr::kBlockCols), s.seqlen_k - n0));
+    const int col_limit = int(min(int64_t(Tr::kDqBlockCols), s.seqlen_k - n0));
     const int diagonal = int(m0 - n0);
 #pragma unroll
     for (int nt = 0; nt < kN; ++nt)
@@ -107,8 +107,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
                                          float(p.scale), lane);
 }
 
-// dQ[m0 .., columns] += dS K for this warp's share of the query block (a
-// half: two m-tiles) and of the head dim (a quarter), from dS^T in shared
+// dQ[m0 .., columns] += dS K for this warp's share of the query block (32
+// queries: two m-tiles) and of the head dim, from dS^T in shared
 // memory ([key][query], so A comes through ldmatrix.trans) and the block's K
 // tile; then float32 atomics into dq_accum (other key blocks add to the same
 // rows).
@@ -119,8 +119,8 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
   using Tr = BwdTraits<kHeadDim>;
   constexpr int kC = kHeadDim / 8, kDsC = Tr::kBlockCols / 8;
   constexpr int kNt = Tr::kDqColsPerWarp / 8;  // 8-column tiles
-  static_assert(Tr::kWarps == 8 && Tr::kBlockCols == 64, "2 query halves x 4 column quarters");
-  const int q_half = warp / 4, tile0 = (warp % 4) * kNt;
+  static_assert(Tr::kWarps % Tr::kDqQParts == 0 && kNt % 2 == 0);
+  const int q_part = warp / Tr::kDqDParts, tile0 = (warp % Tr::kDqDParts) * kNt;
   const auto& s = p.shape;
   const int d = int(s.head_dim);
   const int g = lane / 4, t = lane % 4;
@@ -129,9 +129,9 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
   float acc[2][kNt][4] = {};
 #pragma unroll 2
   for (int kk = 0; kk < Tr::kBlockRows / 16; ++kk) {
-    uint32_t a[2][4];  // dS[queries of m-tile q_half * 2 + mt, keys 16 kk ..], from dS^T [key][query]
+    uint32_t a[2][4];  // dS[queries of m-tile q_part * 2 + mt, keys 16 kk ..], from dS^T [key][query]
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) LdMatrixX4Trans(a[mt], ds_rows.At(kk * 16, (q_half * 2 + mt) * 2));
+    for (int mt = 0; mt < 2; ++mt) LdMatrixX4Trans(a[mt], ds_rows.At(kk * 16, (q_part * 2 + mt) * 2));
 #pragma unroll
     for (int nt = 0; nt < kNt; nt += 2) {
       uint32_t bf[4];  // K[keys 16 kk .., d-tiles tile0 + nt and + 1]
@@ -147,7 +147,7 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
   // immediate offsets) and one column check per warp: the padded head-dim
   // case is the rare one.
   const bool all_cols = (tile0 + kNt) * 8 <= d;
-  const int64_t row0 = m0 + q_half * 32 + g;
+  const int64_t row0 = m0 + q_part * 32 + g;
   float* const dst0 = p.dq_accum + p.row_stat_index(b, h, row0) * d + tile0 * 8 + 2 * t;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)

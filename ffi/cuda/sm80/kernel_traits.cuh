@@ -65,7 +65,10 @@ struct BwdTraits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockCols = 64;  // queries per step of the dK/dV pass
+  // Queries per step of the dK/dV pass: 128 at 64 (S^T and dP^T slices of
+  // 32 keys x 64 queries per warp fit beside the smaller dK/dV, and each
+  // K/V fragment read feeds twice as many MMAs), else 64.
+  static constexpr int kBlockCols = kHeadDim == 64 ? 128 : 64;
   static constexpr int kTileBytes = kHeadDim * 2;  // one row of a 16-bit tile
 
   // dK/dV pass. dK and dV of 32 keys x kDkvCols columns take 2 x 64 float
@@ -102,14 +105,19 @@ struct BwdTraits {
   static constexpr int kDs2Offset = kDkvSmemBytes;
   static constexpr int kFusedSm90SmemBytes = kDs2Offset + kPtBytes;
   // dQ = dS K over the block's keys: [kBlockCols][kHeadDim] split over the 8
-  // warps as 2 query halves (two m-tiles each) x 4 column quarters.
-  static constexpr int kDqColsPerWarp = kHeadDim / 4;
+  // warps as kDqQParts slices of 32 queries (two m-tiles) x kDqDParts column
+  // slices.
+  static constexpr int kDqQParts = kBlockCols / 32;
+  static constexpr int kDqDParts = kWarps / kDqQParts;
+  static constexpr int kDqColsPerWarp = kHeadDim / kDqDParts;
 
   // Deterministic dQ pass: Q and dO [kDqRows][kHeadDim], two stages of K and
-  // V [kBlockCols][kHeadDim], 64 keys per step.
+  // V [kDqBlockCols][kHeadDim], 64 keys per step.
   static constexpr int kDqRows = kWarps * 16;
-  static constexpr int kNTiles = kBlockCols / 8;  // n8 tiles of its S per warp
-  static constexpr int kDqSmemBytes = 2 * kDqRows * kTileBytes + kStages * kStageBytes;
+  static constexpr int kDqBlockCols = 64;
+  static constexpr int kNTiles = kDqBlockCols / 8;  // n8 tiles of its S per warp
+  static constexpr int kDqStageBytes = 2 * kDqBlockCols * kTileBytes;
+  static constexpr int kDqSmemBytes = 2 * kDqRows * kTileBytes + kStages * kDqStageBytes;
 };
 
 }  // namespace jax_flash::cuda::sm80
