@@ -323,10 +323,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     float st[kM][kSN][4] = {}, dpt[kM][kSN][4] = {};
     GemmSmemSmemT<Element, kM, kSN, kHeadDim, Tr::kQkUnroll>(st, k_tile, warp_row, q_tile, q_col0, lane);    // S^T
     constexpr bool kPlainLogits = !(kFeatures && kMasked);
-    if constexpr (kPlainLogits) {
-      // P^T before the dP^T product: the exp2s (one MUFU per element) then
-      // complete under its MMAs instead of following both products with the
-      // tensor cores idle.
+    // P^T = exp2(S^T scaled - lse2), zero where masked.
+    auto exp_to_pt = [&] {
       // Block-relative int32 indices: key row r (of kBlockRows) and query
       // column c (of kBlockCols) see each other when r < key_limit, c <
       // query_limit and (not causal or r - c <= m0 - n0).
@@ -349,10 +347,29 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
             }
             st[mt][nt][i] = prob;  // P^T
           }
-    }
-    // The exp2s above complete under these MMAs (the full unroll, 8 k steps
-    // at 128, spills once P^T and dP^T are both live).
+    };
+    // dS^T = P^T (dP^T - delta), in dP^T's registers.
+    auto ds_from_dpt = [&] {
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int col = q_col0 + nt * 8 + 2 * t + (i % 2);
+            dpt[mt][nt][i] = st[mt][nt][i] * (dpt[mt][nt][i] - delta_s[col]);  // dS^T
+          }
+    };
+    // P^T before the dP^T product where registers allow (Tr::kExpBeforeDp):
+    // the exp2s (one MUFU per element) then complete under its MMAs instead
+    // of following both products with the tensor cores idle.
+    if constexpr (kPlainLogits && Tr::kExpBeforeDp) exp_to_pt();
     GemmSmemSmemT<Element, kM, kSN, kHeadDim, Tr::kQkUnroll>(dpt, v_tile, warp_row, do_tile, q_col0, lane);  // dP^T
+    if constexpr (kPlainLogits && !Tr::kExpBeforeDp) {
+      exp_to_pt();
+      ds_from_dpt();
+      store_slice(ds_write, dpt);
+    }
     if constexpr (kPlainLogits) {
       // dV's own queries, from registers (the partners' come after the barrier).
       store_slice(pt_tile, st);
@@ -397,18 +414,10 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
         }
       store_slice(pt_tile, st);
       GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dv, st, do_tile, q_col0, lane, col_tile0);  // dV += P^T dO
-    } else {
-#pragma unroll
-      for (int mt = 0; mt < kM; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kSN; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int col = q_col0 + nt * 8 + 2 * t + (i % 2);
-            dpt[mt][nt][i] = st[mt][nt][i] * (dpt[mt][nt][i] - delta_s[col]);  // dS^T
-          }
+    } else if constexpr (Tr::kExpBeforeDp) {
+      ds_from_dpt();
     }
-    store_slice(ds_write, dpt);
+    if constexpr (!(kPlainLogits && !Tr::kExpBeforeDp)) store_slice(ds_write, dpt);
     GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dk, dpt, q_tile, q_col0, lane, col_tile0);  // dK += dS^T Q
     // The partners' slices are in shared memory. The fused pass without a
     // second dS^T tile waits for every warp instead: dQ below reads all of dS^T.

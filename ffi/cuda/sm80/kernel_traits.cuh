@@ -84,6 +84,10 @@ struct BwdTraits {
   // the next step's loads go under this one's MMAs): 0 spills in the plain
   // kernels at every head dim.
   static constexpr int kQkUnroll = 4;
+  // P^T's exp2s issued before the dP^T product, to run under its MMAs: the
+  // two [32 keys][kQCols] fragments are then live across a whole product,
+  // which at 64 (64-query slices) spills 192 B; there P^T follows dP^T.
+  static constexpr bool kExpBeforeDp = kQCols <= 32;
   // Per pipeline stage: Q and dO [kBlockCols][kHeadDim], then lse2 and delta
   // for kBlockCols rows. Two stages: the next step's tiles load while this
   // one computes (one block per SM at 255 registers leaves nothing else to
