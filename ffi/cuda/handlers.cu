@@ -166,7 +166,8 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   // (deterministic at 256 stays generic).
   if (Family(family) != Family::kGeneric && (p.shape.head_dim <= 128 || !p.deterministic) &&
       Sm80Supports(q.element_type(), p.shape.head_dim,
-                   sm80::BackwardSmemBytes(p.shape.head_dim, p.deterministic))) {
+                   sm80::BackwardSmemBytes(p.shape.head_dim, p.deterministic,
+                                           DeviceAttribute(cudaDevAttrComputeCapabilityMajor)))) {
     return DispatchSm80(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
       return sm80::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);
     });

@@ -66,12 +66,12 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   float dq[1][kD][4] = {};
 
   const int64_t kv_end = p.is_causal ? min(s.seqlen_k, m0 + Tr::kDqRows) : s.seqlen_k;
-  const int steps = int((kv_end + Tr::kBlockCols - 1) / Tr::kBlockCols);
+  const int steps = int((kv_end + Tr::kDqBlockCols - 1) / Tr::kDqBlockCols);
   auto load_kv = [&](int step) {
-    const uint32_t stage = kv_stages + (step % Tr::kStages) * Tr::kStageBytes;
-    const int64_t n0 = int64_t(step) * Tr::kBlockCols;
-    LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(stage, k, p.k_stride.row, n0, s.seqlen_k, d);
-    LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(stage + Tr::kBlockCols * Tr::kTileBytes, v,
+    const uint32_t stage = kv_stages + (step % Tr::kStages) * Tr::kDqStageBytes;
+    const int64_t n0 = int64_t(step) * Tr::kDqBlockCols;
+    LoadTileAsync<Tr::kDqBlockCols, kHeadDim, Tr::kThreads>(stage, k, p.k_stride.row, n0, s.seqlen_k, d);
+    LoadTileAsync<Tr::kDqBlockCols, kHeadDim, Tr::kThreads>(stage + Tr::kDqBlockCols * Tr::kTileBytes, v,
                                                           p.k_stride.row, n0, s.seqlen_k, d);
     CpAsyncCommit();
   };
@@ -80,14 +80,14 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     CpAsyncWait<0>();
     __syncthreads();  // this step's K/V landed; every warp is done with the previous step's
     if (step + 1 < steps) load_kv(step + 1);  // into the stage the previous step used
-    const int64_t n0 = int64_t(step) * Tr::kBlockCols;
-    const uint32_t k_tile = kv_stages + (step % Tr::kStages) * Tr::kStageBytes;
-    const uint32_t v_tile = k_tile + Tr::kBlockCols * Tr::kTileBytes;
+    const int64_t n0 = int64_t(step) * Tr::kDqBlockCols;
+    const uint32_t k_tile = kv_stages + (step % Tr::kStages) * Tr::kDqStageBytes;
+    const uint32_t v_tile = k_tile + Tr::kDqBlockCols * Tr::kTileBytes;
 
     float sc[1][kN][4] = {}, dp[1][kN][4] = {};
     GemmSmemSmemT<Element, 1, kN, kHeadDim, kQkUnroll>(sc, q_tile, warp_row, k_tile, 0, lane);   // S
     GemmSmemSmemT<Element, 1, kN, kHeadDim, kQkUnroll>(dp, do_tile, warp_row, v_tile, 0, lane);  // dP
-    const int col_limit = int(min(int64_t(Tr::kBlockCols), s.seqlen_k - n0));
+    const int col_limit = int(min(int64_t(Tr::kDqBlockCols), s.seqlen_k - n0));
     const int diagonal = int(m0 - n0);
 #pragma unroll
     for (int nt = 0; nt < kN; ++nt)
@@ -107,8 +107,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
                                          float(p.scale), lane);
 }
 
-// dQ[m0 .., columns] += dS K for this warp's share of the query block (a
-// half: two m-tiles) and of the head dim (a quarter), from dS^T in shared
+// dQ[m0 .., columns] += dS K for this warp's share of the query block (32
+// queries: two m-tiles) and of the head dim, from dS^T in shared
 // memory ([key][query], so A comes through ldmatrix.trans) and the block's K
 // tile; then float32 atomics into dq_accum (other key blocks add to the same
 // rows).
@@ -119,8 +119,8 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
   using Tr = BwdTraits<kHeadDim>;
   constexpr int kC = kHeadDim / 8, kDsC = Tr::kBlockCols / 8;
   constexpr int kNt = Tr::kDqColsPerWarp / 8;  // 8-column tiles
-  static_assert(Tr::kWarps == 8 && Tr::kBlockCols == 64, "2 query halves x 4 column quarters");
-  const int q_half = warp / 4, tile0 = (warp % 4) * kNt;
+  static_assert(Tr::kWarps % Tr::kDqQParts == 0 && kNt % 2 == 0);
+  const int q_part = warp / Tr::kDqDParts, tile0 = (warp % Tr::kDqDParts) * kNt;
   const auto& s = p.shape;
   const int d = int(s.head_dim);
   const int g = lane / 4, t = lane % 4;
@@ -129,9 +129,9 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
   float acc[2][kNt][4] = {};
 #pragma unroll 2
   for (int kk = 0; kk < Tr::kBlockRows / 16; ++kk) {
-    uint32_t a[2][4];  // dS[queries of m-tile q_half * 2 + mt, keys 16 kk ..], from dS^T [key][query]
+    uint32_t a[2][4];  // dS[queries of m-tile q_part * 2 + mt, keys 16 kk ..], from dS^T [key][query]
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) LdMatrixX4Trans(a[mt], ds_rows.At(kk * 16, (q_half * 2 + mt) * 2));
+    for (int mt = 0; mt < 2; ++mt) LdMatrixX4Trans(a[mt], ds_rows.At(kk * 16, (q_part * 2 + mt) * 2));
 #pragma unroll
     for (int nt = 0; nt < kNt; nt += 2) {
       uint32_t bf[4];  // K[keys 16 kk .., d-tiles tile0 + nt and + 1]
@@ -147,7 +147,7 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
   // immediate offsets) and one column check per warp: the padded head-dim
   // case is the rare one.
   const bool all_cols = (tile0 + kNt) * 8 <= d;
-  const int64_t row0 = m0 + q_half * 32 + g;
+  const int64_t row0 = m0 + q_part * 32 + g;
   float* const dst0 = p.dq_accum + p.row_stat_index(b, h, row0) * d + tile0 * 8 + 2 * t;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -219,6 +219,16 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   float* row_stats = reinterpret_cast<float*>(smem + Tr::kRowStatsOffset);  // [kStages][2][kBlockCols]
   const uint32_t pt_tile = k_tile + Tr::kPtOffset;  // [kBlockRows][kBlockCols]
   const uint32_t ds_tile = k_tile + Tr::kDsOffset;  // [kBlockRows][kBlockCols]
+  // Hopper: dS^T alternates between two tiles and a step's dQ runs in the
+  // next step (Tr::kFusedSm90SmemBytes; the launch sizes shared memory to match).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kDeferDq = kFusedDq;
+#else
+  constexpr bool kDeferDq = false;
+#endif
+  auto ds_buffer = [&](int parity) {
+    return kDeferDq && parity ? k_tile + Tr::kDs2Offset : ds_tile;
+  };
 
   const auto& s = p.shape;
   const int64_t b = blockIdx.z, hk = blockIdx.y;
@@ -283,6 +293,24 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     }
   };
 
+  // A warp's [kM x 16 keys][kQCols queries] fragment (P^T or dS^T) into a
+  // [kBlockRows][kBlockCols] 16-bit tile, for its partners (and dQ): pairs of
+  // queries are contiguous, and the swizzle spreads the 8 key rows of a
+  // store over all banks.
+  auto store_slice = [&](uint32_t tile, const float(&frag)[kM][kSN][4]) {
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const uint32_t offset =
+              SwizzledOffset<kPtC>(warp_row + mt * 16 + g + hh * 8, q_col0 / 8 + nt) + 4 * t;
+          const uint32_t pair = Pack2<Element>(frag[mt][nt][2 * hh], frag[mt][nt][2 * hh + 1]);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile + offset), "r"(pair));
+        }
+  };
+
   auto run_step = [&](int stage_index, StepPos pos, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
     const int64_t h = pos.h, m0 = pos.m0;
@@ -291,16 +319,63 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     const float* lse2_s = row_stats + stage_index * 2 * Tr::kBlockCols;
     const float* delta_s = lse2_s + Tr::kBlockCols;
 
+    const uint32_t ds_write = ds_buffer(stage_index);  // this step's dS^T tile
     float st[kM][kSN][4] = {}, dpt[kM][kSN][4] = {};
     GemmSmemSmemT<Element, kM, kSN, kHeadDim, Tr::kQkUnroll>(st, k_tile, warp_row, q_tile, q_col0, lane);    // S^T
+    constexpr bool kPlainLogits = !(kFeatures && kMasked);
+    // P^T = exp2(S^T scaled - lse2), zero where masked.
+    auto exp_to_pt = [&] {
+      // Block-relative int32 indices: key row r (of kBlockRows) and query
+      // column c (of kBlockCols) see each other when r < key_limit, c <
+      // query_limit and (not causal or r - c <= m0 - n0).
+      const int key_limit = int(min(int64_t(Tr::kBlockRows), s.seqlen_k - n0));
+      const int query_limit = int(min(int64_t(Tr::kBlockCols), s.seqlen_q - m0));
+      const int diagonal =
+          int(max(int64_t(-2 * Tr::kBlockRows), min(int64_t(2 * Tr::kBlockRows), m0 - n0)));
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int col = q_col0 + nt * 8 + 2 * t + (i % 2);
+            float prob = FastExp2(fmaf(st[mt][nt][i], scale_log2, -lse2_s[col]));
+            if constexpr (kMasked) {
+              const int row = warp_row + mt * 16 + g + (i / 2) * 8;
+              if (row >= key_limit || col >= query_limit || (p.is_causal && row - col > diagonal))
+                prob = 0.0f;
+            }
+            st[mt][nt][i] = prob;  // P^T
+          }
+    };
+    // dS^T = P^T (dP^T - delta), in dP^T's registers.
+    auto ds_from_dpt = [&] {
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int col = q_col0 + nt * 8 + 2 * t + (i % 2);
+            dpt[mt][nt][i] = st[mt][nt][i] * (dpt[mt][nt][i] - delta_s[col]);  // dS^T
+          }
+    };
+    // P^T before the dP^T product where registers allow (Tr::kExpBeforeDp):
+    // the exp2s (one MUFU per element) then complete under its MMAs instead
+    // of following both products with the tensor cores idle.
+    if constexpr (kPlainLogits && Tr::kExpBeforeDp) exp_to_pt();
     GemmSmemSmemT<Element, kM, kSN, kHeadDim, Tr::kQkUnroll>(dpt, v_tile, warp_row, do_tile, q_col0, lane);  // dP^T
-    // Block-relative int32 indices: key row r (of kBlockRows) and query
-    // column c (of kBlockCols) see each other when r < key_limit, c <
-    // query_limit and (not causal or r - c <= m0 - n0).
-    const int key_limit = int(min(int64_t(Tr::kBlockRows), s.seqlen_k - n0));
-    const int query_limit = int(min(int64_t(Tr::kBlockCols), s.seqlen_q - m0));
-    const int diagonal = int(max(int64_t(-2 * Tr::kBlockRows), min(int64_t(2 * Tr::kBlockRows), m0 - n0)));
-    if constexpr (kFeatures && kMasked) {
+    if constexpr (kPlainLogits && !Tr::kExpBeforeDp) {
+      exp_to_pt();
+      ds_from_dpt();
+      store_slice(ds_write, dpt);
+    }
+    if constexpr (kPlainLogits) {
+      // dV's own queries, from registers (the partners' come after the barrier).
+      store_slice(pt_tile, st);
+      GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dv, st, do_tile, q_col0, lane, col_tile0);  // dV += P^T dO
+    }
+    if constexpr (!kPlainLogits) {
       const LogitFeatures lf = LogitFeatures::For(p, b, h);
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt)
@@ -337,46 +412,16 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
                   lf.ChainSoftcap(prob * (dpt[mt][nt][i] * drop - delta_s[col]), tanh_value);  // dS^T
             }
         }
-    } else {
-#pragma unroll
-      for (int mt = 0; mt < kM; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kSN; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int col = q_col0 + nt * 8 + 2 * t + (i % 2);
-            float prob = FastExp2(fmaf(st[mt][nt][i], scale_log2, -lse2_s[col]));
-            if constexpr (kMasked) {
-              const int row = warp_row + mt * 16 + g + (i / 2) * 8;
-              if (row >= key_limit || col >= query_limit || (p.is_causal && row - col > diagonal))
-                prob = 0.0f;
-            }
-            st[mt][nt][i] = prob;                                     // P^T
-            dpt[mt][nt][i] = prob * (dpt[mt][nt][i] - delta_s[col]);  // dS^T
-          }
+      store_slice(pt_tile, st);
+      GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dv, st, do_tile, q_col0, lane, col_tile0);  // dV += P^T dO
+    } else if constexpr (Tr::kExpBeforeDp) {
+      ds_from_dpt();
     }
-    // This warp's P^T and dS^T slices to shared memory for its partners (and
-    // dS^T for dQ): pairs of queries are contiguous, and the swizzle spreads
-    // the 8 key rows of a store over all banks.
-#pragma unroll
-    for (int mt = 0; mt < kM; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kSN; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const uint32_t offset =
-              SwizzledOffset<kPtC>(warp_row + mt * 16 + g + hh * 8, q_col0 / 8 + nt) + 4 * t;
-          const uint32_t p_pair = Pack2<Element>(st[mt][nt][2 * hh], st[mt][nt][2 * hh + 1]);
-          const uint32_t ds_pair = Pack2<Element>(dpt[mt][nt][2 * hh], dpt[mt][nt][2 * hh + 1]);
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(pt_tile + offset), "r"(p_pair));
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_tile + offset), "r"(ds_pair));
-        }
-    // Own queries first, from registers, while the partners store theirs.
-    GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dv, st, do_tile, q_col0, lane, col_tile0);  // dV += P^T dO
+    if constexpr (!(kPlainLogits && !Tr::kExpBeforeDp)) store_slice(ds_write, dpt);
     GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dk, dpt, q_tile, q_col0, lane, col_tile0);  // dK += dS^T Q
-    // The partners' slices are in shared memory. The fused pass waits for
-    // every warp instead: dQ below reads all of dS^T.
-    if constexpr (kFusedDq) {
+    // The partners' slices are in shared memory. The fused pass without a
+    // second dS^T tile waits for every warp instead: dQ below reads all of dS^T.
+    if constexpr (kFusedDq && !kDeferDq) {
       __syncthreads();
     } else {
       SyncKeyGroup<Tr::kQSplit>(group);
@@ -387,12 +432,13 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       GemmSmemSmem<Element, kM, Tr::kQCols / 16, kPtC, kHeadDim / 8, Tr::kDkvCols>(
           dv, pt_tile, warp_row, c0, do_tile, c0, col_tile0, lane);
       GemmSmemSmem<Element, kM, Tr::kQCols / 16, kPtC, kHeadDim / 8, Tr::kDkvCols>(
-          dk, ds_tile, warp_row, c0, q_tile, c0, col_tile0, lane);
+          dk, ds_write, warp_row, c0, q_tile, c0, col_tile0, lane);
     }
-    if constexpr (kFusedDq) AccumulateDq<Element, kHeadDim>(p, ds_tile, k_tile, b, h, m0, warp, lane);
+    if constexpr (kFusedDq && !kDeferDq)
+      AccumulateDq<Element, kHeadDim>(p, ds_tile, k_tile, b, h, m0, warp, lane);
   };
 
-  StepPos pos{hk * s.group(), m_start};
+  StepPos pos{hk * s.group(), m_start}, prev = pos;
   if (steps > 0) load_qdo(0, pos);
   for (int step = 0; step < steps; ++step) {
     CpAsyncWait<0>();
@@ -402,6 +448,12 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     __syncthreads();
     const StepPos next = advance(pos);
     if (step + 1 < steps) load_qdo((step + 1) & 1, next);  // into the stage the previous step used
+    // The previous step's dQ, from its dS^T tile (every warp's slices are in
+    // since the barrier above; this step writes the other tile).
+    if constexpr (kDeferDq) {
+      if (step > 0) AccumulateDq<Element, kHeadDim>(p, ds_buffer((step - 1) & 1), k_tile, b, prev.h,
+                                                    prev.m0, warp, lane);
+    }
     // Element masks only where a pair can be invisible: tails, and causal
     // query blocks that start before the key block ends.
     bool masked;
@@ -417,7 +469,15 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     } else {
       run_step(step & 1, pos, std::false_type{});
     }
+    prev = pos;
     pos = next;
+  }
+  if constexpr (kDeferDq) {
+    if (steps > 0) {
+      __syncthreads();  // the last step's dS^T slices are in
+      AccumulateDq<Element, kHeadDim>(p, ds_buffer((steps - 1) & 1), k_tile, b, prev.h, prev.m0,
+                                      warp, lane);
+    }
   }
 
   CpAsyncWait<0>();  // a block whose keys no query sees never waited for its K/V copies

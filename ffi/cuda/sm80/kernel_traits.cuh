@@ -11,17 +11,21 @@ struct FwdTraits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
   // Two m-tiles per warp reuse every K/V fragment loaded from shared memory
   // twice (halving shared-memory traffic per MMA); at 256 the output
-  // accumulators alone would then take 256 registers, so 8 warps x 1 m-tile.
+  // accumulators alone would then take 256 registers, so one m-tile.
   // The variant with attention features (masks, bias, soft cap, dropout per
   // element) keeps one m-tile: its per-element code needs the registers.
+  // 4 warps per block at every head dim: two blocks share an SM (registers
+  // and shared memory allow two), and their barriers are independent, so one
+  // block's softmax runs beside the other's MMAs. (At 256 one block of 8
+  // warps had all warps of the SM in the same phase.)
   static constexpr bool kFeatures = kFeatures_;
-  static constexpr int kWarps = kHeadDim == 256 ? 8 : 4;
+  static constexpr int kWarps = 4;
   // The feature variants keep one m-tile per warp for register room, except
   // at 64, where two fit (as in the plain kernel: half the K/V fragment reads
   // per MMA).
   static constexpr int kMTiles = kHeadDim == 256 || (kFeatures && kHeadDim > 64) ? 1 : 2;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockM = kWarps * kMTiles * 16;  // 128
+  static constexpr int kBlockM = kWarps * kMTiles * 16;  // 128, 64 with one m-tile
   // Keys per block: 64 (S, 32 floats per m-tile, plus O fit in 255
   // registers; per key block the QK^T B fragments feed twice as many MMAs as
   // with 32 and the fixed per-block work is halved); at 256, 32 keys keep
@@ -61,7 +65,10 @@ struct BwdTraits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockCols = 64;  // queries per step of the dK/dV pass
+  // Queries per step of the dK/dV pass: 128 at 64 (S^T and dP^T slices of
+  // 32 keys x 64 queries per warp fit beside the smaller dK/dV, and each
+  // K/V fragment read feeds twice as many MMAs), else 64.
+  static constexpr int kBlockCols = kHeadDim == 64 ? 128 : 64;
   static constexpr int kTileBytes = kHeadDim * 2;  // one row of a 16-bit tile
 
   // dK/dV pass. dK and dV of 32 keys x kDkvCols columns take 2 x 64 float
@@ -73,9 +80,14 @@ struct BwdTraits {
   static constexpr int kQCols = kBlockCols / kQSplit;  // queries of S^T per warp
   static constexpr int kSNTiles = kQCols / 8;
   static constexpr int kDkvCols = kHeadDim / kQSplit;  // dK/dV columns per warp
-  // S^T and dP^T k steps unrolled (each issues 4 ldmatrix for 8 MMAs): all
-  // 4 at 64; 2 elsewhere, where 4 would spill.
-  static constexpr int kQkUnroll = kHeadDim == 64 ? 4 : 2;
+  // S^T and dP^T k steps unrolled by 4 (each issues 4 ldmatrix for 8 MMAs;
+  // the next step's loads go under this one's MMAs): 0 spills in the plain
+  // kernels at every head dim.
+  static constexpr int kQkUnroll = 4;
+  // P^T's exp2s issued before the dP^T product, to run under its MMAs: the
+  // two [32 keys][kQCols] fragments are then live across a whole product,
+  // which at 64 (64-query slices) spills 192 B; there P^T follows dP^T.
+  static constexpr bool kExpBeforeDp = kQCols <= 32;
   // Per pipeline stage: Q and dO [kBlockCols][kHeadDim], then lse2 and delta
   // for kBlockCols rows. Two stages: the next step's tiles load while this
   // one computes (one block per SM at 255 registers leaves nothing else to
@@ -90,15 +102,26 @@ struct BwdTraits {
   static constexpr int kPtBytes = kBlockRows * kBlockCols * 2;
   static constexpr int kDsOffset = kPtOffset + kPtBytes;
   static constexpr int kDkvSmemBytes = kDsOffset + kPtBytes;
+  // On Hopper (227 KiB per block) the fused pass keeps a second dS^T tile, so
+  // a step's dQ product can run in the next step (after its first barrier)
+  // and the mid-step barrier only has to gather a key group; an A100 (163
+  // KiB) cannot fit it at 128.
+  static constexpr int kDs2Offset = kDkvSmemBytes;
+  static constexpr int kFusedSm90SmemBytes = kDs2Offset + kPtBytes;
   // dQ = dS K over the block's keys: [kBlockCols][kHeadDim] split over the 8
-  // warps as 2 query halves (two m-tiles each) x 4 column quarters.
-  static constexpr int kDqColsPerWarp = kHeadDim / 4;
+  // warps as kDqQParts slices of 32 queries (two m-tiles) x kDqDParts column
+  // slices.
+  static constexpr int kDqQParts = kBlockCols / 32;
+  static constexpr int kDqDParts = kWarps / kDqQParts;
+  static constexpr int kDqColsPerWarp = kHeadDim / kDqDParts;
 
   // Deterministic dQ pass: Q and dO [kDqRows][kHeadDim], two stages of K and
-  // V [kBlockCols][kHeadDim], 64 keys per step.
+  // V [kDqBlockCols][kHeadDim], 64 keys per step.
   static constexpr int kDqRows = kWarps * 16;
-  static constexpr int kNTiles = kBlockCols / 8;  // n8 tiles of its S per warp
-  static constexpr int kDqSmemBytes = 2 * kDqRows * kTileBytes + kStages * kStageBytes;
+  static constexpr int kDqBlockCols = 64;
+  static constexpr int kNTiles = kDqBlockCols / 8;  // n8 tiles of its S per warp
+  static constexpr int kDqStageBytes = 2 * kDqBlockCols * kTileBytes;
+  static constexpr int kDqSmemBytes = 2 * kDqRows * kTileBytes + kStages * kDqStageBytes;
 };
 
 }  // namespace jax_flash::cuda::sm80

@@ -62,10 +62,13 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   }
   auto fused_kernel = p.features.Any() ? DkvKernel<Element, kHeadDim, true, true>
                                         : DkvKernel<Element, kHeadDim, true, false>;
-  if (auto e = PrepareSmem(fused_kernel, Tr::kDkvSmemBytes, "sm80 fused backward kernel");
-      !e.empty())
-    return e;
-  fused_kernel<<<dkv_grid, Tr::kThreads, Tr::kDkvSmemBytes, stream>>>(p);
+  int device = 0, cc_major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+    return "jax_flash: querying the device's compute capability failed";
+  const int smem = BackwardSmemBytes<kHeadDim>(false, FusedBackwardOnSm90(false, cc_major));
+  if (auto e = PrepareSmem(fused_kernel, smem, "sm80 fused backward kernel"); !e.empty()) return e;
+  fused_kernel<<<dkv_grid, Tr::kThreads, smem, stream>>>(p);
   if (auto e = CheckLaunch("sm80 fused backward kernel"); !e.empty()) return e;
   DqConvertKernel<Element><<<unsigned(CeilDiv(rows * s.head_dim / 2, 256)), 256, 0, stream>>>(p);
   return CheckLaunch("dq convert kernel");

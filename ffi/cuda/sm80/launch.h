@@ -18,15 +18,21 @@ inline int ForwardSmemBytes(int64_t head_dim) {
          : head_dim <= 128 ? FwdTraits<128>::kSmemBytes
                            : FwdTraits<256>::kSmemBytes;
 }
-template <int kHeadDim>
-constexpr int BackwardSmemBytes(bool deterministic) {
-  using Tr = BwdTraits<kHeadDim>;
-  return deterministic && Tr::kDqSmemBytes > Tr::kDkvSmemBytes ? Tr::kDqSmemBytes : Tr::kDkvSmemBytes;
+// The fused backward's extra dS^T tile runs where the sm_90a code does.
+inline bool FusedBackwardOnSm90(bool deterministic, int compute_capability_major) {
+  return !deterministic && compute_capability_major >= 9;
 }
-inline int BackwardSmemBytes(int64_t head_dim, bool deterministic) {
-  return head_dim <= 64    ? BackwardSmemBytes<64>(deterministic)
-         : head_dim <= 128 ? BackwardSmemBytes<128>(deterministic)
-                           : BackwardSmemBytes<256>(deterministic);
+template <int kHeadDim>
+constexpr int BackwardSmemBytes(bool deterministic, bool sm90) {
+  using Tr = BwdTraits<kHeadDim>;
+  if (!deterministic) return sm90 ? Tr::kFusedSm90SmemBytes : Tr::kDkvSmemBytes;
+  return Tr::kDqSmemBytes > Tr::kDkvSmemBytes ? Tr::kDqSmemBytes : Tr::kDkvSmemBytes;
+}
+inline int BackwardSmemBytes(int64_t head_dim, bool deterministic, int compute_capability_major) {
+  const bool sm90 = FusedBackwardOnSm90(deterministic, compute_capability_major);
+  return head_dim <= 64    ? BackwardSmemBytes<64>(deterministic, sm90)
+         : head_dim <= 128 ? BackwardSmemBytes<128>(deterministic, sm90)
+                           : BackwardSmemBytes<256>(deterministic, sm90);
 }
 
 template <typename Element, int kHeadDim>

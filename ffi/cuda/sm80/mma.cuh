@@ -121,17 +121,22 @@ struct SwizzledRows {
 
 // Copies rows [row0, row0 + kRows) x [0, kHeadDim) of a 16-bit tensor into a
 // swizzled shared tile; rows >= num_rows and columns >= head_dim read as zero.
-// head_dim must be a multiple of 8 (whole 16-byte chunks). A thread always
-// copies the same chunk column, kRowStep rows apart: kRowStep is a multiple
-// of 8, so every copy shares one swizzle and only the base address moves.
+// head_dim must be a multiple of 8 (whole 16-byte chunks). kThreadsPerRow
+// threads share a row (all its chunks, or 16 at a time when there are fewer
+// than 8 * kChunks threads); a thread always copies the same chunk columns,
+// kRowStep rows apart. kRowStep and kThreadsPerRow are multiples of 8, so
+// every copy of a thread shares one swizzle and only the base address moves.
 template <int kRows, int kHeadDim, int kThreads, typename Element>
 __device__ __forceinline__ void LoadTileAsync(uint32_t smem_tile, const Element* src,
                                               int64_t row_stride, int64_t row0,
                                               int64_t num_rows, int head_dim) {
   constexpr int kChunks = kHeadDim / 8;
-  constexpr int kRowStep = kThreads / kChunks;
-  static_assert(kThreads % kChunks == 0 && kRowStep % 8 == 0 && kRows % kRowStep == 0);
-  const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
+  constexpr int kThreadsPerRow = kThreads / 8 < kChunks ? kThreads / 8 : kChunks;
+  constexpr int kColPasses = kChunks / kThreadsPerRow;
+  constexpr int kRowStep = kThreads / kThreadsPerRow;
+  static_assert(kThreads % kThreadsPerRow == 0 && kChunks % kThreadsPerRow == 0 &&
+                kThreadsPerRow % 8 == 0 && kRowStep % 8 == 0 && kRows % kRowStep == 0);
+  const int r = threadIdx.x / kThreadsPerRow, c = threadIdx.x % kThreadsPerRow;
   const uint32_t dst = smem_tile + SwizzledOffset<kChunks>(r, c);
   // One 64-bit multiply per tile, then a constant byte step per copy (a
   // product per copy, with the strides re-read from the parameters, cost
@@ -139,11 +144,17 @@ __device__ __forceinline__ void LoadTileAsync(uint32_t smem_tile, const Element*
   const char* g = reinterpret_cast<const char*>(src + (row0 + r) * row_stride + c * 8);
   const int64_t step_bytes = int64_t(kRowStep) * row_stride * int64_t(sizeof(Element));
   const int64_t rows_left = num_rows - row0 - r;
-  const bool col_ok = c * 8 < head_dim;
 #pragma unroll
   for (int i = 0; i < kRows / kRowStep; ++i) {
-    const bool valid = col_ok && i * kRowStep < rows_left;
-    CpAsync16(dst + i * kRowStep * kChunks * 16, valid ? static_cast<const void*>(g) : src, valid);
+#pragma unroll
+    for (int j = 0; j < kColPasses; ++j) {
+      // Chunk c + j * kThreadsPerRow: the swizzle's XOR touches only the low
+      // 3 bits of the chunk, so the pass offset adds on.
+      const int chunk = c + j * kThreadsPerRow;
+      const bool valid = chunk * 8 < head_dim && i * kRowStep < rows_left;
+      CpAsync16(dst + (i * kRowStep * kChunks + j * kThreadsPerRow) * 16,
+                valid ? static_cast<const void*>(g + j * kThreadsPerRow * 16) : src, valid);
+    }
     g += step_bytes;
   }
 }
