@@ -29,7 +29,8 @@ struct FwdTraits {
   // Keys per block: 64 (S, 32 floats per m-tile, plus O fit in 255
   // registers; per key block the QK^T B fragments feed twice as many MMAs as
   // with 32 and the fixed per-block work is halved); at 256, 32 keys keep
-  // the two K/V stages and Q at 128 KiB (an A100 has 164 KiB per block).
+  // the two K/V stages and Q at 96 KiB, so two blocks share an H200's SM
+  // (an A100's 164 KiB per SM fits one: measure there before relying on it).
   static constexpr int kBlockN = kHeadDim == 256 ? 32 : 64;
   static constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S per m-tile
   static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per m-tile
