@@ -236,6 +236,44 @@ def test_dropout_with_bias_gradient(rng):
         assert_close(name, a, r, "float32", factor=GRAD_FACTOR)
 
 
+def _key_block_mask(rng, b, n, s, per_head):
+    """A key-only mask ([b, n or 1, 1, s]) made of 32-key chunks that are all
+    visible, all hidden or random, the pattern shifted per batch row (and per
+    head): the tensor-core feature kernels skip the hidden blocks and drop the
+    mask check in the visible ones. Batch row 0 hides keys 0-127 (a whole
+    backward key block: no steps) and row 1 keys 128-255."""
+    heads = n if per_head else 1
+    chunk = np.arange(s) // 32
+    kind = (chunk[None, None, :] + np.arange(b)[:, None, None] + np.arange(heads)[None, :, None]) % 3
+    mask = np.where(kind == 0, True, np.where(kind == 1, False, rng.random((b, heads, s)) > 0.5))
+    mask[0, :, :128] = False
+    mask[1, :, 128:256] = False
+    return jnp.asarray(mask[:, :, None, :])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per_head"])
+def test_key_only_mask_whole_blocks(rng, head_dim, is_causal, per_head):
+    """Key-only masks that hide whole kernel blocks, leave whole blocks visible
+    or mix, with GQA (per-head masks give the heads of a key head different
+    blocks) and causal rows that see nothing: bf16 forward and gradients
+    against the float64 reference."""
+    b, t, s, n, kh, h = 2, 300, 330, 4, 2, head_dim
+    q, k, v = random_qkv(rng, b, t, s, n, kh, h, "bfloat16")
+    dout = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
+    kwargs = dict(mask=_key_block_mask(rng, b, n, s, per_head), is_causal=is_causal)
+    out = jax_flash.attention(q, k, v, **kwargs)
+    ref_out = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), **kwargs)
+    assert_close("out", out, ref_out, "bfloat16")
+    grads = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, **kwargs).astype(jnp.float32)
+                                        * dout.astype(jnp.float32)), (0, 1, 2))(q, k, v)
+    ref_grads = jax.grad(lambda *a: jnp.sum(reference.attention(*a, **kwargs) * to_f64_cpu(dout)),
+                         (0, 1, 2))(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(name, g, r, "bfloat16", factor=GRAD_FACTOR)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("case", ["mask_key_padding", "seq_lengths", "window", "everything", "dropout"])
 def test_features_across_many_blocks(rng, case, head_dim):

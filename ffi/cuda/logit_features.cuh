@@ -94,6 +94,45 @@ __device__ inline int LastVisibleColumn(uint32_t visible) {
   return 8 * (k >> 1) + (k & 1);
 }
 
+// Key-only masks: a `mask` that is the same for every query (query stride 0,
+// e.g. [B, 1, 1, S] key padding) hides whole key blocks or none of their keys
+// in the common case. One warp summarizes kKeys keys from j0 (keys past the
+// effective length do not count; lengths bound them elsewhere): a block whose
+// keys are all hidden contributes nothing, and one whose keys are all visible
+// needs no per-element mask check. The bytes are read by Load and voted on by
+// Summary, so a kernel can issue the reads a block ahead.
+enum class KeyMaskBlock { kMixed, kAllVisible, kNoneVisible };
+
+template <int kKeys>
+struct KeyMaskReader {
+  static_assert(kKeys % 32 == 0, "whole warps of keys");
+  static constexpr int kPerLane = kKeys / 32;
+  // Each lane's key bytes (consecutive lanes, consecutive keys): 1 visible, 0
+  // hidden, 2 past the length.
+  uint8_t bytes[kPerLane];
+
+  __device__ static bool Applies(const MaskPolicy& m) { return m.mask && m.mask_row == 0; }
+
+  __device__ void Load(const MaskPolicy& m, int64_t j0) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int64_t j = j0 + i * 32 + lane;
+      bytes[i] = j < m.seqlen_k ? uint8_t(m.mask[j * m.mask_col] != 0) : uint8_t(2);
+    }
+  }
+
+  __device__ KeyMaskBlock Summary() const {
+    bool any_visible = false, any_hidden = false;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) any_visible |= bytes[i] == 1, any_hidden |= bytes[i] == 0;
+    any_visible = __any_sync(0xffffffffu, any_visible);
+    any_hidden = __any_sync(0xffffffffu, any_hidden);
+    if (!any_hidden) return KeyMaskBlock::kAllVisible;
+    return any_visible ? KeyMaskBlock::kMixed : KeyMaskBlock::kNoneVisible;
+  }
+};
+
 struct LogitFeatures {
   MaskPolicy mask;
   DropoutPolicy dropout;

@@ -262,6 +262,24 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     m_start = lo / Tr::kBlockCols * Tr::kBlockCols;
     m_steps = hi > lo ? int((hi - m_start + Tr::kBlockCols - 1) / Tr::kBlockCols) : 0;
   }
+  // Key-only masks (KeyMaskReader): this block's keys summarized once per
+  // query head of the group (up to 32 heads; more are taken as mixed). A
+  // block that every head's mask hides has no steps (dK = dV = 0, no dQ).
+  uint32_t mask_all_visible = 0;  // bit i: query head hk * group + i sees every key of the block
+  if constexpr (kFeatures) {
+    if (KeyMaskReader<Tr::kBlockRows>::Applies(MaskPolicy::For(p, b, hk * s.group()))) {
+      const int heads = int(min(s.group(), int64_t(32)));
+      bool all_hidden = heads == s.group();
+      for (int i = 0; i < heads; ++i) {
+        KeyMaskReader<Tr::kBlockRows> reader;
+        reader.Load(MaskPolicy::For(p, b, hk * s.group() + i), n0);
+        const KeyMaskBlock summary = reader.Summary();
+        if (summary == KeyMaskBlock::kAllVisible) mask_all_visible |= 1u << i;
+        all_hidden &= summary == KeyMaskBlock::kNoneVisible;
+      }
+      if (all_hidden) m_steps = 0;
+    }
+  }
   const int steps = int(s.group()) * m_steps;
   const bool key_tail = n0 + Tr::kBlockRows > s.seqlen_k;
   // A step's query head and first query, advanced without divisions.
@@ -458,8 +476,11 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     // query blocks that start before the key block ends.
     bool masked;
     if constexpr (kFeatures) {
-      masked = elementwise || MaskPolicy::For(p, b, pos.h).NeedsCheck(pos.m0, pos.m0 + Tr::kBlockCols,
-                                                                       n0, n0 + Tr::kBlockRows);
+      MaskPolicy policy = MaskPolicy::For(p, b, pos.h);
+      const int64_t head_in_group = pos.h - hk * s.group();
+      if (head_in_group < 32 && (mask_all_visible >> head_in_group & 1u))
+        policy.mask = nullptr;  // for NeedsCheck only: the mask hides none of the block's keys
+      masked = elementwise || policy.NeedsCheck(pos.m0, pos.m0 + Tr::kBlockCols, n0, n0 + Tr::kBlockRows);
     } else {
       masked = key_tail || pos.m0 + Tr::kBlockCols > s.seqlen_q ||
                (p.is_causal && pos.m0 < n0 + Tr::kBlockRows);

@@ -112,15 +112,20 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   // probabilities up to 2^8 keep float sums of 2^20+ keys far from overflow.
   constexpr float kRescaleSlack = 8.0f;
 
+  // Block nb's K and V (and Q) landed; every warp is done with block nb + 1,
+  // whose stage block nb - 1 now fills.
+  auto next_stage = [&](int nb) {
+    CpAsyncWait<0>();
+    __syncthreads();
+    if (nb > n_lo) load_kv(nb - 1);
+    CpAsyncCommit();
+  };
+
   auto process_block = [&](int nb, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
     const int64_t n0 = int64_t(nb) * Tr::kBlockN;
     const uint32_t k_tile = kv_stages + (nb & 1) * 2 * kTileBytes, v_tile = k_tile + kTileBytes;
-    CpAsyncWait<0>();
-    __syncthreads();  // block nb's K and V (and Q) landed; every warp is done with block nb + 1,
-                      // whose stage block nb - 1 now fills
-    if (nb > n_lo) load_kv(nb - 1);
-    CpAsyncCommit();
+    next_stage(nb);
 
     // S = Q K^T  [kM x 16 rows][kBlockN], raw (unscaled) logits.
     float acc[kM][kN][4] = {};
@@ -259,11 +264,27 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     for (; nb >= first_masked; --nb) process_block(nb, std::true_type{});
     for (; nb >= 0; --nb) process_block(nb, std::false_type{});
   } else {
+    // A key-only mask is summarized per key block (KeyMaskReader), its bytes
+    // read one block ahead: blocks it hides entirely only keep the copy
+    // pipeline going, blocks it leaves visible skip the mask check.
+    const bool key_only_mask = KeyMaskReader<Tr::kBlockN>::Applies(MaskPolicy::For(p, b, h));
+    KeyMaskReader<Tr::kBlockN> key_mask;
+    if (key_only_mask && n_hi > n_lo)
+      key_mask.Load(MaskPolicy::For(p, b, h), int64_t(n_hi - 1) * Tr::kBlockN);
     for (int nb = n_hi - 1; nb >= n_lo; --nb) {
-      const bool masked =
-          elementwise || MaskPolicy::For(p, b, h).NeedsCheck(m0, m0 + Tr::kBlockM,
-                                                             int64_t(nb) * Tr::kBlockN,
-                                                             int64_t(nb + 1) * Tr::kBlockN);
+      MaskPolicy policy = MaskPolicy::For(p, b, h);
+      if (key_only_mask) {
+        const KeyMaskBlock summary = key_mask.Summary();
+        if (nb > n_lo) key_mask.Load(policy, int64_t(nb - 1) * Tr::kBlockN);
+        if (summary == KeyMaskBlock::kNoneVisible) {
+          next_stage(nb);
+          continue;
+        }
+        if (summary == KeyMaskBlock::kAllVisible) policy.mask = nullptr;  // for NeedsCheck only
+      }
+      const bool masked = elementwise || policy.NeedsCheck(m0, m0 + Tr::kBlockM,
+                                                           int64_t(nb) * Tr::kBlockN,
+                                                           int64_t(nb + 1) * Tr::kBlockN);
       if (masked) {
         process_block(nb, std::true_type{});
       } else {
