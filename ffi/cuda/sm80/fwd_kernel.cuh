@@ -45,7 +45,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   constexpr int kM = Tr::kMTiles, kN = Tr::kNTiles, kD = Tr::kDTiles;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t q_tile = SmemAddr(smem);                            // [kBlockM][kHeadDim]
-  // Stage s (= key block index % 2): K then V, [kBlockN][kHeadDim] each.
+  // Two stages (s = key block index % 2) of K then V, [kBlockN][kHeadDim]
+  // each; with Tr::kSplitKv one K and one V tile (see next_stage).
   const uint32_t kv_stages = q_tile + Tr::kBlockM * kHeadDim * 2;
   constexpr uint32_t kTileBytes = Tr::kBlockN * kHeadDim * 2;
 
@@ -86,16 +87,23 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     n_hi = hi > lo ? int((hi + Tr::kBlockN - 1) / Tr::kBlockN) : n_lo;
   }
 
-  // K and V of key block nb into stage nb % 2 (one commit group).
-  auto load_kv = [&](int nb) {
-    const uint32_t stage = kv_stages + (nb & 1) * 2 * kTileBytes;
-    const int64_t n0 = int64_t(nb) * Tr::kBlockN;
-    LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(stage, k, p.k_stride.row, n0, s.seqlen_k, d);
-    LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(stage + kTileBytes, v, p.k_stride.row, n0,
-                                                       s.seqlen_k, d);
+  // Where key block nb's K and V tiles live.
+  auto k_tile_of = [&](int nb) {
+    return Tr::kSplitKv ? kv_stages : kv_stages + (nb & 1) * 2 * kTileBytes;
+  };
+  auto load_k = [&](int nb) {
+    LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(k_tile_of(nb), k, p.k_stride.row,
+                                                       int64_t(nb) * Tr::kBlockN, s.seqlen_k, d);
+  };
+  auto load_v = [&](int nb) {
+    LoadTileAsync<Tr::kBlockN, kHeadDim, Tr::kThreads>(k_tile_of(nb) + kTileBytes, v, p.k_stride.row,
+                                                       int64_t(nb) * Tr::kBlockN, s.seqlen_k, d);
   };
   LoadTileAsync<Tr::kBlockM, kHeadDim, Tr::kThreads>(q_tile, q, p.q_stride.row, m0, s.seqlen_q, d);
-  if (n_hi > n_lo) load_kv(n_hi - 1);  // blocks run last to first
+  if (n_hi > n_lo) {  // blocks run last to first
+    load_k(n_hi - 1);
+    if constexpr (!Tr::kSplitKv) load_v(n_hi - 1);
+  }
   CpAsyncCommit();
 
   float o[kM][kD][4] = {};
@@ -112,20 +120,46 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   // probabilities up to 2^8 keep float sums of 2^20+ keys far from overflow.
   constexpr float kRescaleSlack = 8.0f;
 
-  // Block nb's K and V (and Q) landed; every warp is done with block nb + 1,
-  // whose stage block nb - 1 now fills.
-  auto next_stage = [&](int nb) {
+  // The copy pipeline around block nb's two products. Two stages: before
+  // S, block nb's K and V (and Q) landed and every warp is done with block
+  // nb + 1, whose stage block nb - 1 now fills. Split K/V (one tile each):
+  // before S, K landed and every warp is done with block nb + 1's V, so V
+  // loads under S = Q K^T; after S, V landed and every warp is done with K,
+  // so block nb - 1's K loads under the softmax and P V.
+  auto before_qk = [&](int nb) {
     CpAsyncWait<0>();
     __syncthreads();
-    if (nb > n_lo) load_kv(nb - 1);
+    if constexpr (Tr::kSplitKv) {
+      load_v(nb);
+    } else if (nb > n_lo) {
+      load_k(nb - 1);
+      load_v(nb - 1);
+    }
     CpAsyncCommit();
+  };
+  auto after_qk = [&](int nb) {
+    if constexpr (Tr::kSplitKv) {
+      CpAsyncWait<0>();
+      __syncthreads();
+      if (nb > n_lo) load_k(nb - 1);
+      CpAsyncCommit();
+    }
+  };
+  // A block with nothing visible (a key-only mask hides it) only keeps the
+  // pipeline going.
+  auto skip_block = [&](int nb) {
+    if constexpr (Tr::kSplitKv) {
+      after_qk(nb);  // block nb + 1's V is no longer read; block nb - 1's K loads
+    } else {
+      before_qk(nb);
+    }
   };
 
   auto process_block = [&](int nb, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
     const int64_t n0 = int64_t(nb) * Tr::kBlockN;
-    const uint32_t k_tile = kv_stages + (nb & 1) * 2 * kTileBytes, v_tile = k_tile + kTileBytes;
-    next_stage(nb);
+    const uint32_t k_tile = k_tile_of(nb), v_tile = k_tile + kTileBytes;
+    before_qk(nb);
 
     // S = Q K^T  [kM x 16 rows][kBlockN], raw (unscaled) logits.
     float acc[kM][kN][4] = {};
@@ -188,6 +222,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
           }
       }
     }
+
+    after_qk(nb);
 
     // Online softmax; a row's 4 owners (lanes 4g..4g+3) combine by shuffles.
     // The exponent offset m (row_max) lags the true running maximum by up to
@@ -277,7 +313,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
         const KeyMaskBlock summary = key_mask.Summary();
         if (nb > n_lo) key_mask.Load(policy, int64_t(nb - 1) * Tr::kBlockN);
         if (summary == KeyMaskBlock::kNoneVisible) {
-          next_stage(nb);
+          skip_block(nb);
           continue;
         }
         if (summary == KeyMaskBlock::kAllVisible) policy.mask = nullptr;  // for NeedsCheck only

@@ -28,10 +28,14 @@ struct FwdTraits {
   static constexpr int kBlockM = kWarps * kMTiles * 16;  // 128, 64 with one m-tile
   // Keys per block: 64 (S, 32 floats per m-tile, plus O fit in 255
   // registers; per key block the QK^T B fragments feed twice as many MMAs as
-  // with 32 and the fixed per-block work is halved); at 256, 32 keys keep
-  // the two K/V stages and Q at 96 KiB, so two blocks share an H200's SM
-  // (an A100's 164 KiB per SM fits one: measure there before relying on it).
-  static constexpr int kBlockN = kHeadDim == 256 ? 32 : 64;
+  // with 32 and the fixed per-block work is halved).
+  static constexpr int kBlockN = 64;
+  // At 256 two stages of 64-key K and V tiles would take 160 KiB beside Q
+  // (one block per SM); instead one K and one V tile, each copied under the
+  // other's product (FlashAttention-2's schedule: two barriers per block),
+  // keep Q, K and V at 96 KiB and two blocks per H200 SM (an A100's 164 KiB
+  // per SM fits one).
+  static constexpr bool kSplitKv = kHeadDim == 256;
   static constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S per m-tile
   static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per m-tile
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
@@ -39,8 +43,8 @@ struct FwdTraits {
   // loop), except 4 of 8 at 128 with two m-tiles, where 64 keys leave no
   // room for more.
   static constexpr int kQkUnroll = kHeadDim == 128 && kMTiles == 2 ? 4 : kHeadDim / 16;
-  // Q, then two stages of K and V tiles, 16-bit elements.
-  static constexpr int kSmemBytes = (kBlockM + 4 * kBlockN) * kHeadDim * 2;
+  // Q, then two stages of K and V tiles (one of each with kSplitKv), 16-bit.
+  static constexpr int kSmemBytes = (kBlockM + (kSplitKv ? 2 : 4) * kBlockN) * kHeadDim * 2;
 };
 
 }  // namespace jax_flash::cuda::sm80
