@@ -133,6 +133,38 @@ struct KeyMaskReader {
   }
 };
 
+// Drops key blocks [*lo, *hi) of kKeys keys that a key-only mask hides
+// entirely from either end of the range (key padding), so they are never
+// copied. One warp; a lane tests one block (its bytes read back to back), 32
+// blocks per vote.
+template <int kKeys>
+__device__ void TrimHiddenKeyBlocks(const MaskPolicy& m, int* lo, int* hi) {
+  const int lane = threadIdx.x % 32;
+  auto hidden = [&](int nb) {
+    const int64_t j0 = int64_t(nb) * kKeys;
+    const int count = int(max(int64_t(0), min(int64_t(kKeys), m.seqlen_k - j0)));
+    const uint8_t* bytes = m.mask + j0 * m.mask_col;
+    bool any_visible = false;
+#pragma unroll 16
+    for (int i = 0; i < kKeys; ++i) any_visible |= i < count && bytes[i * m.mask_col] != 0;
+    return !any_visible;
+  };
+  // Counts the hidden blocks from `from` stepping by `dir`, up to `limit` blocks.
+  auto hidden_run = [&](int from, int dir, int limit) {
+    int run = 0;
+    while (run < limit) {
+      const bool mine = run + lane < limit && hidden(from + dir * (run + lane));
+      const uint32_t votes = __ballot_sync(0xffffffffu, mine);
+      const int found = votes == 0xffffffffu ? 32 : __ffs(~votes) - 1;
+      run += found;
+      if (found < 32) break;
+    }
+    return min(run, limit);
+  };
+  *hi -= hidden_run(*hi - 1, -1, *hi - *lo);
+  *lo += hidden_run(*lo, 1, *hi - *lo);
+}
+
 struct LogitFeatures {
   MaskPolicy mask;
   DropoutPolicy dropout;

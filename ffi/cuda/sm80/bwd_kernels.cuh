@@ -1,4 +1,5 @@
-// FlashAttention-2 backward on mma.sync, after the generic delta kernel.
+// FlashAttention-2 backward on mma.sync, after DeltaAndClearKernel (delta =
+// rowsum(dO * O), and the float32 dQ accumulator zeroed in the same pass).
 // Default (fused), one pass per kBlockRows keys (BwdTraits: warps in key
 // groups of 32 keys, the group's warps splitting queries and columns):
 //   S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q, dQ += dS K
@@ -16,6 +17,7 @@
 
 #include "common/mask_policy.h"
 #include "common/params.h"
+#include "cuda/generic/element.cuh"  // ToFloat
 #include "cuda/logit_features.cuh"
 #include "cuda/sm80/kernel_traits.cuh"
 #include "cuda/sm80/mma.cuh"
@@ -512,22 +514,66 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
                                               1.0f, lane);
 }
 
-// dQ = scale * dq_accum, rounded to the element type; one thread per pair of
-// columns. grid: (ceil(batch * heads * seqlen_q * head_dim / 2 / 256)).
+// delta = rowsum(dO * O) in 16-byte loads: kHeadDim / 8 lanes per query
+// row, each with 8 columns of O and dO. With `clear_dq` it also zeroes the
+// row's float32 dQ accumulator (the fused backward adds into it), so the
+// accumulator is not cleared by a pass of its own. Rows: the query rows of
+// every (batch, head), flattened. grid: (ceil(rows / kRowsPerBlock)); block 256.
+template <int kHeadDim>
+struct DeltaLayout {
+  static constexpr int kLanesPerRow = kHeadDim / 8;
+  static constexpr int kRowsPerBlock = 256 / kLanesPerRow;
+};
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(256) DeltaAndClearKernel(const AttentionParams p, bool clear_dq) {
+  using L = DeltaLayout<kHeadDim>;
+  const auto& s = p.shape;
+  const int64_t row_id = int64_t(blockIdx.x) * L::kRowsPerBlock + threadIdx.x / L::kLanesPerRow;
+  const int c = (threadIdx.x % L::kLanesPerRow) * 8;  // first of this lane's 8 columns
+  const int d = int(s.head_dim);                      // a multiple of 8, at most kHeadDim
+  const bool active = row_id < s.batch * s.num_heads * s.seqlen_q && c < d;
+  float acc = 0.0f;
+  if (active) {
+    const int64_t i = row_id % s.seqlen_q, h = (row_id / s.seqlen_q) % s.num_heads;
+    const int64_t b = row_id / (s.seqlen_q * s.num_heads);
+    const int64_t off = b * p.q_stride.batch + h * p.q_stride.head + i * p.q_stride.row + c;
+    const uint4 o_bits = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.out) + off);
+    const uint4 do_bits = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.dout) + off);
+    const Element* o = reinterpret_cast<const Element*>(&o_bits);
+    const Element* dout = reinterpret_cast<const Element*>(&do_bits);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc = fmaf(ToFloat(o[k]), ToFloat(dout[k]), acc);
+    if (clear_dq) {
+      float4* dq = reinterpret_cast<float4*>(p.dq_accum + row_id * d + c);
+      dq[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      dq[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+  // The row's lanes are consecutive and aligned to their count (a power of 2).
+#pragma unroll
+  for (int width = L::kLanesPerRow / 2; width > 0; width /= 2)
+    acc += __shfl_xor_sync(0xffffffffu, acc, width);
+  if (row_id < s.batch * s.num_heads * s.seqlen_q && c == 0) static_cast<float*>(p.delta)[row_id] = acc;
+}
+
+// dQ = scale * dq_accum, rounded to the element type; one thread per 4
+// columns (16-byte loads). grid: (ceil(batch * heads * seqlen_q * head_dim / 4 / 256)).
 template <typename Element>
 __global__ void __launch_bounds__(256) DqConvertKernel(const AttentionParams p) {
   const auto& s = p.shape;
-  const int64_t pairs_per_row = s.head_dim / 2;  // head_dim is a multiple of 8 here
+  const int64_t quads_per_row = s.head_dim / 4;  // head_dim is a multiple of 8 here
   const int64_t idx = int64_t(blockIdx.x) * 256 + threadIdx.x;
-  if (idx >= s.batch * s.num_heads * s.seqlen_q * pairs_per_row) return;
-  const int64_t c = (idx % pairs_per_row) * 2, row_id = idx / pairs_per_row;
+  if (idx >= s.batch * s.num_heads * s.seqlen_q * quads_per_row) return;
+  const int64_t c = (idx % quads_per_row) * 4, row_id = idx / quads_per_row;
   const int64_t i = row_id % s.seqlen_q, h = (row_id / s.seqlen_q) % s.num_heads;
   const int64_t b = row_id / (s.seqlen_q * s.num_heads);
-  const float2 acc = *reinterpret_cast<const float2*>(p.dq_accum + row_id * s.head_dim + c);
+  const float4 acc = *reinterpret_cast<const float4*>(p.dq_accum + row_id * s.head_dim + c);
   const float scale = float(p.scale);
   Element* dq = static_cast<Element*>(p.dq) + b * p.q_stride.batch + h * p.q_stride.head +
                 i * p.q_stride.row + c;
-  *reinterpret_cast<uint32_t*>(dq) = Pack2<Element>(acc.x * scale, acc.y * scale);
+  *reinterpret_cast<uint2*>(dq) =
+      make_uint2(Pack2<Element>(acc.x * scale, acc.y * scale), Pack2<Element>(acc.z * scale, acc.w * scale));
 }
 
 }  // namespace jax_flash::cuda::sm80

@@ -85,6 +85,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     MaskPolicy::For(p, b, h).KeyRange(m0, m0 + Tr::kBlockM, &lo, &hi);
     n_lo = int(lo / Tr::kBlockN);
     n_hi = hi > lo ? int((hi + Tr::kBlockN - 1) / Tr::kBlockN) : n_lo;
+    const MaskPolicy policy = MaskPolicy::For(p, b, h);
+    if (KeyMaskReader<Tr::kBlockN>::Applies(policy)) TrimHiddenKeyBlocks<Tr::kBlockN>(policy, &n_lo, &n_hi);
   }
 
   // Where key block nb's K and V tiles live.

@@ -33,12 +33,10 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   if (auto e = CheckGrid(s); !e.empty()) return e;
   const int64_t rows = s.batch * s.num_heads * s.seqlen_q;
   const bool fused = !p.deterministic;
-  if (fused && (p.dq_accum == nullptr ||
-                cudaMemsetAsync(p.dq_accum, 0, rows * s.head_dim * sizeof(float), stream) !=
-                    cudaSuccess)) {
-    return "jax_flash: clearing the float32 dQ accumulator failed";
-  }
-  DeltaKernel<Element><<<unsigned(CeilDiv(rows, 8)), 256, 0, stream>>>(p);
+  if (fused && p.dq_accum == nullptr) return "jax_flash: the fused backward needs a float32 dQ accumulator";
+  // delta, and (fused) the dQ accumulator cleared in the same pass.
+  DeltaAndClearKernel<Element, kHeadDim>
+      <<<unsigned(CeilDiv(rows, DeltaLayout<kHeadDim>::kRowsPerBlock)), 256, 0, stream>>>(p, fused);
   if (auto e = CheckLaunch("delta kernel"); !e.empty()) return e;
 
   const dim3 dkv_grid(unsigned(CeilDiv(s.seqlen_k, Tr::kBlockRows)), unsigned(s.num_heads_k),
@@ -70,7 +68,7 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   if (auto e = PrepareSmem(fused_kernel, smem, "sm80 fused backward kernel"); !e.empty()) return e;
   fused_kernel<<<dkv_grid, Tr::kThreads, smem, stream>>>(p);
   if (auto e = CheckLaunch("sm80 fused backward kernel"); !e.empty()) return e;
-  DqConvertKernel<Element><<<unsigned(CeilDiv(rows * s.head_dim / 2, 256)), 256, 0, stream>>>(p);
+  DqConvertKernel<Element><<<unsigned(CeilDiv(rows * s.head_dim / 4, 256)), 256, 0, stream>>>(p);
   return CheckLaunch("dq convert kernel");
 }
 
