@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,3 +74,21 @@ def assert_close(name, actual, expected, dtype, factor=1.0):
         f"{name} ({jnp.dtype(dtype).name}): max error {err.max():.3g} vs tolerance "
         f"{tol:.1g} x scale {scale:.3g}; worst at {worst}: {actual[worst]} vs {expected[worst]}"
     )
+
+
+def run_host_check(tmp_path, source_name):
+    """Builds tests/cpp/<source_name> with nvcc as a plain host program (with
+    AddressSanitizer where the host compiler has it, so out-of-bounds reads
+    fail too), runs it and returns its stdout; fails on a nonzero exit."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    exe = tmp_path / source_name.replace(".cu", "")
+    compile_cmd = ["nvcc", "-std=c++17", "-O1", "-g", "--expt-relaxed-constexpr",
+                   "-I", os.path.join(root, "ffi"), "-o", str(exe),
+                   os.path.join(root, "tests", "cpp", source_name)]
+    asan = ["-Xcompiler", "-fsanitize=address", "-lasan"]
+    if subprocess.run(compile_cmd + asan, capture_output=True, text=True).returncode != 0:
+        subprocess.run(compile_cmd, check=True, capture_output=True, text=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True,
+                         env={**os.environ, "ASAN_OPTIONS": "detect_leaks=0"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout

@@ -13,6 +13,7 @@
 #include "common/params.h"
 #include "cuda/logit_features.cuh"
 #include "cuda/row_stats.cuh"
+#include "cuda/sm80/block_order.cuh"
 #include "cuda/sm80/kernel_traits.cuh"
 #include "cuda/sm80/mma.cuh"
 #include "cuda/sm80/warp_gemm.cuh"
@@ -40,7 +41,7 @@ __device__ __forceinline__ float RowHalfReduce(const float (&frag)[kN][4], int h
 // kFeatures: the variant for calls with attention features (p.features.Any()).
 template <typename Element, int kHeadDim, bool kFeatures>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
-    ForwardKernel(const AttentionParams p) {
+    ForwardKernel(const AttentionParams p, const BlockOrder order) {
   using Tr = FwdTraits<kHeadDim, kFeatures>;
   constexpr int kM = Tr::kMTiles, kN = Tr::kNTiles, kD = Tr::kDTiles;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -51,13 +52,14 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   constexpr uint32_t kTileBytes = Tr::kBlockN * kHeadDim * 2;
 
   const auto& s = p.shape;
-  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / s.group();
+  const BlockCoord blk = DecodeBlock(order, s.num_heads, s.batch);
+  const int64_t b = blk.b, h = blk.h, hk = h / s.group();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;  // MMA fragment row / column-pair owner
-  // Causal: the last query blocks see the most keys; launching them first
-  // keeps the final wave from being a few long blocks on an idle GPU.
-  const int64_t m0 =
-      int64_t(p.is_causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * Tr::kBlockM;
+  // Causal: the last query blocks see the most keys, so they are the heaviest
+  // ranks (launched first).
+  const int64_t positions = order.chunk ? order.positions : int64_t(gridDim.x);
+  const int64_t m0 = (p.is_causal ? positions - 1 - blk.rank : int64_t(blk.rank)) * Tr::kBlockM;
   const int warp_row = warp * kM * 16;  // first row of this warp inside the block
   const int d = int(s.head_dim);
 

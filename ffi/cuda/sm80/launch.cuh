@@ -8,15 +8,41 @@
 
 namespace jax_flash::cuda::sm80 {
 
+// The launch order of a kernel's blocks (block_order.cuh): the phased order
+// when causal, from how many blocks of `kernel` run at once on this GPU; the
+// plain grid otherwise. `bytes_per_head`: what a head's blocks stream and
+// share (K/V in the forward).
+template <typename Kernel>
+std::string OrderBlocks(const AttentionParams& p, Kernel kernel, int threads, int smem,
+                        int64_t positions, int64_t heads, int64_t bytes_per_head,
+                        BlockOrder* order, dim3* grid) {
+  *order = BlockOrder{positions, 0};
+  *grid = dim3(unsigned(positions), unsigned(heads), unsigned(p.shape.batch));
+  if (!p.is_causal) return {};
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess)
+    return "jax_flash: querying the GPU's block occupancy failed";
+  *order = CausalBlockOrder(positions, heads, p.shape.batch, bytes_per_head,
+                            int64_t(sms) * (per_sm > 0 ? per_sm : 1));
+  if (order->chunk) *grid = dim3(unsigned(positions * heads * p.shape.batch));
+  return {};
+}
+
 template <typename Element, int kHeadDim, bool kFeatures>
 std::string LaunchForwardVariant(const AttentionParams& p, cudaStream_t stream) {
   using Tr = FwdTraits<kHeadDim, kFeatures>;
   if (auto e = CheckGrid(p.shape); !e.empty()) return e;
   auto kernel = ForwardKernel<Element, kHeadDim, kFeatures>;
   if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm80 forward kernel"); !e.empty()) return e;
-  const dim3 grid(unsigned(CeilDiv(p.shape.seqlen_q, Tr::kBlockM)), unsigned(p.shape.num_heads),
-                  unsigned(p.shape.batch));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  BlockOrder order;
+  dim3 grid;
+  if (auto e = OrderBlocks(p, kernel, Tr::kThreads, Tr::kSmemBytes, CeilDiv(p.shape.seqlen_q, Tr::kBlockM),
+                           p.shape.num_heads, p.shape.seqlen_k * p.shape.head_dim * 4, &order, &grid);
+      !e.empty())
+    return e;
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, order);
   return CheckLaunch("sm80 forward kernel");
 }
 
@@ -39,6 +65,9 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
       <<<unsigned(CeilDiv(rows, DeltaLayout<kHeadDim>::kRowsPerBlock)), 256, 0, stream>>>(p, fused);
   if (auto e = CheckLaunch("delta kernel"); !e.empty()) return e;
 
+  // The plain grid, key block 0 (the most queries, causal) first in each head.
+  // (The phased order of the forward would need the block's batch and head
+  // held in registers, which the 64 fused kernel spills.)
   const dim3 dkv_grid(unsigned(CeilDiv(s.seqlen_k, Tr::kBlockRows)), unsigned(s.num_heads_k),
                       unsigned(s.batch));
   if (!fused) {
