@@ -236,6 +236,21 @@ def test_dropout_with_bias_gradient(rng):
         assert_close(name, a, r, "float32", factor=GRAD_FACTOR)
 
 
+def _check_bf16_against_reference(rng, q, k, v, kwargs, ref_kwargs):
+    """bf16 output and the gradients of q, k, v (through jax.grad, with a
+    random output cotangent) against the float64 reference."""
+    dout = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
+    out = jax_flash.attention(q, k, v, **kwargs)
+    ref_out = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), **ref_kwargs)
+    assert_close("out", out, ref_out, "bfloat16")
+    grads = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, **kwargs).astype(jnp.float32)
+                                        * dout.astype(jnp.float32)), (0, 1, 2))(q, k, v)
+    ref_grads = jax.grad(lambda *a: jnp.sum(reference.attention(*a, **ref_kwargs) * to_f64_cpu(dout)),
+                         (0, 1, 2))(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(name, g, r, "bfloat16", factor=GRAD_FACTOR)
+
+
 def _key_block_mask(rng, b, n, s, per_head):
     """A key-only mask ([b, n or 1, 1, s]) made of 32-key chunks that are all
     visible, all hidden or random, the pattern shifted per batch row (and per
@@ -261,17 +276,8 @@ def test_key_only_mask_whole_blocks(rng, head_dim, is_causal, per_head):
     against the float64 reference."""
     b, t, s, n, kh, h = 2, 300, 330, 4, 2, head_dim
     q, k, v = random_qkv(rng, b, t, s, n, kh, h, "bfloat16")
-    dout = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
     kwargs = dict(mask=_key_block_mask(rng, b, n, s, per_head), is_causal=is_causal)
-    out = jax_flash.attention(q, k, v, **kwargs)
-    ref_out = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), **kwargs)
-    assert_close("out", out, ref_out, "bfloat16")
-    grads = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, **kwargs).astype(jnp.float32)
-                                        * dout.astype(jnp.float32)), (0, 1, 2))(q, k, v)
-    ref_grads = jax.grad(lambda *a: jnp.sum(reference.attention(*a, **kwargs) * to_f64_cpu(dout)),
-                         (0, 1, 2))(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
-    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
-        assert_close(name, g, r, "bfloat16", factor=GRAD_FACTOR)
+    _check_bf16_against_reference(rng, q, k, v, kwargs, kwargs)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -281,7 +287,6 @@ def test_features_across_many_blocks(rng, case, head_dim):
     dim: the tensor-core feature kernels on a GPU skip and mask whole blocks."""
     b, t, s, n, kh, h = 2, 300, 260, 4, 2, head_dim
     q, k, v = random_qkv(rng, b, t, s, n, kh, h, "bfloat16")
-    dout = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
     kwargs = {
         "mask_key_padding": dict(mask=jnp.asarray(np.arange(s) < np.array([[s], [170]]))[:, None, None, :]),
         "seq_lengths": dict(query_seq_lengths=jnp.array([t, 150], jnp.int32),
@@ -296,12 +301,4 @@ def test_features_across_many_blocks(rng, case, head_dim):
     if case == "dropout":
         ref_kwargs["dropout_factor"] = to_f64_cpu(reference.dropout_factor(
             jax.random.bits(kwargs["dropout_rng"], (2,), jnp.uint32), b, n, t, s, 0.25))
-    out = jax_flash.attention(q, k, v, **kwargs)
-    ref_out = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), **ref_kwargs)
-    assert_close("out", out, ref_out, "bfloat16")
-    grads = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, **kwargs).astype(jnp.float32)
-                                        * dout.astype(jnp.float32)), (0, 1, 2))(q, k, v)
-    ref_grads = jax.grad(lambda *a: jnp.sum(reference.attention(*a, **ref_kwargs) * to_f64_cpu(dout)),
-                         (0, 1, 2))(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
-    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
-        assert_close(name, g, r, "bfloat16", factor=GRAD_FACTOR)
+    _check_bf16_against_reference(rng, q, k, v, kwargs, ref_kwargs)
