@@ -5,7 +5,10 @@
 
 One row per (impl, variant, H, T, causal) point; per run its forward and
 backward TFLOP/s, and each run's ratio to the first. A run given as several
-comma-separated files is their union (e.g. two benchmark invocations).
+comma-separated files is their union (e.g. two benchmark invocations); a
+point measured in several of them (repeated rounds, gpu_ab.sh's AB_ROUNDS)
+shows the mean and, after it, the rounds' spread (half the range, percent of
+the mean).
 """
 
 from __future__ import annotations
@@ -20,10 +23,22 @@ def load(spec: str):
     for path in paths.split(","):
         with open(path) as f:
             rows += json.load(f)["rows"]
-    points = {}
+    rounds = {}
     for r in rows:
         key = (r["impl"], r.get("variant", "plain"), r["head_dim"], r["seqlen"], int(r["causal"]))
-        points[key] = r
+        rounds.setdefault(key, []).append(r)
+    points = {}
+    for key, rs in rounds.items():
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            points[key] = rs[0]
+            continue
+        point = dict(ok[0])
+        for field in ("fwd_tflops", "bwd_tflops"):
+            values = [r[field] for r in ok]
+            point[field] = sum(values) / len(values)
+            point[field + "_spread"] = (max(values) - min(values)) / 2 / point[field] if len(values) > 1 else None
+        points[key] = point
     return name, points
 
 
@@ -50,7 +65,9 @@ def main(argv):
                 ratio = ""
                 if b and "error" not in b and b[field] > 0 and pts is not base:
                     ratio = f" ({r[field] / b[field]:.2f}x)"
-                cell.append(f"{r[field]:.1f}{ratio}")
+                spread = r.get(field + "_spread")
+                spread = f" ±{100 * spread:.0f}%" if spread is not None else ""
+                cell.append(f"{r[field]:.1f}{spread}{ratio}")
             cells += cell
         lines.append("| " + " | ".join(str(k) for k in key) + " | " + " | ".join(cells) + " |")
     print("\n".join(lines))

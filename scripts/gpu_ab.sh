@@ -2,9 +2,10 @@
 # A/B of kernel versions in one device call: builds each source tree named in
 # AB_DIRS (made here with scripts/export_refs.sh; ab/ is git-ignored, so pass
 # carry=["ab"] to the device run), runs the same benchmark points (BENCH_ARGS;
-# several sets separated by ';') with each, and optionally each tree's tests against its own build (AB_TESTS:
-# test files relative to the tree, e.g. "tests/test_attention.py"; AB_K: a
-# pytest -k expression). Writes $OUT/ab.md (the comparison) and $OUT/ab.log.
+# several sets separated by ';'; AB_ROUNDS rounds, default 1) with each, and
+# optionally each tree's tests against its own build (AB_TESTS: test files
+# relative to the tree, e.g. "tests/test_attention.py"; AB_K: a pytest -k
+# expression). Writes $OUT/ab.md (the comparison) and $OUT/ab.log.
 #
 #   AB_DIRS="ab/main ab/wip-x" BENCH_ARGS="--impl jax_flash --head-dim 128 --seqlen 16384 --causal 0" \
 #     bash scripts/gpu_ab.sh
@@ -57,21 +58,34 @@ fi
 results=()
 if [ -n "${BENCH_ARGS:-}" ]; then
   # BENCH_ARGS may hold several argument sets separated by ';' (e.g. a plain
-  # grid and one feature point); each tree runs all of them.
+  # grid and one feature point); each tree runs all of them. AB_ROUNDS=N
+  # repeats the trees N times, every other round in reverse order, so drift
+  # of the GPU's clocks over the call falls on every tree alike; the table
+  # shows each point's mean and spread over the rounds.
   IFS=';' read -ra bench_sets <<< "$BENCH_ARGS"
-  for dir in "${built[@]}"; do
-    name=$(basename "$dir")
-    echo "== $name: benchmark" >> "$LOG"
-    jsons=()
-    for i in "${!bench_sets[@]}"; do
-      out="/tmp/ab_out/$name/$i"
-      (cd /tmp && PYTHONPATH="/tmp/ab_site/$name" python3 -m jax_flash.benchmark ${bench_sets[$i]} --out "$out" \
-        >> "$LOG" 2>&1)
-      [ -f "$out/results.json" ] && jsons+=("$out/results.json")
+  declare -A jsons_of
+  for round in $(seq 1 "${AB_ROUNDS:-1}"); do
+    order=("${built[@]}")
+    if [ $((round % 2)) -eq 0 ]; then
+      order=(); for ((j = ${#built[@]} - 1; j >= 0; j--)); do order+=("${built[$j]}"); done
+    fi
+    for dir in "${order[@]}"; do
+      name=$(basename "$dir")
+      echo "== $name: benchmark, round $round" >> "$LOG"
+      for i in "${!bench_sets[@]}"; do
+        out="/tmp/ab_out/$name/r$round/$i"
+        (cd /tmp && PYTHONPATH="/tmp/ab_site/$name" python3 -m jax_flash.benchmark ${bench_sets[$i]} --out "$out" \
+          >> "$LOG" 2>&1)
+        [ -f "$out/results.json" ] && jsons_of[$name]+="${jsons_of[$name]:+,}$out/results.json"
+      done
+      # Partial comparison after each tree, so a call cut off by its limit still reports.
+      results=()
+      for d in "${built[@]}"; do
+        n=$(basename "$d")
+        [ -n "${jsons_of[$n]:-}" ] && results+=("$n=${jsons_of[$n]}")
+      done
+      [ ${#results[@]} -gt 0 ] && python3 "$root/scripts/compare_bench.py" "${results[@]}" > "$OUT/ab.md"
     done
-    [ ${#jsons[@]} -gt 0 ] && results+=("$name=$(IFS=,; echo "${jsons[*]}")")
-    # Partial comparison after each tree, so a call cut off by its limit still reports.
-    [ ${#results[@]} -gt 0 ] && python3 "$root/scripts/compare_bench.py" "${results[@]}" > "$OUT/ab.md"
   done
 fi
 [ ${#results[@]} -gt 0 ] && cat "$OUT/ab.md"

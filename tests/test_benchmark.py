@@ -96,3 +96,26 @@ def test_back_to_back_samples_divide_by_the_call_count(monkeypatch):
     calls.clear()
     assert abs(benchmark._median_seconds(fake_fn, (1,), iters=3, min_sample_s=0.0) - 0.001) < 1e-12
     assert len(calls) == 2 + 3  # the old method: one blocked call per sample
+
+
+def test_compare_bench_averages_repeated_rounds(tmp_path, capsys):
+    """A point in several files of one run (repeated rounds) is their mean, with the spread after it."""
+    import importlib.util
+    import pathlib
+
+    def write(path, fwd, bwd):
+        path.write_text(json.dumps({"rows": [dict(impl="jax_flash", variant="plain", head_dim=64, seqlen=128,
+                                                  causal=False, fwd_tflops=fwd, bwd_tflops=bwd)]}))
+
+    write(tmp_path / "r1.json", 100.0, 50.0)
+    write(tmp_path / "r2.json", 110.0, 50.0)
+    write(tmp_path / "base.json", 105.0, 25.0)
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "compare_bench.py"
+    spec = importlib.util.spec_from_file_location("compare_bench", script)
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    capsys.readouterr()
+    compare.main([f"base={tmp_path / 'base.json'}", f"two={tmp_path / 'r1.json'},{tmp_path / 'r2.json'}"])
+    row = capsys.readouterr().out.splitlines()[2].split("|")
+    assert row[6].strip() == "105.0" and row[7].strip() == "25.0", row
+    assert row[8].strip() == "105.0 ±5% (1.00x)" and row[9].strip() == "50.0 ±0% (2.00x)", row
