@@ -1,10 +1,21 @@
 """The benchmark entry point runs (tiny sizes on the CPU) and writes its outputs."""
 
+import importlib.util
 import json
+import pathlib
 import subprocess
 import sys
 
 import jax_flash.benchmark as benchmark
+
+
+def _compare_bench():
+    """scripts/compare_bench.py as a module (scripts/ is not a package)."""
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "compare_bench.py"
+    spec = importlib.util.spec_from_file_location("compare_bench", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_help_works_without_a_gpu():
@@ -29,17 +40,11 @@ def test_tiny_run_writes_json_and_table(tmp_path):
 
 def test_compare_bench_script(tmp_path, capsys):
     """scripts/compare_bench.py (the A/B table of scripts/gpu_ab.sh) reads two runs' JSON."""
-    import importlib.util
-    import pathlib
-
     for name in ("a", "b"):
         benchmark.main(["--impl", "jax_flash", "--head-dim", "32", "--seqlen", "64", "--tokens", "64",
                         "--width", "64", "--causal", "0", "--iters", "1", "--dtype", "float32",
                         "--out", str(tmp_path / name)])
-    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "compare_bench.py"
-    spec = importlib.util.spec_from_file_location("compare_bench", script)
-    compare = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compare)
+    compare = _compare_bench()
     capsys.readouterr()
     compare.main([f"a={tmp_path / 'a' / 'results.json'}", f"b={tmp_path / 'b' / 'results.json'}"])
     table = capsys.readouterr().out.splitlines()
@@ -50,17 +55,11 @@ def test_compare_bench_script(tmp_path, capsys):
 
 def test_compare_bench_merges_files_of_one_run(tmp_path, capsys):
     """A run given as comma-separated files (gpu_ab.sh's ';'-separated BENCH_ARGS sets) is their union."""
-    import importlib.util
-    import pathlib
-
     common = ["--impl", "jax_flash", "--head-dim", "32", "--seqlen", "64", "--tokens", "64",
               "--width", "64", "--causal", "0", "--iters", "1", "--dtype", "float32"]
     benchmark.main(common + ["--out", str(tmp_path / "plain")])
     benchmark.main(common + ["--variant", "key_padding_mask", "--out", str(tmp_path / "mask")])
-    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "compare_bench.py"
-    spec = importlib.util.spec_from_file_location("compare_bench", script)
-    compare = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compare)
+    compare = _compare_bench()
     capsys.readouterr()
     both = f"{tmp_path / 'plain' / 'results.json'},{tmp_path / 'mask' / 'results.json'}"
     compare.main([f"two={both}", f"one={tmp_path / 'plain' / 'results.json'}"])
@@ -100,9 +99,6 @@ def test_back_to_back_samples_divide_by_the_call_count(monkeypatch):
 
 def test_compare_bench_averages_repeated_rounds(tmp_path, capsys):
     """A point in several files of one run (repeated rounds) is their mean, with the spread after it."""
-    import importlib.util
-    import pathlib
-
     def write(path, fwd, bwd):
         path.write_text(json.dumps({"rows": [dict(impl="jax_flash", variant="plain", head_dim=64, seqlen=128,
                                                   causal=False, fwd_tflops=fwd, bwd_tflops=bwd)]}))
@@ -110,10 +106,7 @@ def test_compare_bench_averages_repeated_rounds(tmp_path, capsys):
     write(tmp_path / "r1.json", 100.0, 50.0)
     write(tmp_path / "r2.json", 110.0, 50.0)
     write(tmp_path / "base.json", 105.0, 25.0)
-    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "compare_bench.py"
-    spec = importlib.util.spec_from_file_location("compare_bench", script)
-    compare = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compare)
+    compare = _compare_bench()
     capsys.readouterr()
     compare.main([f"base={tmp_path / 'base.json'}", f"two={tmp_path / 'r1.json'},{tmp_path / 'r2.json'}"])
     row = capsys.readouterr().out.splitlines()[2].split("|")
