@@ -33,7 +33,7 @@ for hd in $HEAD_DIMS; do
       awk '/Compiling entry/ {n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n)}
            /spill stores/ {spill = $5 " B spill stores, " $9 " B loads"}
            /Used [0-9]+ registers/ {print n ": " $5 " registers, " spill}' |
-      sed -E 's/_ZN9jax_flash4cuda(4sm80)?[0-9]+//; s/I13__nv_bfloat16//; s/E+vNS_15AttentionParamsE(NS1_10BlockOrderE)?//'
+      sed -E 's/_ZN9jax_flash4cuda(4sm80)?[0-9]+//; s/I13__nv_bfloat16//; s/E+vNS_15AttentionParamsE(NS1_10BlockOrderE|b)?//'
     if command -v cuobjdump > /dev/null; then
       python3 scripts/sass_loops.py "$cubin" 'ForwardKernel|DkvKernel|DqKernel'
     fi

@@ -7,8 +7,9 @@
 // the `chunk` heaviest positions of every (batch, head), then the next
 // `chunk`, and so on: the lightest blocks go last (longest-processing-time
 // first), while consecutive blocks still belong to one head, so the few heads
-// in flight keep their K/V in L2. (The backward keeps the plain grid, key
-// block 0 first per head: decoding costs it registers it does not have.)
+// in flight keep their K/V in L2. (The causal backward, which has no
+// registers for decoded coordinates, instead launches on a grid with key
+// blocks slowest: see DkvKernel.)
 #pragma once
 
 #include <cstdint>

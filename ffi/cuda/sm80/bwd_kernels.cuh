@@ -207,7 +207,7 @@ __device__ __forceinline__ void SyncKeyGroup(int group) {
 // previous step's P^T / dS^T readers done).
 template <typename Element, int kHeadDim, bool kFusedDq, bool kFeatures = false>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
-    DkvKernel(const AttentionParams p) {
+    DkvKernel(const AttentionParams p, const bool causal_order) {
   static_assert(kFusedDq || !kFeatures, "the deterministic dK/dV pass has no feature variant");
   using Tr = BwdTraits<kHeadDim>;
   static_assert(kFusedDq || kHeadDim <= 128, "the deterministic pass serves head dims up to 128");
@@ -233,9 +233,17 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   };
 
   const auto& s = p.shape;
-  const int64_t b = blockIdx.z, hk = blockIdx.y;
+  // Grid (key block, key head, batch); with causal_order (key head, batch,
+  // key block): key block 0, which the most queries see, of every head
+  // launches first and the lightest blocks last, so no heavy block starts in
+  // the final wave. (Coordinates stay plain blockIdx reads: decoding a 1D
+  // order would hold them in registers, which the 64 kernel spills. The
+  // feature variants, with less room still, keep the plain grid.)
+  const bool ordered = !kFeatures && causal_order;
+  const int64_t b = ordered ? blockIdx.y : blockIdx.z;
+  const int64_t hk = ordered ? blockIdx.x : blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t n0 = int64_t(blockIdx.x) * Tr::kBlockRows;  // first key of the block
+  const int64_t n0 = int64_t(ordered ? blockIdx.z : blockIdx.x) * Tr::kBlockRows;  // first key
   const int group = warp / Tr::kQSplit, q_part = warp % Tr::kQSplit;
   const int warp_row = group * kM * 16;     // this warp's first key in the block
   const int q_col0 = q_part * Tr::kQCols;   // its queries of each step's S^T

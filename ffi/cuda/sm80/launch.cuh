@@ -65,11 +65,14 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
       <<<unsigned(CeilDiv(rows, DeltaLayout<kHeadDim>::kRowsPerBlock)), 256, 0, stream>>>(p, fused);
   if (auto e = CheckLaunch("delta kernel"); !e.empty()) return e;
 
-  // The plain grid, key block 0 (the most queries, causal) first in each head.
-  // (The phased order of the forward would need the block's batch and head
-  // held in registers, which the 64 fused kernel spills.)
-  const dim3 dkv_grid(unsigned(CeilDiv(s.seqlen_k, Tr::kBlockRows)), unsigned(s.num_heads_k),
-                      unsigned(s.batch));
+  // Causal key blocks differ in work (key block 0 is seen by every query):
+  // the causal grid puts key blocks slowest, so every head's heaviest block
+  // launches first and the final wave holds only light ones (DkvKernel).
+  const int64_t key_blocks = CeilDiv(s.seqlen_k, Tr::kBlockRows);
+  const bool causal_order = p.is_causal && !p.features.Any() && key_blocks <= 65535;
+  const dim3 dkv_grid = causal_order
+                            ? dim3(unsigned(s.num_heads_k), unsigned(s.batch), unsigned(key_blocks))
+                            : dim3(unsigned(key_blocks), unsigned(s.num_heads_k), unsigned(s.batch));
   if (!fused) {
     if (p.features.Any() || kHeadDim > 128)
       return "jax_flash: no deterministic sm80 backward for these inputs (the dispatch runs generic)";
@@ -83,7 +86,7 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
       auto dkv_kernel = DkvKernel<Element, kHeadDim, false>;
       if (auto e = PrepareSmem(dkv_kernel, Tr::kDkvSmemBytes, "sm80 dk/dv kernel"); !e.empty())
         return e;
-      dkv_kernel<<<dkv_grid, Tr::kThreads, Tr::kDkvSmemBytes, stream>>>(p);
+      dkv_kernel<<<dkv_grid, Tr::kThreads, Tr::kDkvSmemBytes, stream>>>(p, causal_order);
       return CheckLaunch("sm80 dk/dv kernel");
     }
   }
@@ -95,7 +98,7 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
     return "jax_flash: querying the device's compute capability failed";
   const int smem = BackwardSmemBytes<kHeadDim>(false, FusedBackwardOnSm90(false, cc_major));
   if (auto e = PrepareSmem(fused_kernel, smem, "sm80 fused backward kernel"); !e.empty()) return e;
-  fused_kernel<<<dkv_grid, Tr::kThreads, smem, stream>>>(p);
+  fused_kernel<<<dkv_grid, Tr::kThreads, smem, stream>>>(p, causal_order);
   if (auto e = CheckLaunch("sm80 fused backward kernel"); !e.empty()) return e;
   DqConvertKernel<Element><<<unsigned(CeilDiv(rows * s.head_dim / 4, 256)), 256, 0, stream>>>(p);
   return CheckLaunch("dq convert kernel");
