@@ -37,22 +37,35 @@ if [ -n "${BENCH_ARGS:-}" ]; then
   cp /tmp/bench/results.png "$OUT/bench.png" 2>/dev/null
 fi
 if [ -n "${NCU:-}" ]; then
-  # One profiled forward and fused backward at H=128, T=4096, bf16: plain,
-  # then with a [B, 1, 1, S] key-padding mask (the feature variants).
+  # Profiled kernels (Nsight Compute). Default: one forward and fused backward
+  # at H=128, T=4096, bf16, plain and with a [B, 1, 1, S] key-padding mask
+  # (the feature variants). NCU_SHAPES="B,T,N,H[,causal] ..." instead profiles
+  # the backward kernel (NCU_KERNELS, default DkvKernel) once per plain shape,
+  # with the full report of each in ncu_<shape>.txt.
   cat > /tmp/ncu_case.py <<'PY'
-import jax, jax.numpy as jnp, numpy as np, jax_flash
-q, k, v = (jnp.asarray(np.random.default_rng(i).standard_normal((4, 4096, 16, 128)), jnp.bfloat16) for i in range(3))
-mask = jnp.asarray(np.broadcast_to(np.arange(4096) < 3584, (4, 1, 1, 4096)))
-loss = lambda q, k, v, m: jnp.sum(jax_flash.attention(q, k, v, mask=m).astype(jnp.float32))
+import sys, jax, jax.numpy as jnp, numpy as np, jax_flash
+b, t, n, h, causal = (list(map(int, sys.argv[1].split(","))) + [0])[:5] if len(sys.argv) > 1 else (4, 4096, 16, 128, 0)
+q, k, v = (jnp.asarray(np.random.default_rng(i).standard_normal((b, t, n, h)), jnp.bfloat16) for i in range(3))
+loss = lambda q, k, v, m: jnp.sum(jax_flash.attention(q, k, v, mask=m, is_causal=bool(causal)).astype(jnp.float32))
 f = jax.jit(jax.grad(loss, (0, 1, 2)))
 jax.block_until_ready(f(q, k, v, None))
-jax.block_until_ready(f(q, k, v, mask))
+if len(sys.argv) == 1:
+    mask = jnp.asarray(np.broadcast_to(np.arange(t) < t * 7 // 8, (b, 1, 1, t)))
+    jax.block_until_ready(f(q, k, v, mask))
 PY
-  timeout 300 ncu --clock-control none --kernel-name regex:"ForwardKernel|DqKernel|DkvKernel" --launch-count 4 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
-    --section ComputeWorkloadAnalysis --section InstructionStats --section SchedulerStats \
-    --section SourceCounters python3 /tmp/ncu_case.py > "$OUT/ncu.txt" 2>&1
-  grep -E "ForwardKernel|DqKernel|DkvKernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|Bank" "$OUT/ncu.txt" | head -80
+  sections="--print-details all --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+    --section ComputeWorkloadAnalysis --section InstructionStats --section SchedulerStats --section SourceCounters"
+  summary="ForwardKernel|DqKernel|DkvKernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|Bank|Stall|L2 Hit|DRAM Throughput"
+  if [ -z "${NCU_SHAPES:-}" ]; then
+    timeout 300 ncu --clock-control none --kernel-name regex:"ForwardKernel|DqKernel|DkvKernel" --launch-count 4 \
+      $sections python3 /tmp/ncu_case.py > "$OUT/ncu.txt" 2>&1
+    grep -E "$summary" "$OUT/ncu.txt" | head -80
+  fi
+  for shape in ${NCU_SHAPES:-}; do
+    timeout 200 ncu --clock-control none --kernel-name regex:"${NCU_KERNELS:-DkvKernel}" --launch-count 1 \
+      $sections python3 /tmp/ncu_case.py "$shape" > "$OUT/ncu_${shape//,/_}.txt" 2>&1
+    echo "== ncu $shape"; grep -E "$summary" "$OUT/ncu_${shape//,/_}.txt" | head -40
+  done
 fi
 if [ -n "${EXAMPLES:-}" ]; then
   # Issue 5's larger config: tokens/s and final loss for flash vs cudnn vs xla.
