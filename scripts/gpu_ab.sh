@@ -5,7 +5,8 @@
 # several sets separated by ';'; AB_ROUNDS rounds, default 1) with each, and
 # optionally each tree's tests against its own build (AB_TESTS: test files
 # relative to the tree, e.g. "tests/test_attention.py"; AB_K: a pytest -k
-# expression). Writes $OUT/ab.md (the comparison) and $OUT/ab.log.
+# expression; AB_TEST_DIRS: only these trees, e.g. the candidate when the
+# base was tested before). Writes $OUT/ab.md (the comparison) and $OUT/ab.log.
 #
 #   AB_DIRS="ab/main ab/wip-x" BENCH_ARGS="--impl jax_flash --head-dim 128 --seqlen 16384 --causal 0" \
 #     bash scripts/gpu_ab.sh
@@ -40,7 +41,11 @@ done
 if [ -n "${AB_TESTS:-}" ]; then
   # Each tree's tests against its own build; from /tmp so the tree is not imported.
   start=$(date +%s)
+  tested=()
   for dir in "${built[@]}"; do
+    [[ -z "${AB_TEST_DIRS:-}" || " $AB_TEST_DIRS " == *" $dir "* ]] && tested+=("$dir")
+  done
+  for dir in "${tested[@]}"; do
     name=$(basename "$dir")
     paths=()
     for t in $AB_TESTS; do paths+=("$root/$dir/$t"); done
@@ -49,7 +54,7 @@ if [ -n "${AB_TESTS:-}" ]; then
   done
   wait
   echo "== tests: $(( $(date +%s) - start )) s" | tee -a "$LOG"
-  for dir in "${built[@]}"; do
+  for dir in "${tested[@]}"; do
     name=$(basename "$dir")
     echo "   $name pytest: $(tail -1 /tmp/ab_pytest_$name.log)" | tee -a "$LOG"
     grep -E "^FAILED" "/tmp/ab_pytest_$name.log" | head -10 | tee -a "$LOG"
