@@ -41,7 +41,8 @@ if [ -n "${NCU:-}" ]; then
   # at H=128, T=4096, bf16, plain and with a [B, 1, 1, S] key-padding mask
   # (the feature variants). NCU_SHAPES="B,T,N,H[,causal] ..." instead profiles
   # the backward kernel (NCU_KERNELS, default DkvKernel) once per plain shape,
-  # with the full report of each in ncu_<shape>.txt.
+  # with the full report of each in ncu_<shape>.txt; NCU_SOURCE=1 adds the
+  # per-SASS-instruction page (stall samples per instruction) as ncu_<shape>_sass.csv.
   cat > /tmp/ncu_case.py <<'PY'
 import sys, jax, jax.numpy as jnp, numpy as np, jax_flash
 b, t, n, h, causal = (list(map(int, sys.argv[1].split(","))) + [0])[:5] if len(sys.argv) > 1 else (4, 4096, 16, 128, 0)
@@ -62,9 +63,15 @@ PY
     grep -E "$summary" "$OUT/ncu.txt" | head -80
   fi
   for shape in ${NCU_SHAPES:-}; do
+    name="ncu_${shape//,/_}"
     timeout 200 ncu --clock-control none --kernel-name regex:"${NCU_KERNELS:-DkvKernel}" --launch-count 1 \
-      $sections python3 /tmp/ncu_case.py "$shape" > "$OUT/ncu_${shape//,/_}.txt" 2>&1
-    echo "== ncu $shape"; grep -E "$summary" "$OUT/ncu_${shape//,/_}.txt" | head -40
+      $sections ${NCU_SOURCE:+-o /tmp/$name} python3 /tmp/ncu_case.py "$shape" > "$OUT/$name.txt" 2>&1
+    if [ -n "${NCU_SOURCE:-}" ]; then
+      ncu -i "/tmp/$name.ncu-rep" --print-details all >> "$OUT/$name.txt" 2>&1
+      ncu -i "/tmp/$name.ncu-rep" --page source --print-source sass --csv > "$OUT/${name}_sass.csv" 2>&1
+      gzip -k "$OUT/${name}_sass.csv"
+    fi
+    echo "== ncu $shape"; grep -E "$summary" "$OUT/$name.txt" | head -40
   done
 fi
 if [ -n "${EXAMPLES:-}" ]; then
