@@ -7,6 +7,7 @@
 #
 #   bash scripts/kernel_report.sh                 # sm_90a, head dims 64 128 256
 #   ARCH=80 HEAD_DIMS=128 bash scripts/kernel_report.sh
+#   KERNELS=Backward bash scripts/kernel_report.sh    # one family only
 #
 # Needs nvcc, and cuobjdump for the loop statistics (skipped without it; the
 # nvidia-cuda-cuobjdump wheel has one).
@@ -26,7 +27,7 @@ template std::string Launch$which<__nv_bfloat16, HEAD_DIM>(const AttentionParams
 CU
 done
 for hd in $HEAD_DIMS; do
-  for which in Forward Backward; do
+  for which in ${KERNELS:-Forward Backward}; do
     cubin="$work/${which}_$hd.cubin"
     nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_${ARCH%a},code=sm_$ARCH \
       -Xptxas -v -Iffi -isystem "$jax_include" -DHEAD_DIM="$hd" -cubin -o "$cubin" "$work/$which.cu" 2>&1 |
