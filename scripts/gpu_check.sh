@@ -69,7 +69,6 @@ PY
     if [ -n "${NCU_SOURCE:-}" ]; then
       ncu -i "/tmp/$name.ncu-rep" --print-details all >> "$OUT/$name.txt" 2>&1
       ncu -i "/tmp/$name.ncu-rep" --page source --print-source sass --csv > "$OUT/${name}_sass.csv" 2>&1
-      gzip -k "$OUT/${name}_sass.csv"
     fi
     echo "== ncu $shape"; grep -E "$summary" "$OUT/$name.txt" | head -40
   done
