@@ -42,7 +42,10 @@ if [ -n "${NCU:-}" ]; then
   # (the feature variants). NCU_SHAPES="B,T,N,H[,causal] ..." instead profiles
   # the backward kernel (NCU_KERNELS, default DkvKernel) once per plain shape,
   # with the full report of each in ncu_<shape>.txt; NCU_SOURCE=1 adds the
-  # per-SASS-instruction page (stall samples per instruction) as ncu_<shape>_sass.csv.
+  # per-SASS-instruction page (stall samples per instruction) as
+  # ncu_<shape>_sass.csv. NCU_TIMELINE=1 instead times every kernel of one
+  # fused fwd+bwd call per shape (XLA's too), as timeline_<shape>.csv and a
+  # summary: where the backward's time goes outside its main kernel.
   cat > /tmp/ncu_case.py <<'PY'
 import sys, jax, jax.numpy as jnp, numpy as np, jax_flash
 b, t, n, h, causal = (list(map(int, sys.argv[1].split(","))) + [0])[:5] if len(sys.argv) > 1 else (4, 4096, 16, 128, 0)
@@ -57,7 +60,15 @@ PY
   sections="--print-details all --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
     --section ComputeWorkloadAnalysis --section InstructionStats --section SchedulerStats --section SourceCounters"
   summary="ForwardKernel|DqKernel|DkvKernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|Bank|Stall|L2 Hit|DRAM Throughput"
-  if [ -z "${NCU_SHAPES:-}" ]; then
+  if [ -n "${NCU_TIMELINE:-}" ]; then
+    for shape in ${NCU_SHAPES:-4,4096,16,128}; do
+      name="timeline_${shape//,/_}"
+      timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+        python3 /tmp/ncu_case.py "$shape" > "$OUT/$name.csv" 2>&1
+      echo "== kernels of one grad call at $shape"
+      python3 "$OLDPWD/scripts/kernel_timeline.py" "$OUT/$name.csv"
+    done
+  elif [ -z "${NCU_SHAPES:-}" ]; then
     timeout 300 ncu --clock-control none --kernel-name regex:"ForwardKernel|DqKernel|DkvKernel" --launch-count 4 \
       $sections python3 /tmp/ncu_case.py > "$OUT/ncu.txt" 2>&1
     grep -E "$summary" "$OUT/ncu.txt" | head -80
