@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import pathlib
 import subprocess
 
 import jax
@@ -92,3 +94,12 @@ def run_host_check(tmp_path, source_name):
                          env={**os.environ, "ASAN_OPTIONS": "detect_leaks=0"})
     assert run.returncode == 0, run.stdout + run.stderr
     return run.stdout
+
+
+def load_script(name):
+    """scripts/<name>.py as a module (scripts/ is not a package)."""
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,21 +1,15 @@
 """The benchmark entry point runs (tiny sizes on the CPU) and writes its outputs."""
 
-import importlib.util
 import json
-import pathlib
 import subprocess
 import sys
 
 import jax_flash.benchmark as benchmark
+from helpers import load_script
 
 
 def _compare_bench():
-    """scripts/compare_bench.py as a module (scripts/ is not a package)."""
-    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "compare_bench.py"
-    spec = importlib.util.spec_from_file_location("compare_bench", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("compare_bench")
 
 
 def test_help_works_without_a_gpu():

@@ -1,11 +1,8 @@
 """scripts/kernel_timeline.py (gpu_check.sh's NCU_TIMELINE summary) on synthetic ncu CSV output."""
 
-import importlib.util
-import pathlib
-
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "kernel_timeline.py"
+from helpers import load_script
 
 HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
           '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
@@ -17,10 +14,7 @@ def _row(i, kernel, unit, value):
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("kernel_timeline", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("kernel_timeline")
 
 
 def test_durations_in_launch_order_with_units_and_totals_per_name():

@@ -1,16 +1,10 @@
 """scripts/sass_loops.py (kernel_report.sh's loop statistics) on a synthetic SASS listing."""
 
-import importlib.util
-import pathlib
-
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "sass_loops.py"
+from helpers import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("sass_loops", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("sass_loops")
 
 
 def test_loops_are_backward_branches_with_their_bodies():
