@@ -27,7 +27,8 @@ def launches(lines: list[str]) -> list[tuple[str, float]]:
             continue
         value = float(row["Metric Value"].replace(",", ""))
         unit = row.get("Metric Unit", "")
-        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}.get(unit)
+        scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0,
+                 "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}.get(unit)
         if scale is None:
             raise ValueError(f"unknown time unit {unit!r}")
         out.append((row["Kernel Name"], value * scale))
