@@ -114,13 +114,23 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 // memory ([key][query], so A comes through ldmatrix.trans) and the block's K
 // tile; then float32 atomics into dq_accum (other key blocks add to the same
 // rows).
-template <typename Element, int kHeadDim>
+//
+// kPairsOuter (BwdTraits::DqPairsOuter): column pairs outermost: dS's fragments for every k step
+// are loaded once, then each pair of 8-column tiles runs all its k steps and
+// sends its atomics, which drain under the next pair's MMAs. (Summing all
+// columns before any atomic left the whole burst, 32 atomics per warp at 256,
+// to the load/store queue with the tensor cores idle: "LG throttle", and
+// waits for queued atomics to release their registers, were a fifth of the
+// 256 kernel's stall samples.) Where dS's fragments do not fit in registers
+// beside dK and dV, k steps stay outermost.
+template <typename Element, int kHeadDim, bool kPairsOuter>
 __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t ds_tile,
                                              uint32_t k_tile, int64_t b, int64_t h,
                                              int64_t m0, int warp, int lane) {
   using Tr = BwdTraits<kHeadDim>;
   constexpr int kC = kHeadDim / 8, kDsC = Tr::kBlockCols / 8;
   constexpr int kNt = Tr::kDqColsPerWarp / 8;  // 8-column tiles
+  constexpr int kKSteps = Tr::kBlockRows / 16;
   static_assert(Tr::kWarps % Tr::kDqQParts == 0 && kNt % 2 == 0);
   const int q_part = warp / Tr::kDqDParts, tile0 = (warp % Tr::kDqDParts) * kNt;
   const auto& s = p.shape;
@@ -128,58 +138,86 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
   const int g = lane / 4, t = lane % 4;
   const SwizzledRows<kDsC> ds_rows(ds_tile, (lane / 16) * 8 + lane % 8, lane / 8 % 2);
   const SwizzledRows<kC> k_rows(k_tile, (lane / 8 % 2) * 8 + lane % 8, lane / 16);
-  float acc[2][kNt][4] = {};
-#pragma unroll 2
-  for (int kk = 0; kk < Tr::kBlockRows / 16; ++kk) {
-    uint32_t a[2][4];  // dS[queries of m-tile q_part * 2 + mt, keys 16 kk ..], from dS^T [key][query]
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) LdMatrixX4Trans(a[mt], ds_rows.At(kk * 16, (q_part * 2 + mt) * 2));
-#pragma unroll
-    for (int nt = 0; nt < kNt; nt += 2) {
-      uint32_t bf[4];  // K[keys 16 kk .., d-tiles tile0 + nt and + 1]
-      LdMatrixX4Trans(bf, k_rows.At(kk * 16, tile0 + nt));
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        Mma16816<Element>(acc[mt][nt], a[mt], bf[0], bf[1]);
-        Mma16816<Element>(acc[mt][nt + 1], a[mt], bf[2], bf[3]);
-      }
-    }
-  }
   // One pointer for the warp's first row (rows are d floats apart, columns
   // immediate offsets) and one column check per warp: the padded head-dim
   // case is the rare one.
   const bool all_cols = (tile0 + kNt) * 8 <= d;
   const int64_t row0 = m0 + q_part * 32 + g;
   float* const dst0 = p.dq_accum + p.row_stat_index(b, h, row0) * d + tile0 * 8 + 2 * t;
+  // Atomics for tiles nt0 .. nt0 + kCount - 1 of acc ([m-tile][tile][4]).
+  auto add = [&](int nt0, auto count, const float(&acc)[2][decltype(count)::value][4]) {
+    constexpr int kCount = decltype(count)::value;
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = mt * 16 + hh * 8;
-      if (row0 + r >= s.seqlen_q) continue;
-      float* dst = dst0 + r * d;
-      if (all_cols) {
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = mt * 16 + hh * 8;
+        if (row0 + r >= s.seqlen_q) continue;
+        float* dst = dst0 + r * d + nt0 * 8;
+        if (all_cols) {
 #pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) {
+          for (int nt = 0; nt < kCount; ++nt) {
 #if __CUDA_ARCH__ >= 900
-          // Hopper adds a float pair in one atomic (8-byte aligned: even column).
-          atomicAdd(reinterpret_cast<float2*>(dst + nt * 8),
-                    make_float2(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]));
+            // Hopper adds a float pair in one atomic (8-byte aligned: even column).
+            atomicAdd(reinterpret_cast<float2*>(dst + nt * 8),
+                      make_float2(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]));
 #else
-          atomicAdd(dst + nt * 8, acc[mt][nt][2 * hh]);
-          atomicAdd(dst + nt * 8 + 1, acc[mt][nt][2 * hh + 1]);
-#endif
-        }
-      } else {
-#pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) {
-          if ((tile0 + nt) * 8 + 2 * t < d) {
             atomicAdd(dst + nt * 8, acc[mt][nt][2 * hh]);
             atomicAdd(dst + nt * 8 + 1, acc[mt][nt][2 * hh + 1]);
+#endif
+          }
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < kCount; ++nt) {
+            if ((tile0 + nt0 + nt) * 8 + 2 * t < d) {
+              atomicAdd(dst + nt * 8, acc[mt][nt][2 * hh]);
+              atomicAdd(dst + nt * 8 + 1, acc[mt][nt][2 * hh + 1]);
+            }
           }
         }
       }
+  };
+  if constexpr (kPairsOuter) {
+    uint32_t a[kKSteps][2][4];  // dS[queries of m-tile q_part * 2 + mt, keys 16 kk ..], from dS^T
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk)
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) LdMatrixX4Trans(a[kk][mt], ds_rows.At(kk * 16, (q_part * 2 + mt) * 2));
+#pragma unroll
+    for (int nt = 0; nt < kNt; nt += 2) {
+      float acc[2][2][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        uint32_t bf[4];  // K[keys 16 kk .., d-tiles tile0 + nt and + 1]
+        LdMatrixX4Trans(bf, k_rows.At(kk * 16, tile0 + nt));
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          Mma16816<Element>(acc[mt][0], a[kk][mt], bf[0], bf[1]);
+          Mma16816<Element>(acc[mt][1], a[kk][mt], bf[2], bf[3]);
+        }
+      }
+      add(nt, std::integral_constant<int, 2>{}, acc);
     }
+  } else {
+    float acc[2][kNt][4] = {};
+#pragma unroll 2
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      uint32_t a[2][4];  // dS[queries of m-tile q_part * 2 + mt, keys 16 kk ..], from dS^T [key][query]
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) LdMatrixX4Trans(a[mt], ds_rows.At(kk * 16, (q_part * 2 + mt) * 2));
+#pragma unroll
+      for (int nt = 0; nt < kNt; nt += 2) {
+        uint32_t bf[4];  // K[keys 16 kk .., d-tiles tile0 + nt and + 1]
+        LdMatrixX4Trans(bf, k_rows.At(kk * 16, tile0 + nt));
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          Mma16816<Element>(acc[mt][nt], a[mt], bf[0], bf[1]);
+          Mma16816<Element>(acc[mt][nt + 1], a[mt], bf[2], bf[3]);
+        }
+      }
+    }
+    add(0, std::integral_constant<int, kNt>{}, acc);
+  }
 }
 
 // Waits for the kQSplit warps of key group `group` (named barrier 1 + group;
@@ -213,6 +251,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   static_assert(kFusedDq || kHeadDim <= 128, "the deterministic pass serves head dims up to 128");
   constexpr int kM = Tr::kKeyMTiles, kSN = Tr::kSNTiles, kD = Tr::kDkvCols / 8;
   constexpr int kPtC = Tr::kBlockCols / 8;  // chunks per row of the P^T / dS^T tiles
+  constexpr bool kDqPairs = Tr::DqPairsOuter(kFeatures);
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t k_tile = SmemAddr(smem);                          // [kBlockRows][kHeadDim]
   const uint32_t v_tile = k_tile + Tr::kBlockRows * Tr::kTileBytes;
@@ -463,7 +502,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
           dk, ds_write, warp_row, c0, q_tile, c0, col_tile0, lane);
     }
     if constexpr (kFusedDq && !kDeferDq)
-      AccumulateDq<Element, kHeadDim>(p, ds_tile, k_tile, b, h, m0, warp, lane);
+      AccumulateDq<Element, kHeadDim, kDqPairs>(p, ds_tile, k_tile, b, h, m0, warp, lane);
   };
 
   StepPos pos{hk * s.group(), m_start}, prev = pos;
@@ -479,8 +518,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     // The previous step's dQ, from its dS^T tile (every warp's slices are in
     // since the barrier above; this step writes the other tile).
     if constexpr (kDeferDq) {
-      if (step > 0) AccumulateDq<Element, kHeadDim>(p, ds_buffer((step - 1) & 1), k_tile, b, prev.h,
-                                                    prev.m0, warp, lane);
+      if (step > 0) AccumulateDq<Element, kHeadDim, kDqPairs>(p, ds_buffer((step - 1) & 1), k_tile, b,
+                                                              prev.h, prev.m0, warp, lane);
     }
     // Element masks only where a pair can be invisible: tails, and causal
     // query blocks that start before the key block ends.
@@ -506,8 +545,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   if constexpr (kDeferDq) {
     if (steps > 0) {
       __syncthreads();  // the last step's dS^T slices are in
-      AccumulateDq<Element, kHeadDim>(p, ds_buffer((steps - 1) & 1), k_tile, b, prev.h, prev.m0,
-                                      warp, lane);
+      AccumulateDq<Element, kHeadDim, kDqPairs>(p, ds_buffer((steps - 1) & 1), k_tile, b, prev.h,
+                                                prev.m0, warp, lane);
     }
   }
 
@@ -565,23 +604,26 @@ __global__ void __launch_bounds__(256) DeltaAndClearKernel(const AttentionParams
   if (row_id < s.batch * s.num_heads * s.seqlen_q && c == 0) static_cast<float*>(p.delta)[row_id] = acc;
 }
 
-// dQ = scale * dq_accum, rounded to the element type; one thread per 4
-// columns (16-byte loads). grid: (ceil(batch * heads * seqlen_q * head_dim / 4 / 256)).
+// dQ = scale * dq_accum, rounded to the element type; one thread per 8
+// columns (two 16-byte loads, one 16-byte store). grid: (ceil(seqlen_q *
+// head_dim / 8 / 256), num_heads, batch) (CheckGrid), so a thread finds its
+// row and columns with one 32-bit division (three 64-bit ones per thread
+// held the pass to 3.3 TB/s).
 template <typename Element>
 __global__ void __launch_bounds__(256) DqConvertKernel(const AttentionParams p) {
   const auto& s = p.shape;
-  const int64_t quads_per_row = s.head_dim / 4;  // head_dim is a multiple of 8 here
-  const int64_t idx = int64_t(blockIdx.x) * 256 + threadIdx.x;
-  if (idx >= s.batch * s.num_heads * s.seqlen_q * quads_per_row) return;
-  const int64_t c = (idx % quads_per_row) * 4, row_id = idx / quads_per_row;
-  const int64_t i = row_id % s.seqlen_q, h = (row_id / s.seqlen_q) % s.num_heads;
-  const int64_t b = row_id / (s.seqlen_q * s.num_heads);
-  const float4 acc = *reinterpret_cast<const float4*>(p.dq_accum + row_id * s.head_dim + c);
+  const int octets_per_row = int(s.head_dim / 8);  // head_dim is a multiple of 8 here
+  const int idx = int(blockIdx.x) * 256 + int(threadIdx.x);
+  if (idx >= s.seqlen_q * octets_per_row) return;
+  const int i = idx / octets_per_row, c = (idx - i * octets_per_row) * 8;
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + p.row_stat_index(b, h, i) * s.head_dim + c);
+  const float4 lo = acc[0], hi = acc[1];
   const float scale = float(p.scale);
-  Element* dq = static_cast<Element*>(p.dq) + b * p.q_stride.batch + h * p.q_stride.head +
-                i * p.q_stride.row + c;
-  *reinterpret_cast<uint2*>(dq) =
-      make_uint2(Pack2<Element>(acc.x * scale, acc.y * scale), Pack2<Element>(acc.z * scale, acc.w * scale));
+  Element* dq = static_cast<Element*>(p.dq) + b * p.q_stride.batch + h * p.q_stride.head + i * p.q_stride.row + c;
+  *reinterpret_cast<uint4*>(dq) =
+      make_uint4(Pack2<Element>(lo.x * scale, lo.y * scale), Pack2<Element>(lo.z * scale, lo.w * scale),
+                 Pack2<Element>(hi.x * scale, hi.y * scale), Pack2<Element>(hi.z * scale, hi.w * scale));
 }
 
 }  // namespace jax_flash::cuda::sm80

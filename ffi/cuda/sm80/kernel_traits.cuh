@@ -119,6 +119,11 @@ struct BwdTraits {
   static constexpr int kDqQParts = kBlockCols / 32;
   static constexpr int kDqDParts = kWarps / kDqQParts;
   static constexpr int kDqColsPerWarp = kHeadDim / kDqDParts;
+  // dQ product by column pairs, atomics after each (AccumulateDq); needs dS's
+  // fragments of all kBlockRows / 16 k steps in registers (64, 32 at 256):
+  // 0 spills in the plain kernels; the feature variants keep the k-outer
+  // product except at 256 (at 64 the pairs spilled 172 B instead of 156).
+  static constexpr bool DqPairsOuter(bool features) { return !features || kHeadDim == 256; }
 
   // Deterministic dQ pass: Q and dO [kDqRows][kHeadDim], two stages of K and
   // V [kDqBlockCols][kHeadDim], 64 keys per step.

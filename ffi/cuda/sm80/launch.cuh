@@ -100,7 +100,9 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   if (auto e = PrepareSmem(fused_kernel, smem, "sm80 fused backward kernel"); !e.empty()) return e;
   fused_kernel<<<dkv_grid, Tr::kThreads, smem, stream>>>(p, causal_order);
   if (auto e = CheckLaunch("sm80 fused backward kernel"); !e.empty()) return e;
-  DqConvertKernel<Element><<<unsigned(CeilDiv(rows * s.head_dim / 4, 256)), 256, 0, stream>>>(p);
+  const dim3 convert_grid(unsigned(CeilDiv(s.seqlen_q * s.head_dim / 8, 256)), unsigned(s.num_heads),
+                          unsigned(s.batch));
+  DqConvertKernel<Element><<<convert_grid, 256, 0, stream>>>(p);
   return CheckLaunch("dq convert kernel");
 }
 
