@@ -115,14 +115,13 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 // tile; then float32 atomics into dq_accum (other key blocks add to the same
 // rows).
 //
-// kPairsOuter (BwdTraits::DqPairsOuter): column pairs outermost: dS's fragments for every k step
-// are loaded once, then each pair of 8-column tiles runs all its k steps and
-// sends its atomics, which drain under the next pair's MMAs. (Summing all
-// columns before any atomic left the whole burst, 32 atomics per warp at 256,
-// to the load/store queue with the tensor cores idle: "LG throttle", and
-// waits for queued atomics to release their registers, were a fifth of the
-// 256 kernel's stall samples.) Where dS's fragments do not fit in registers
-// beside dK and dV, k steps stay outermost.
+// kPairsOuter (BwdTraits::kDqPairsOuter): column pairs outermost. dS's
+// fragments for every k step are loaded once, then each pair of 8-column
+// tiles runs all its k steps and sends its atomics, which drain under the
+// next pair's MMAs. (Summing all columns before any atomic left the whole
+// burst, 32 atomics per warp at 256, to the load/store queue with the tensor
+// cores idle: "LG throttle", and waits for queued atomics to release their
+// registers, were a fifth of the 256 kernel's stall samples.)
 template <typename Element, int kHeadDim, bool kPairsOuter>
 __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t ds_tile,
                                              uint32_t k_tile, int64_t b, int64_t h,
@@ -251,7 +250,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   static_assert(kFusedDq || kHeadDim <= 128, "the deterministic pass serves head dims up to 128");
   constexpr int kM = Tr::kKeyMTiles, kSN = Tr::kSNTiles, kD = Tr::kDkvCols / 8;
   constexpr int kPtC = Tr::kBlockCols / 8;  // chunks per row of the P^T / dS^T tiles
-  constexpr bool kDqPairs = Tr::DqPairsOuter(kFeatures);
+  constexpr bool kDqPairs = Tr::kDqPairsOuter;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t k_tile = SmemAddr(smem);                          // [kBlockRows][kHeadDim]
   const uint32_t v_tile = k_tile + Tr::kBlockRows * Tr::kTileBytes;

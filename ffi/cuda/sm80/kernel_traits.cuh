@@ -119,11 +119,11 @@ struct BwdTraits {
   static constexpr int kDqQParts = kBlockCols / 32;
   static constexpr int kDqDParts = kWarps / kDqQParts;
   static constexpr int kDqColsPerWarp = kHeadDim / kDqDParts;
-  // dQ product by column pairs, atomics after each (AccumulateDq); needs dS's
-  // fragments of all kBlockRows / 16 k steps in registers (64, 32 at 256):
-  // 0 spills in the plain kernels; the feature variants keep the k-outer
-  // product except at 256 (at 64 the pairs spilled 172 B instead of 156).
-  static constexpr bool DqPairsOuter(bool features) { return !features || kHeadDim == 256; }
+  // dQ product by column pairs, atomics after each (AccumulateDq), at 256:
+  // backward +4-6% there, except causal T=1024 (0.92x); at 64 and 128 it
+  // measured 0.97-1.01x (docs/PERF.md, v10). It holds dS's fragments of all
+  // kBlockRows / 16 k steps in registers (32 at 256, where the feature variant's 12 B of spills went with it).
+  static constexpr bool kDqPairsOuter = kHeadDim == 256;
 
   // Deterministic dQ pass: Q and dO [kDqRows][kHeadDim], two stages of K and
   // V [kDqBlockCols][kHeadDim], 64 keys per step.
