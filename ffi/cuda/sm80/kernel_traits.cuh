@@ -122,7 +122,8 @@ struct BwdTraits {
   // dQ product by column pairs, atomics after each (AccumulateDq), at 256:
   // backward +4-6% there, except causal T=1024 (0.92x); at 64 and 128 it
   // measured 0.97-1.01x (docs/PERF.md, v10). It holds dS's fragments of all
-  // kBlockRows / 16 k steps in registers (32 at 256, where the feature variant's 12 B of spills went with it).
+  // kBlockRows / 16 k steps in registers (32 at 256, where the feature
+  // variant's 12 B of spills went with it).
   static constexpr bool kDqPairsOuter = kHeadDim == 256;
 
   // Deterministic dQ pass: Q and dO [kDqRows][kHeadDim], two stages of K and
