@@ -5,17 +5,21 @@
 # Steps, each optional but the build: TESTS=0 skips pytest; BENCH_ARGS,
 # LONG_ARGS, NCU=1, EXAMPLES=1 add the benchmark, the 128k run, a profile and
 # issue 5's training comparison.
+# The device brings back at most 8 files from $OUT: every step's result line
+# also goes to summary.txt (printed again last, so a `tail` of the output
+# keeps it), and the logs are bundled into logs.tgz at the end.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
+note() { echo "$*" | tee -a "$OUT/summary.txt"; }
+note "$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv,noheader)"
 export CMAKE_BUILD_PARALLEL_LEVEL=16
 start=$(date +%s)
 python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
-echo "build: $(( $(date +%s) - start )) s"
+note "build: $(( $(date +%s) - start )) s"
 
 cd /tmp  # import the installed package, not the source tree
-python3 -c "import jax, jax_flash; print(jax.__version__, jax.devices(), jax_flash.build_info())"
+note "$(python3 -c "import jax, jax_flash; print(jax.__version__, jax.devices(), jax_flash.build_info())" 2>&1)"
 # Two pytest processes side by side (the suite is compile-bound; 16 host
 # cores): test_attention.py and the rest. No preallocation, so both fit.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -26,10 +30,10 @@ pid1=$!
 python3 -m pytest "$OLDPWD/tests" --ignore="$OLDPWD/tests/test_attention.py" -q ${PYTEST_ARGS:-} > "$OUT/pytest_rest.log" 2>&1 &
 pid2=$!
 wait $pid1; rc1=$?; wait $pid2; rc2=$?
-echo "pytest rc=$rc1/$rc2 in $(( $(date +%s) - start )) s"
-for f in "$OUT"/pytest_attention.log "$OUT"/pytest_rest.log; do grep -E "^FAILED" "$f" | head -20; tail -1 "$f"; done
+note "pytest rc=$rc1/$rc2 in $(( $(date +%s) - start )) s"
+for f in "$OUT"/pytest_attention.log "$OUT"/pytest_rest.log; do note "$(grep -E "^FAILED" "$f" | head -20; tail -1 "$f")"; done
 fi
-if [ -n "${LONG_ARGS:-}" ]; then python3 "$OLDPWD/scripts/long_sequence.py" $LONG_ARGS > "$OUT/long.log" 2>&1; tail -3 "$OUT/long.log"; fi
+if [ -n "${LONG_ARGS:-}" ]; then python3 "$OLDPWD/scripts/long_sequence.py" $LONG_ARGS > "$OUT/long.log" 2>&1; note "$(tail -3 "$OUT/long.log")"; fi
 if [ -n "${BENCH_ARGS:-}" ]; then
   # Only three files come back from $OUT besides the logs: json, table, chart.
   python3 -m jax_flash.benchmark $BENCH_ARGS --out /tmp/bench > "$OUT/bench.log" 2>&1; tail -40 "$OUT/bench.log"
@@ -95,3 +99,8 @@ if [ -n "${EXAMPLES:-}" ]; then
     grep -E "^step|^loss|Error" "$OUT/examples.log" | tail -3
   done
 fi
+# Logs and profiles in one file (see the 8-file limit above), then the summary.
+cd "$OUT" && shopt -s nullglob && logs=(*.log *.csv ncu_*.txt) && if [ ${#logs[@]} -gt 0 ]; then
+  tar czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}"
+fi
+echo "== summary"; cat "$OUT/summary.txt"

@@ -38,6 +38,14 @@ def test_durations_in_launch_order_with_units_and_totals_per_name():
     assert "   100.0   2.1%  void DeltaAndClearKernel<bf16, 128>" in text
 
 
+def test_short_unit_names_of_newer_ncu():
+    # ncu 2025 (the H200's) writes "ns", "us", "ms" where older ones wrote "nsecond"...
+    m = _module()
+    lines = [HEADER, _row(0, "a()", "ns", "2,400"), _row(1, "b()", "us", "65.4"), _row(2, "c()", "ms", "1.25"),
+             _row(3, "d()", "s", "0.5")]
+    assert [us for _, us in m.launches(lines)] == pytest.approx([2.4, 65.4, 1250.0, 5e5])
+
+
 def test_output_without_a_table_reads_as_no_launches():
     m = _module()
     assert m.launches(["==PROF== Connected to process 1", "==ERROR== no kernels were profiled"]) == []
