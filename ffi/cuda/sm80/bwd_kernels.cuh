@@ -115,14 +115,15 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 // tile; then float32 atomics into dq_accum (other key blocks add to the same
 // rows).
 //
-// kPairsOuter (BwdTraits::kDqPairsOuter): column pairs outermost. dS's
-// fragments for every k step are loaded once, then each pair of 8-column
-// tiles runs all its k steps and sends its atomics, which drain under the
-// next pair's MMAs. (Summing all columns before any atomic left the whole
-// burst, 32 atomics per warp at 256, to the load/store queue with the tensor
-// cores idle: "LG throttle", and waits for queued atomics to release their
-// registers, were a fifth of the 256 kernel's stall samples.)
-template <typename Element, int kHeadDim, bool kPairsOuter>
+// kGroupTiles > 0 (BwdTraits::kDqGroupTiles): groups of 8-column tiles
+// outermost. dS's fragments for every k step are loaded once, then each group
+// of kGroupTiles tiles runs all its k steps and sends its atomics, which
+// drain under the next group's MMAs. (Summing all columns before any atomic
+// left the whole burst, 32 atomics per warp at 256, to the load/store queue
+// with the tensor cores idle: "LG throttle", and waits for queued atomics to
+// release their registers, were a fifth of the 256 kernel's stall samples.)
+// A group accumulates into 2 x kGroupTiles independent MMA chains.
+template <typename Element, int kHeadDim, int kGroupTiles>
 __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t ds_tile,
                                              uint32_t k_tile, int64_t b, int64_t h,
                                              int64_t m0, int warp, int lane) {
@@ -176,26 +177,29 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
         }
       }
   };
-  if constexpr (kPairsOuter) {
+  if constexpr (kGroupTiles > 0) {
+    static_assert(kNt % kGroupTiles == 0 && kGroupTiles % 2 == 0);
     uint32_t a[kKSteps][2][4];  // dS[queries of m-tile q_part * 2 + mt, keys 16 kk ..], from dS^T
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk)
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) LdMatrixX4Trans(a[kk][mt], ds_rows.At(kk * 16, (q_part * 2 + mt) * 2));
 #pragma unroll
-    for (int nt = 0; nt < kNt; nt += 2) {
-      float acc[2][2][4] = {};
+    for (int nt0 = 0; nt0 < kNt; nt0 += kGroupTiles) {
+      float acc[2][kGroupTiles][4] = {};
 #pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        uint32_t bf[4];  // K[keys 16 kk .., d-tiles tile0 + nt and + 1]
-        LdMatrixX4Trans(bf, k_rows.At(kk * 16, tile0 + nt));
+      for (int kk = 0; kk < kKSteps; ++kk)
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          Mma16816<Element>(acc[mt][0], a[kk][mt], bf[0], bf[1]);
-          Mma16816<Element>(acc[mt][1], a[kk][mt], bf[2], bf[3]);
+        for (int nt = 0; nt < kGroupTiles; nt += 2) {
+          uint32_t bf[4];  // K[keys 16 kk .., d-tiles tile0 + nt0 + nt and + 1]
+          LdMatrixX4Trans(bf, k_rows.At(kk * 16, tile0 + nt0 + nt));
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            Mma16816<Element>(acc[mt][nt], a[kk][mt], bf[0], bf[1]);
+            Mma16816<Element>(acc[mt][nt + 1], a[kk][mt], bf[2], bf[3]);
+          }
         }
-      }
-      add(nt, std::integral_constant<int, 2>{}, acc);
+      add(nt0, std::integral_constant<int, kGroupTiles>{}, acc);
     }
   } else {
     float acc[2][kNt][4] = {};
@@ -250,7 +254,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   static_assert(kFusedDq || kHeadDim <= 128, "the deterministic pass serves head dims up to 128");
   constexpr int kM = Tr::kKeyMTiles, kSN = Tr::kSNTiles, kD = Tr::kDkvCols / 8;
   constexpr int kPtC = Tr::kBlockCols / 8;  // chunks per row of the P^T / dS^T tiles
-  constexpr bool kDqPairs = Tr::kDqPairsOuter;
+  constexpr int kDqGroup = Tr::kDqGroupTiles;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t k_tile = SmemAddr(smem);                          // [kBlockRows][kHeadDim]
   const uint32_t v_tile = k_tile + Tr::kBlockRows * Tr::kTileBytes;
@@ -501,7 +505,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
           dk, ds_write, warp_row, c0, q_tile, c0, col_tile0, lane);
     }
     if constexpr (kFusedDq && !kDeferDq)
-      AccumulateDq<Element, kHeadDim, kDqPairs>(p, ds_tile, k_tile, b, h, m0, warp, lane);
+      AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_tile, k_tile, b, h, m0, warp, lane);
   };
 
   StepPos pos{hk * s.group(), m_start}, prev = pos;
@@ -517,7 +521,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     // The previous step's dQ, from its dS^T tile (every warp's slices are in
     // since the barrier above; this step writes the other tile).
     if constexpr (kDeferDq) {
-      if (step > 0) AccumulateDq<Element, kHeadDim, kDqPairs>(p, ds_buffer((step - 1) & 1), k_tile, b,
+      if (step > 0) AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((step - 1) & 1), k_tile, b,
                                                               prev.h, prev.m0, warp, lane);
     }
     // Element masks only where a pair can be invisible: tails, and causal
@@ -544,7 +548,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   if constexpr (kDeferDq) {
     if (steps > 0) {
       __syncthreads();  // the last step's dS^T slices are in
-      AccumulateDq<Element, kHeadDim, kDqPairs>(p, ds_buffer((steps - 1) & 1), k_tile, b, prev.h,
+      AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((steps - 1) & 1), k_tile, b, prev.h,
                                                 prev.m0, warp, lane);
     }
   }

@@ -119,12 +119,13 @@ struct BwdTraits {
   static constexpr int kDqQParts = kBlockCols / 32;
   static constexpr int kDqDParts = kWarps / kDqQParts;
   static constexpr int kDqColsPerWarp = kHeadDim / kDqDParts;
-  // dQ product by column pairs, atomics after each (AccumulateDq), at 256:
-  // backward +4-6% there, except causal T=1024 (0.92x); at 64 and 128 it
-  // measured 0.97-1.01x (docs/PERF.md, v10). It holds dS's fragments of all
-  // kBlockRows / 16 k steps in registers (32 at 256, where the feature
-  // variant's 12 B of spills went with it).
-  static constexpr bool kDqPairsOuter = kHeadDim == 256;
+  // dQ product by groups of 8-column tiles, atomics after each group
+  // (AccumulateDq), at 256: pairs gave backward +4-6% there, except causal
+  // T=1024 (0.92x), and 0.97-1.01x at 64 and 128 (docs/PERF.md, v10). dS's
+  // fragments of all kBlockRows / 16 k steps stay in registers (32 at 256,
+  // where the feature variant's 12 B of spills went with it). 0: k steps
+  // outermost, all columns summed before the atomics.
+  static constexpr int kDqGroupTiles = kHeadDim == 256 ? 2 : 0;
 
   // Deterministic dQ pass: Q and dO [kDqRows][kHeadDim], two stages of K and
   // V [kDqBlockCols][kHeadDim], 64 keys per step.
