@@ -8,7 +8,13 @@ and warm up, then timed `--iters` times; the median is reported. A sample is
 makes a sample last at least --min-sample-ms (so the host's dispatch latency,
 ~0.05-0.1 ms a call, is not counted as kernel time at short lengths; 0 gives
 one blocked call per sample, the method of results before 2026-11-30 v7).
-Forward = jit(attention); backward = jit(value_and_grad) minus forward.
+Forward = jit(attention); backward = (jitted forward + backward) minus forward,
+where forward + backward is, by --cotangent: `sum` (default; the method of every
+result through v10), value_and_grad of sum(attention(...)), which also counts
+the loss's reduction and XLA's broadcast of its cotangent (~0.06 ms at B*N*T*H
+= 33.5M on the H200); or `random`, the VJP of attention applied to a given
+random dO, the backward alone, as FlashAttention's benchmark and PyTorch's
+`out.backward(dout)` time it.
 FLOPs as in ../shared/GPU.md: forward 4*B*N*Tq*Tk*H (halved when causal),
 backward 2.5x forward. Writes JSON and a markdown table to --out.
 """
@@ -96,8 +102,27 @@ def flops_forward(batch, seqlen, heads, head_dim, causal) -> float:
     return f / 2 if causal else f
 
 
+COTANGENTS = ("sum", "random")
+
+
+def forward_backward_fn(attn, cotangent: str):
+    """fn(q, k, v, bias, mask, kv_lengths, dout) -> (loss, (dq, dk, dv)), the bias not
+    differentiated. cotangent "sum": value_and_grad of sum(attn(...)) in float32, dout
+    unused; "random": the VJP of attn applied to dout, loss None."""
+    if cotangent == "sum":
+        return jax.value_and_grad(
+            lambda q, k, v, bias, mask, kv_lengths, dout: jnp.sum(
+                attn(q, k, v, bias, mask, kv_lengths).astype(jnp.float32)), (0, 1, 2))
+    if cotangent == "random":
+        def fn(q, k, v, bias, mask, kv_lengths, dout):
+            _, vjp = jax.vjp(lambda q, k, v: attn(q, k, v, bias, mask, kv_lengths), q, k, v)
+            return None, vjp(dout)
+        return fn
+    raise ValueError(f"cotangent must be one of {COTANGENTS}, got {cotangent!r}")
+
+
 def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng, variant="plain",
-                extra=None, min_sample_s=0.0):
+                extra=None, min_sample_s=0.0, cotangent="sum"):
     """Times one implementation at one point; `extra` = the variant's (bias, mask, kv_lengths),
     made here when not given (callers timing several implementations share one)."""
     shape = (batch, seqlen, heads, head_dim)
@@ -106,19 +131,16 @@ def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng,
         extra = _extra_args(variant, batch, seqlen, heads, rng)
     attn = _attention_fn(impl, causal)
     fwd = jax.jit(attn)
-    # Gradients of q, k and v only: the bias is not differentiated.
-    fwd_bwd = jax.jit(jax.value_and_grad(
-        lambda q, k, v, bias, mask, kv_lengths: jnp.sum(attn(q, k, v, bias, mask, kv_lengths).astype(jnp.float32)),
-        (0, 1, 2)
-    ))
+    fwd_bwd = jax.jit(forward_backward_fn(attn, cotangent))
+    dout = jnp.asarray(rng.standard_normal(shape), dtype) if cotangent == "random" else None
     args = (q, k, v) + tuple(extra)
     t_fwd = _median_seconds(fwd, args, iters, min_sample_s)
-    t_total = _median_seconds(fwd_bwd, args, iters, min_sample_s)
+    t_total = _median_seconds(fwd_bwd, args + (dout,), iters, min_sample_s)
     t_bwd = max(t_total - t_fwd, 1e-9)
     f = flops_forward(batch, seqlen, heads, head_dim, causal)
     return {
         "impl": impl, "variant": variant, "batch": batch, "seqlen": seqlen, "heads": heads,
-        "head_dim": head_dim, "causal": causal, "dtype": jnp.dtype(dtype).name,
+        "head_dim": head_dim, "causal": causal, "dtype": jnp.dtype(dtype).name, "cotangent": cotangent,
         "fwd_ms": t_fwd * 1e3, "bwd_ms": t_bwd * 1e3,
         "fwd_tflops": f / t_fwd / 1e12, "bwd_tflops": 2.5 * f / t_bwd / 1e12,
     }
@@ -209,6 +231,9 @@ def main(argv=None):
     parser.add_argument("--variant", nargs="+", default=["plain"], choices=VARIANTS,
                         help="plain; with a full float32 bias; with a [B,1,1,S] key-padding mask; "
                              "or with the same padding as key_value_seq_lengths")
+    parser.add_argument("--cotangent", default="sum", choices=COTANGENTS,
+                        help="backward timed from value_and_grad of sum(attention) (sum) or as the "
+                             "VJP of a given random dO (random: the backward alone)")
     parser.add_argument("--long-seqlen", type=int, default=0,
                         help="also run jax_flash fwd+bwd at B=1, N=16, H=128 and this length "
                              "(131072 for the 128k check), reporting peak device memory")
@@ -228,7 +253,7 @@ def main(argv=None):
                         try:
                             row = bench_point(impl, batch, seqlen, heads, head_dim, bool(causal),
                                               args.dtype, args.iters, rng, variant, extra,
-                                              args.min_sample_ms / 1e3)
+                                              args.min_sample_ms / 1e3, args.cotangent)
                         except Exception as e:  # e.g. cudnn on the CPU, xla out of memory
                             row = {"impl": impl, "variant": variant, "batch": batch, "seqlen": seqlen,
                                    "heads": heads, "head_dim": head_dim, "causal": bool(causal),
@@ -242,7 +267,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     meta = {"jax": jax.__version__, "device": jax.devices()[0].device_kind,
             "build": jax_flash.build_info(), "iters": args.iters,
-            "min_sample_ms": args.min_sample_ms}
+            "min_sample_ms": args.min_sample_ms, "cotangent": args.cotangent}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "long_sequence": long_run}, f, indent=1)
     write_chart(rows, os.path.join(args.out, "results.png"))

@@ -4,7 +4,13 @@ import json
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
 import jax_flash.benchmark as benchmark
+from jax_flash import reference
 from helpers import load_script
 
 
@@ -30,6 +36,41 @@ def test_tiny_run_writes_json_and_table(tmp_path):
     assert result["long_sequence"]["grads_finite"]
     table = (tmp_path / "results.md").read_text()
     assert "| jax_flash | bias |" in table and "| xla | kv_lengths |" in table
+
+
+def test_random_cotangent_times_the_vjp_of_a_given_dout(tmp_path):
+    benchmark.main(["--impl", "jax_flash", "--head-dim", "32", "--seqlen", "128", "--tokens", "256",
+                    "--width", "64", "--causal", "0", "1", "--iters", "2", "--dtype", "float32",
+                    "--cotangent", "random", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert result["meta"]["cotangent"] == "random"
+    assert len(result["rows"]) == 2 and all(r["cotangent"] == "random" and r["bwd_ms"] > 0 for r in result["rows"])
+
+
+@pytest.mark.parametrize("cotangent", benchmark.COTANGENTS)
+def test_forward_backward_fn_gradients_match_the_reference(cotangent):
+    # What the benchmark times is the real backward: its gradients against
+    # float64 jax.vjp of the reference with the same cotangent (ones for "sum").
+    rng = np.random.default_rng(3)
+    shape = (2, 64, 2, 32)
+    q, k, v, dout = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for _ in range(4))
+    attn = benchmark._attention_fn("jax_flash", causal=True)
+    loss, grads = jax.jit(benchmark.forward_backward_fn(attn, cotangent))(q, k, v, None, None, None, dout)
+    ref_attn = lambda q, k, v: reference.attention(q, k, v, is_causal=True)
+    f64 = lambda x: np.asarray(x, np.float64)
+    out, vjp = jax.vjp(ref_attn, f64(q), f64(k), f64(v))
+    ref_grads = vjp(np.ones_like(out) if cotangent == "sum" else f64(dout))
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(r), rtol=2e-4, atol=2e-4)
+    if cotangent == "sum":
+        np.testing.assert_allclose(float(loss), float(np.sum(out)), rtol=1e-4)
+    else:
+        assert loss is None
+
+
+def test_unknown_cotangent_is_refused():
+    with pytest.raises(ValueError, match="cotangent"):
+        benchmark.forward_backward_fn(lambda *a: a[0], "ones")
 
 
 def test_compare_bench_script(tmp_path, capsys):
