@@ -3,8 +3,8 @@
 # the benchmark points given in BENCH_ARGS. Logs and JSON go to $OUT as each
 # step runs, so a call cut off by its time limit still brings back what ran.
 # Steps, each optional but the build: TESTS=0 skips pytest; BENCH_ARGS,
-# LONG_ARGS, NCU=1, EXAMPLES=1 add the benchmark, the 128k run, a profile and
-# issue 5's training comparison.
+# BENCH2_ARGS, LONG_ARGS, NCU=1, EXAMPLES=1 add the benchmark (and a second
+# one), the 128k run, a profile and issue 5's training comparison.
 # The device brings back at most 8 files from $OUT: every step's result line
 # also goes to summary.txt (printed again last, so a `tail` of the output
 # keeps it), and the logs are bundled into logs.tgz at the end.
@@ -39,6 +39,10 @@ if [ -n "${BENCH_ARGS:-}" ]; then
   python3 -m jax_flash.benchmark $BENCH_ARGS --out /tmp/bench > "$OUT/bench.log" 2>&1; tail -40 "$OUT/bench.log"
   cp /tmp/bench/results.json "$OUT/bench.json"; cp /tmp/bench/results.md "$OUT/bench.md"
   cp /tmp/bench/results.png "$OUT/bench.png" 2>/dev/null
+fi
+if [ -n "${BENCH2_ARGS:-}" ]; then  # a second grid, e.g. the same with --cotangent random
+  python3 -m jax_flash.benchmark $BENCH2_ARGS --out /tmp/bench2 > "$OUT/bench2.log" 2>&1; tail -40 "$OUT/bench2.log"
+  cp /tmp/bench2/results.json "$OUT/bench2.json"; cp /tmp/bench2/results.md "$OUT/bench2.md"
 fi
 if [ -n "${NCU:-}" ]; then
   # Profiled kernels (Nsight Compute). Default: one forward and fused backward
