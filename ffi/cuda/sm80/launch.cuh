@@ -1,6 +1,8 @@
 // Launch templates of the sm80 kernels; instantiated per dtype in launch_<dtype>.cu.
 #pragma once
 
+#include <cstdint>
+
 #include "cuda/generic/launch.cuh"  // CheckLaunch, PrepareSmem, CheckGrid, CeilDiv
 #include "cuda/sm80/bwd_kernels.cuh"
 #include "cuda/sm80/fwd_kernel.cuh"
@@ -57,6 +59,8 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   using Tr = BwdTraits<kHeadDim>;
   const auto& s = p.shape;
   if (auto e = CheckGrid(s); !e.empty()) return e;
+  if (s.seqlen_q * s.head_dim / 8 > int64_t(INT32_MAX) - 256)  // DqConvertKernel's 32-bit index
+    return "jax_flash: seqlen_q * head_dim must be below 2^34 for the sm80 backward";
   const int64_t rows = s.batch * s.num_heads * s.seqlen_q;
   const bool fused = !p.deterministic;
   if (fused && p.dq_accum == nullptr) return "jax_flash: the fused backward needs a float32 dQ accumulator";
