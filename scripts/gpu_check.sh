@@ -51,7 +51,7 @@ if [ -n "${NCU:-}" ]; then
   # the backward kernel (NCU_KERNELS, default DkvKernel) once per plain shape,
   # with the full report of each in ncu_<shape>.txt; NCU_SOURCE=1 adds the
   # per-SASS-instruction page (stall samples per instruction) as
-  # ncu_<shape>_sass.csv. NCU_TIMELINE=1 instead times every kernel of one
+  # ncu_<shape>_sass.csv, summarized by scripts/ncu_stalls.py. NCU_TIMELINE=1 instead times every kernel of one
   # fused fwd+bwd call per shape (XLA's too), as timeline_<shape>.csv and a
   # summary: where the backward's time goes outside its main kernel.
   cat > /tmp/ncu_case.py <<'PY'
@@ -88,6 +88,8 @@ PY
     if [ -n "${NCU_SOURCE:-}" ]; then
       ncu -i "/tmp/$name.ncu-rep" --print-details all >> "$OUT/$name.txt" 2>&1
       ncu -i "/tmp/$name.ncu-rep" --page source --print-source sass --csv > "$OUT/${name}_sass.csv" 2>&1
+      echo "== stalls per instruction at $shape"
+      python3 "$OLDPWD/scripts/ncu_stalls.py" "$OUT/${name}_sass.csv" --top 30
     fi
     echo "== ncu $shape"; grep -E "$summary" "$OUT/$name.txt" | head -40
   done
