@@ -51,9 +51,10 @@ if [ -n "${NCU:-}" ]; then
   # the backward kernel (NCU_KERNELS, default DkvKernel) once per plain shape,
   # with the full report of each in ncu_<shape>.txt; NCU_SOURCE=1 adds the
   # per-SASS-instruction page (stall samples per instruction) as
-  # ncu_<shape>_sass.csv, summarized by scripts/ncu_stalls.py. NCU_TIMELINE=1 instead times every kernel of one
-  # fused fwd+bwd call per shape (XLA's too), as timeline_<shape>.csv and a
-  # summary: where the backward's time goes outside its main kernel.
+  # ncu_<shape>_sass.csv, summarized by scripts/ncu_stalls.py. NCU_TIMELINE=1
+  # instead times every kernel of one fused fwd+bwd call per shape (XLA's
+  # too), as timeline_<shape>.csv and a summary: where the backward's time
+  # goes outside its main kernel.
   cat > /tmp/ncu_case.py <<'PY'
 import sys, jax, jax.numpy as jnp, numpy as np, jax_flash
 b, t, n, h, causal = (list(map(int, sys.argv[1].split(","))) + [0])[:5] if len(sys.argv) > 1 else (4, 4096, 16, 128, 0)
