@@ -35,7 +35,7 @@ for f in "$OUT"/pytest_attention.log "$OUT"/pytest_rest.log; do note "$(grep -E 
 fi
 if [ -n "${LONG_ARGS:-}" ]; then python3 "$OLDPWD/scripts/long_sequence.py" $LONG_ARGS > "$OUT/long.log" 2>&1; note "$(tail -3 "$OUT/long.log")"; fi
 if [ -n "${BENCH_ARGS:-}" ]; then
-  # Only three files come back from $OUT besides the logs: json, table, chart.
+  # json, table and chart come back beside summary.txt and logs.tgz.
   python3 -m jax_flash.benchmark $BENCH_ARGS --out /tmp/bench > "$OUT/bench.log" 2>&1; tail -40 "$OUT/bench.log"
   cp /tmp/bench/results.json "$OUT/bench.json"; cp /tmp/bench/results.md "$OUT/bench.md"
   cp /tmp/bench/results.png "$OUT/bench.png" 2>/dev/null
