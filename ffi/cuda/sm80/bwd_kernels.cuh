@@ -509,6 +509,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   };
 
   StepPos pos{hk * s.group(), m_start}, prev = pos;
+  const bool late_dq = Tr::kDqPhaseShift && warp >= Tr::kWarps / 2;
   if (steps > 0) load_qdo(0, pos);
   for (int step = 0; step < steps; ++step) {
     CpAsyncWait<0>();
@@ -519,10 +520,14 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     const StepPos next = advance(pos);
     if (step + 1 < steps) load_qdo((step + 1) & 1, next);  // into the stage the previous step used
     // The previous step's dQ, from its dS^T tile (every warp's slices are in
-    // since the barrier above; this step writes the other tile).
+    // since the barrier above; this step writes the other tile, and the
+    // previous one is rewritten only after the next step's barrier): here,
+    // or for the late half of the warps after this step's work
+    // (Tr::kDqPhaseShift).
     if constexpr (kDeferDq) {
-      if (step > 0) AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((step - 1) & 1), k_tile, b,
-                                                              prev.h, prev.m0, warp, lane);
+      if (step > 0 && !late_dq)
+        AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((step - 1) & 1), k_tile, b, prev.h, prev.m0,
+                                                  warp, lane);
     }
     // Element masks only where a pair can be invisible: tails, and causal
     // query blocks that start before the key block ends.
@@ -541,6 +546,11 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       run_step(step & 1, pos, std::true_type{});
     } else {
       run_step(step & 1, pos, std::false_type{});
+    }
+    if constexpr (kDeferDq && Tr::kDqPhaseShift) {
+      if (step > 0 && late_dq)
+        AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((step - 1) & 1), k_tile, b, prev.h, prev.m0,
+                                                  warp, lane);
     }
     prev = pos;
     pos = next;

@@ -126,6 +126,16 @@ struct BwdTraits {
   // where the feature variant's 12 B of spills went with it). 0: k steps
   // outermost, all columns summed before the atomics.
   static constexpr int kDqGroupTiles = kHeadDim == 256 ? 2 : 0;
+  // Hopper's deferred dQ product (a step's dQ in the next step): warps
+  // kWarps / 2 .. run it at the end of the step instead of its start. A
+  // scheduler's two warps (w and w + 4) then work in different phases, so
+  // one's exp2 / dS work, ldmatrix waits and atomics go under the other's
+  // MMAs instead of both idling the tensor pipe together. Key groups never
+  // straddle the halves (kQSplit divides kWarps / 2). At 256 only: backward
+  // +6-12% at T >= 4096 there; at 64 / 128 the second call site of the dQ
+  // product spilled (36-72 B) and lost 2-13% (docs/PERF.md, v11).
+  static constexpr bool kDqPhaseShift = kHeadDim == 256;
+  static_assert((kWarps / 2) % kQSplit == 0);
 
   // Deterministic dQ pass: Q and dO [kDqRows][kHeadDim], two stages of K and
   // V [kDqBlockCols][kHeadDim], 64 keys per step.
