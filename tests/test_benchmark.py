@@ -147,3 +147,14 @@ def test_compare_bench_averages_repeated_rounds(tmp_path, capsys):
     row = capsys.readouterr().out.splitlines()[2].split("|")
     assert row[6].strip() == "105.0" and row[7].strip() == "25.0", row
     assert row[8].strip() == "105.0 ±5% (1.00x)" and row[9].strip() == "50.0 ±0% (2.00x)", row
+
+
+def test_sustained_clocks_runs_one_call():
+    """scripts/sustained_clocks.py with --seconds 0 (the Nsight Compute target): one
+    forward + backward after the warm-up, through the same code as the timed loop."""
+    probe = load_script("sustained_clocks")
+    step = probe.jax_step("jax_flash", 1, 64, 2, 64, causal=True)
+    out, (dq, dk, dv) = step()
+    assert out.shape == dq.shape == dk.shape == dv.shape == (1, 64, 2, 64)
+    assert all(bool(jnp.isfinite(x.astype(jnp.float32)).all()) for x in (out, dq, dk, dv))
+    probe.main(["--impl", "jax_flash", "--shape", "1,64,2,64", "--seconds", "0"])
