@@ -24,14 +24,16 @@ import time
 IMPLS = ("jax_flash", "cudnn", "torch_flash")
 
 
-def jax_step(impl: str, b: int, t: int, n: int, h: int, causal: bool):
-    """A function running one fwd+bwd (the VJP of a given random dO) and blocking."""
+def jax_step(impl: str, b: int, t: int, n: int, h: int, causal: bool, dtype: str = "bfloat16"):
+    """A function running one fwd+bwd (the VJP of a given random dO) and blocking;
+    it returns (out, (dq, dk, dv)). Inputs: q, k, v, dO drawn in that order from
+    numpy's default_rng(0)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     rng = np.random.default_rng(0)
-    q, k, v, dout = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16) for _ in range(4))
+    q, k, v, dout = (jnp.asarray(rng.standard_normal((b, t, n, h)), dtype) for _ in range(4))
     if impl == "jax_flash":
         import jax_flash
 
