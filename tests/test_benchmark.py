@@ -155,10 +155,13 @@ def test_sustained_clocks_times_the_real_forward_and_backward():
     Then the script itself with --seconds 0 (the Nsight Compute target)."""
     probe = load_script("sustained_clocks")
     shape = (1, 64, 2, 32)
-    out, grads = probe.jax_step("jax_flash", *shape, causal=True, dtype="float32")()
+    out, grads = probe.jax_wait(probe.jax_step("jax_flash", *shape, causal=True, dtype="float32")())
+    forward = probe.jax_wait(probe.jax_step("jax_flash", *shape, causal=True, dtype="float32", forward_only=True)())
+    np.testing.assert_array_equal(np.asarray(forward), np.asarray(out))
     rng = np.random.default_rng(0)  # the probe's inputs, in its order
     q, k, v, dout = (rng.standard_normal(shape) for _ in range(4))
     ref_out, vjp = jax.vjp(lambda q, k, v: reference.attention(q, k, v, is_causal=True), q, k, v)
     for got, want in zip((out, *grads), (ref_out, *vjp(dout))):
         np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want), rtol=2e-4, atol=2e-4)
     probe.main(["--impl", "jax_flash", "--shape", "1,64,2,64", "--seconds", "0"])
+    probe.main(["--impl", "jax_flash", "--shape", "1,64,2,64", "--seconds", "0", "--forward-only"])
