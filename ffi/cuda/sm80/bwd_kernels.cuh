@@ -335,13 +335,18 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   const int steps = int(s.group()) * m_steps;
   const bool key_tail = n0 + Tr::kBlockRows > s.seqlen_k;
   // A step's query head and first query, advanced without divisions.
+  // With the late dQ (Tr::kDqPhaseShift) the positions are 32-bit (heads and
+  // query offsets fit) and "no previous step" is prev.h < 0: at 128, 64-bit
+  // positions or the step count kept live across the step spilled. (Without
+  // it, at 64, the same change moved the register allocation into spills.)
+  using StepIndex = std::conditional_t<Tr::kDqPhaseShift, int, int64_t>;
   struct StepPos {
-    int64_t h, m0;
+    StepIndex h, m0;
   };
-  const int64_t m_end = m_start + int64_t(m_steps) * Tr::kBlockCols;
+  const StepIndex m_end = StepIndex(m_start + int64_t(m_steps) * Tr::kBlockCols);
   auto advance = [&](StepPos pos) {
     pos.m0 += Tr::kBlockCols;
-    if (pos.m0 >= m_end) pos.m0 = m_start, ++pos.h;
+    if (pos.m0 >= m_end) pos.m0 = StepIndex(m_start), ++pos.h;
     return pos;
   };
   auto load_qdo = [&](int stage_index, StepPos pos) {
@@ -508,7 +513,9 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_tile, k_tile, b, h, m0, warp, lane);
   };
 
-  StepPos pos{hk * s.group(), m_start}, prev = pos;
+  StepPos pos{StepIndex(hk * s.group()), StepIndex(m_start)};
+  StepPos prev = Tr::kDqPhaseShift ? StepPos{-1, 0} : pos;  // the step whose dQ is deferred
+  auto has_prev = [&](int step) { return Tr::kDqPhaseShift ? prev.h >= 0 : step > 0; };
   const bool late_dq = Tr::kDqPhaseShift && warp >= Tr::kWarps / 2;
   if (steps > 0) load_qdo(0, pos);
   for (int step = 0; step < steps; ++step) {
@@ -525,7 +532,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     // or for the late half of the warps after this step's work
     // (Tr::kDqPhaseShift).
     if constexpr (kDeferDq) {
-      if (step > 0 && !late_dq)
+      if (has_prev(step) && !late_dq)
         AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((step - 1) & 1), k_tile, b, prev.h, prev.m0,
                                                   warp, lane);
     }
@@ -548,9 +555,12 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       run_step(step & 1, pos, std::false_type{});
     }
     if constexpr (kDeferDq && Tr::kDqPhaseShift) {
-      if (step > 0 && late_dq)
+      // The thread's indices read again here: what the dQ product derives
+      // from them is then not held (or spilled) across run_step.
+      const int thread = ThreadIndexInPlace();
+      if (has_prev(step) && late_dq)
         AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((step - 1) & 1), k_tile, b, prev.h, prev.m0,
-                                                  warp, lane);
+                                                  thread / 32, thread % 32);
     }
     prev = pos;
     pos = next;

@@ -119,6 +119,15 @@ struct SwizzledRows {
   }
 };
 
+// threadIdx.x, read where it is used: the compiler cannot hoist a volatile
+// read out of a loop, so what is computed from it is not kept live across
+// the loop (in a kernel at its register limit, such values get spilled).
+__device__ __forceinline__ int ThreadIndexInPlace() {
+  int thread;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(thread));
+  return thread;
+}
+
 // Copies rows [row0, row0 + kRows) x [0, kHeadDim) of a 16-bit tensor into a
 // swizzled shared tile; rows >= num_rows and columns >= head_dim read as zero.
 // head_dim must be a multiple of 8 (whole 16-byte chunks). kThreadsPerRow
