@@ -334,20 +334,20 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   }
   const int steps = int(s.group()) * m_steps;
   const bool key_tail = n0 + Tr::kBlockRows > s.seqlen_k;
-  // A step's query head and first query, advanced without divisions.
-  // With the late dQ (Tr::kDqPhaseShift) the positions are 32-bit (heads and
-  // query offsets fit) and "no previous step" is prev.h < 0: at 128, 64-bit
-  // positions or the step count kept live across the step spilled. (Without
-  // it, at 64, the same change moved the register allocation into spills.)
-  using StepIndex = std::conditional_t<Tr::kDqPhaseShift, int, int64_t>;
+  // A step's query head and first query, advanced (and stepped back)
+  // without divisions. 32-bit (heads and query offsets fit): registers are
+  // scarce here.
   struct StepPos {
-    StepIndex h, m0;
+    int h, m0;
   };
-  const StepIndex m_end = StepIndex(m_start + int64_t(m_steps) * Tr::kBlockCols);
+  const int m_first = int(m_start), m_last = int(m_start) + (m_steps - 1) * Tr::kBlockCols;
   auto advance = [&](StepPos pos) {
-    pos.m0 += Tr::kBlockCols;
-    if (pos.m0 >= m_end) pos.m0 = StepIndex(m_start), ++pos.h;
-    return pos;
+    if (pos.m0 == m_last) return StepPos{pos.h + 1, m_first};
+    return StepPos{pos.h, pos.m0 + Tr::kBlockCols};
+  };
+  auto retreat = [&](StepPos pos) {
+    if (pos.m0 == m_first) return StepPos{pos.h - 1, m_last};
+    return StepPos{pos.h, pos.m0 - Tr::kBlockCols};
   };
   auto load_qdo = [&](int stage_index, StepPos pos) {
     const int64_t h = pos.h, m0 = pos.m0;
@@ -513,9 +513,10 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_tile, k_tile, b, h, m0, warp, lane);
   };
 
-  StepPos pos{StepIndex(hk * s.group()), StepIndex(m_start)};
-  StepPos prev = Tr::kDqPhaseShift ? StepPos{-1, 0} : pos;  // the step whose dQ is deferred
-  auto has_prev = [&](int step) { return Tr::kDqPhaseShift ? prev.h >= 0 : step > 0; };
+  // The previous step (whose dQ is deferred) is retreat(pos), recomputed
+  // where needed rather than held: with the late dQ it would be live across
+  // the whole step, and so would a precomputed next step.
+  StepPos pos{int(hk * s.group()), m_first};
   const bool late_dq = Tr::kDqPhaseShift && warp >= Tr::kWarps / 2;
   if (steps > 0) load_qdo(0, pos);
   for (int step = 0; step < steps; ++step) {
@@ -524,17 +525,18 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     // (tiles, and P^T / dS^T slices, whose last reads were the partners'
     // dV / dK products and the dQ product).
     __syncthreads();
-    const StepPos next = advance(pos);
-    if (step + 1 < steps) load_qdo((step + 1) & 1, next);  // into the stage the previous step used
+    if (step + 1 < steps) load_qdo((step + 1) & 1, advance(pos));  // into the stage the previous step used
     // The previous step's dQ, from its dS^T tile (every warp's slices are in
     // since the barrier above; this step writes the other tile, and the
     // previous one is rewritten only after the next step's barrier): here,
     // or for the late half of the warps after this step's work
     // (Tr::kDqPhaseShift).
     if constexpr (kDeferDq) {
-      if (has_prev(step) && !late_dq)
+      if (step > 0 && !late_dq) {
+        const StepPos prev = retreat(pos);
         AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((step - 1) & 1), k_tile, b, prev.h, prev.m0,
                                                   warp, lane);
+      }
     }
     // Element masks only where a pair can be invisible: tails, and causal
     // query blocks that start before the key block ends.
@@ -555,21 +557,23 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       run_step(step & 1, pos, std::false_type{});
     }
     if constexpr (kDeferDq && Tr::kDqPhaseShift) {
-      // The thread's indices read again here: what the dQ product derives
-      // from them is then not held (or spilled) across run_step.
-      const int thread = ThreadIndexInPlace();
-      if (has_prev(step) && late_dq)
+      if (step > 0 && late_dq) {
+        // The thread's indices read again here: what the dQ product derives
+        // from them is then not held (or spilled) across run_step.
+        const int thread = ThreadIndexInPlace();
+        const StepPos prev = retreat(pos);
         AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((step - 1) & 1), k_tile, b, prev.h, prev.m0,
                                                   thread / 32, thread % 32);
+      }
     }
-    prev = pos;
-    pos = next;
+    pos = advance(pos);
   }
   if constexpr (kDeferDq) {
     if (steps > 0) {
       __syncthreads();  // the last step's dS^T slices are in
-      AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((steps - 1) & 1), k_tile, b, prev.h,
-                                                prev.m0, warp, lane);
+      const StepPos last = retreat(pos);
+      AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((steps - 1) & 1), k_tile, b, last.h, last.m0,
+                                                warp, lane);
     }
   }
 
