@@ -135,7 +135,7 @@ struct BwdTraits {
   // +6-12% at T >= 4096 (docs/PERF.md, v11). Candidate at 128 (and, on
   // wip/bwd-phase-shift-all, at 64): 0 spills once the loop recomputes the
   // previous step's position instead of holding it (DkvKernel).
-  static constexpr bool kDqPhaseShift = kHeadDim >= 128;
+  static constexpr bool kDqPhaseShift = true;
   static_assert((kWarps / 2) % kQSplit == 0);
 
   // Deterministic dQ pass: Q and dO [kDqRows][kHeadDim], two stages of K and
