@@ -372,18 +372,24 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   // [kBlockRows][kBlockCols] 16-bit tile, for its partners (and dQ): pairs of
   // queries are contiguous, and the swizzle spreads the 8 key rows of a
   // store over all banks.
+  // The rows a thread stores are g plus multiples of 8, so the swizzle
+  // (chunk ^ row % 8) depends on the chunk alone: one address per chunk,
+  // the rows as immediate offsets (SwizzledOffset per store cost two
+  // integer instructions each).
   auto store_slice = [&](uint32_t tile, const float(&frag)[kM][kSN][4]) {
+    const uint32_t row_base = tile + uint32_t((warp_row + g) * kPtC * 16 + 4 * t);
 #pragma unroll
-    for (int mt = 0; mt < kM; ++mt)
+    for (int nt = 0; nt < kSN; ++nt) {
+      const uint32_t addr = row_base + uint32_t(((q_col0 / 8 + nt) ^ g) * 16);
 #pragma unroll
-      for (int nt = 0; nt < kSN; ++nt)
+      for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const uint32_t offset =
-              SwizzledOffset<kPtC>(warp_row + mt * 16 + g + hh * 8, q_col0 / 8 + nt) + 4 * t;
           const uint32_t pair = Pack2<Element>(frag[mt][nt][2 * hh], frag[mt][nt][2 * hh + 1]);
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile + offset), "r"(pair));
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr + uint32_t((mt * 16 + hh * 8) * kPtC * 16)),
+                       "r"(pair));
         }
+    }
   };
 
   auto run_step = [&](int stage_index, StepPos pos, auto masked) {
