@@ -371,10 +371,9 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   // A warp's [kM x 16 keys][kQCols queries] fragment (P^T or dS^T) into a
   // [kBlockRows][kBlockCols] 16-bit tile, for its partners (and dQ): pairs of
   // queries are contiguous, and the swizzle spreads the 8 key rows of a
-  // store over all banks.
-  // The rows a thread stores are g plus multiples of 8, so the swizzle
-  // (chunk ^ row % 8) depends on the chunk alone: one address per chunk,
-  // the rows as immediate offsets (SwizzledOffset per store cost two
+  // store over all banks. A thread's rows are g plus multiples of 8, so the
+  // swizzle (chunk ^ row % 8) depends on the chunk alone: one address per
+  // chunk, the rows as immediate offsets (SwizzledOffset per store cost two
   // integer instructions each).
   auto store_slice = [&](uint32_t tile, const float(&frag)[kM][kSN][4]) {
     const uint32_t row_base = tile + uint32_t((warp_row + g) * kPtC * 16 + 4 * t);
