@@ -175,7 +175,9 @@ def attention(
         if dropout_broadcast:
             features |= DROPOUT_SHARED
     else:
-        operands.append(jnp.zeros((2,), jnp.uint32))
+        # One element, like the other placeholders: XLA keeps it a literal
+        # (a [2] of zeros compiled to a broadcast, one more GPU launch a call).
+        operands.append(jnp.zeros((1,), jnp.uint32))
 
     static = KernelConfig(
         scale=_static_scale(scale, h),

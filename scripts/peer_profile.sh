@@ -22,9 +22,12 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 probe="$root/scripts/sustained_clocks.py"
 impls="jax_flash cudnn"
 python3 -c "import torch" 2>/dev/null && impls="jax_flash torch_flash cudnn"
+# PEER_FORWARD=1 adds forward-only runs (at PEER_FORWARD_SHAPE, default the same shape).
 for causal in ${PEER_CAUSAL:-0 1}; do
   for impl in $impls; do
     python3 "$probe" --impl $impl --shape "$shape" --causal $causal --seconds ${PEER_SECONDS:-6} 2>&1 | tail -1 >> "$OUT/peer.txt"
+    [ -n "${PEER_FORWARD:-}" ] && python3 "$probe" --impl $impl --shape "${PEER_FORWARD_SHAPE:-$shape}" --causal $causal \
+      --forward-only --seconds ${PEER_SECONDS:-6} 2>&1 | tail -1 >> "$OUT/peer.txt"
   done
 done
 sections="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \

@@ -1,5 +1,7 @@
 """Forward and backward against the float64 reference, every element checked."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -223,3 +225,15 @@ def test_deterministic_must_be_bool(rng):
     q, k, v = random_qkv(rng, 1, 8, 8, 2, 2, 16, "float32")
     with pytest.raises(TypeError, match="deterministic must be a Python bool"):
         jax_flash.attention(q, k, v, deterministic="yes")
+
+
+def test_forward_compiles_to_the_kernel_call_alone():
+    """jit(attention) without features is the FFI call and nothing else: no kernel
+    of XLA's beside ours in every call (an unused placeholder operand once
+    compiled to a broadcast, one more launch per call on the GPU)."""
+    q = jnp.zeros((2, 128, 4, 64), jnp.bfloat16)
+    hlo = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v)).lower(q, q, q).compile().as_text()
+    entry = hlo[hlo.index("ENTRY"):]
+    # "%name = <type, maybe a tuple> opcode(operands), ..." -> opcode
+    ops = re.findall(r"%\S+ = (?:\([^)]*\)|\S+) ([\w-]+)\(", entry)
+    assert "custom-call" in ops and set(ops) <= {"parameter", "constant", "custom-call", "get-tuple-element"}, ops
