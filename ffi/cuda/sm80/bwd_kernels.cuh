@@ -353,11 +353,16 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     const int64_t h = pos.h, m0 = pos.m0;
     const int64_t q_off = b * p.q_stride.batch + h * p.q_stride.head;
     const uint32_t stage = qdo_stages + stage_index * Tr::kStageBytes;
-    LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(
-        stage, static_cast<const Element*>(p.q) + q_off, p.q_stride.row, m0, s.seqlen_q, d);
-    LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(
-        stage + Tr::kBlockCols * Tr::kTileBytes, static_cast<const Element*>(p.dout) + q_off,
-        p.q_stride.row, m0, s.seqlen_q, d);
+    const Element* q = static_cast<const Element*>(p.q) + q_off;
+    const Element* dout = static_cast<const Element*>(p.dout) + q_off;
+    const uint32_t do_stage = stage + Tr::kBlockCols * Tr::kTileBytes;
+    if (m0 + Tr::kBlockCols <= s.seqlen_q && d == kHeadDim) {  // all but a tail's
+      LoadFullTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(stage, q, p.q_stride.row, m0);
+      LoadFullTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(do_stage, dout, p.q_stride.row, m0);
+    } else {
+      LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(stage, q, p.q_stride.row, m0, s.seqlen_q, d);
+      LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(do_stage, dout, p.q_stride.row, m0, s.seqlen_q, d);
+    }
     CpAsyncCommit();
     if (threadIdx.x < Tr::kBlockCols) {  // plain loads: visible after the next barrier
       float* stats = row_stats + stage_index * 2 * Tr::kBlockCols;
