@@ -334,25 +334,35 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   }
   const int steps = int(s.group()) * m_steps;
   const bool key_tail = n0 + Tr::kBlockRows > s.seqlen_k;
-  // A step's query head and first query, advanced without divisions.
+  // A step's query head and first query, advanced (and stepped back)
+  // without divisions. 32-bit (heads and query offsets fit): registers are
+  // scarce here.
   struct StepPos {
-    int64_t h, m0;
+    int h, m0;
   };
-  const int64_t m_end = m_start + int64_t(m_steps) * Tr::kBlockCols;
+  const int m_first = int(m_start), m_last = int(m_start) + (m_steps - 1) * Tr::kBlockCols;
   auto advance = [&](StepPos pos) {
-    pos.m0 += Tr::kBlockCols;
-    if (pos.m0 >= m_end) pos.m0 = m_start, ++pos.h;
-    return pos;
+    if (pos.m0 == m_last) return StepPos{pos.h + 1, m_first};
+    return StepPos{pos.h, pos.m0 + Tr::kBlockCols};
+  };
+  auto retreat = [&](StepPos pos) {
+    if (pos.m0 == m_first) return StepPos{pos.h - 1, m_last};
+    return StepPos{pos.h, pos.m0 - Tr::kBlockCols};
   };
   auto load_qdo = [&](int stage_index, StepPos pos) {
     const int64_t h = pos.h, m0 = pos.m0;
     const int64_t q_off = b * p.q_stride.batch + h * p.q_stride.head;
     const uint32_t stage = qdo_stages + stage_index * Tr::kStageBytes;
-    LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(
-        stage, static_cast<const Element*>(p.q) + q_off, p.q_stride.row, m0, s.seqlen_q, d);
-    LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(
-        stage + Tr::kBlockCols * Tr::kTileBytes, static_cast<const Element*>(p.dout) + q_off,
-        p.q_stride.row, m0, s.seqlen_q, d);
+    const Element* q = static_cast<const Element*>(p.q) + q_off;
+    const Element* dout = static_cast<const Element*>(p.dout) + q_off;
+    const uint32_t do_stage = stage + Tr::kBlockCols * Tr::kTileBytes;
+    if (m0 + Tr::kBlockCols <= s.seqlen_q && d == kHeadDim) {  // all but a tail's
+      LoadFullTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(stage, q, p.q_stride.row, m0);
+      LoadFullTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(do_stage, dout, p.q_stride.row, m0);
+    } else {
+      LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(stage, q, p.q_stride.row, m0, s.seqlen_q, d);
+      LoadTileAsync<Tr::kBlockCols, kHeadDim, Tr::kThreads>(do_stage, dout, p.q_stride.row, m0, s.seqlen_q, d);
+    }
     CpAsyncCommit();
     if (threadIdx.x < Tr::kBlockCols) {  // plain loads: visible after the next barrier
       float* stats = row_stats + stage_index * 2 * Tr::kBlockCols;
@@ -366,19 +376,24 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   // A warp's [kM x 16 keys][kQCols queries] fragment (P^T or dS^T) into a
   // [kBlockRows][kBlockCols] 16-bit tile, for its partners (and dQ): pairs of
   // queries are contiguous, and the swizzle spreads the 8 key rows of a
-  // store over all banks.
+  // store over all banks. A thread's rows are g plus multiples of 8, so the
+  // swizzle (chunk ^ row % 8) depends on the chunk alone: one address per
+  // chunk, the rows as immediate offsets (SwizzledOffset per store cost two
+  // integer instructions each).
   auto store_slice = [&](uint32_t tile, const float(&frag)[kM][kSN][4]) {
+    const uint32_t row_base = tile + uint32_t((warp_row + g) * kPtC * 16 + 4 * t);
 #pragma unroll
-    for (int mt = 0; mt < kM; ++mt)
+    for (int nt = 0; nt < kSN; ++nt) {
+      const uint32_t addr = row_base + uint32_t(((q_col0 / 8 + nt) ^ g) * 16);
 #pragma unroll
-      for (int nt = 0; nt < kSN; ++nt)
+      for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const uint32_t offset =
-              SwizzledOffset<kPtC>(warp_row + mt * 16 + g + hh * 8, q_col0 / 8 + nt) + 4 * t;
           const uint32_t pair = Pack2<Element>(frag[mt][nt][2 * hh], frag[mt][nt][2 * hh + 1]);
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile + offset), "r"(pair));
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr + uint32_t((mt * 16 + hh * 8) * kPtC * 16)),
+                       "r"(pair));
         }
+    }
   };
 
   auto run_step = [&](int stage_index, StepPos pos, auto masked) {
@@ -508,7 +523,10 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_tile, k_tile, b, h, m0, warp, lane);
   };
 
-  StepPos pos{hk * s.group(), m_start}, prev = pos;
+  // The previous step (whose dQ is deferred) is retreat(pos), recomputed
+  // where needed rather than held: with the late dQ it would be live across
+  // the whole step, and so would a precomputed next step.
+  StepPos pos{int(hk * s.group()), m_first};
   const bool late_dq = Tr::kDqPhaseShift && warp >= Tr::kWarps / 2;
   if (steps > 0) load_qdo(0, pos);
   for (int step = 0; step < steps; ++step) {
@@ -517,17 +535,18 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     // (tiles, and P^T / dS^T slices, whose last reads were the partners'
     // dV / dK products and the dQ product).
     __syncthreads();
-    const StepPos next = advance(pos);
-    if (step + 1 < steps) load_qdo((step + 1) & 1, next);  // into the stage the previous step used
+    if (step + 1 < steps) load_qdo((step + 1) & 1, advance(pos));  // into the stage the previous step used
     // The previous step's dQ, from its dS^T tile (every warp's slices are in
     // since the barrier above; this step writes the other tile, and the
     // previous one is rewritten only after the next step's barrier): here,
     // or for the late half of the warps after this step's work
     // (Tr::kDqPhaseShift).
     if constexpr (kDeferDq) {
-      if (step > 0 && !late_dq)
+      if (step > 0 && !late_dq) {
+        const StepPos prev = retreat(pos);
         AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((step - 1) & 1), k_tile, b, prev.h, prev.m0,
                                                   warp, lane);
+      }
     }
     // Element masks only where a pair can be invisible: tails, and causal
     // query blocks that start before the key block ends.
@@ -548,18 +567,23 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       run_step(step & 1, pos, std::false_type{});
     }
     if constexpr (kDeferDq && Tr::kDqPhaseShift) {
-      if (step > 0 && late_dq)
+      if (step > 0 && late_dq) {
+        // The thread's indices read again here: what the dQ product derives
+        // from them is then not held (or spilled) across run_step.
+        const int thread = ThreadIndexInPlace();
+        const StepPos prev = retreat(pos);
         AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((step - 1) & 1), k_tile, b, prev.h, prev.m0,
-                                                  warp, lane);
+                                                  thread / 32, thread % 32);
+      }
     }
-    prev = pos;
-    pos = next;
+    pos = advance(pos);
   }
   if constexpr (kDeferDq) {
     if (steps > 0) {
       __syncthreads();  // the last step's dS^T slices are in
-      AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((steps - 1) & 1), k_tile, b, prev.h,
-                                                prev.m0, warp, lane);
+      const StepPos last = retreat(pos);
+      AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((steps - 1) & 1), k_tile, b, last.h, last.m0,
+                                                warp, lane);
     }
   }
 

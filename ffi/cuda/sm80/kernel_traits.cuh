@@ -131,10 +131,11 @@ struct BwdTraits {
   // scheduler's two warps (w and w + 4) then work in different phases, so
   // one's exp2 / dS work, ldmatrix waits and atomics go under the other's
   // MMAs instead of both idling the tensor pipe together. Key groups never
-  // straddle the halves (kQSplit divides kWarps / 2). At 256 only: backward
-  // +6-12% at T >= 4096 there; at 64 / 128 the second call site of the dQ
-  // product spilled (36-72 B) and lost 2-13% (docs/PERF.md, v11).
-  static constexpr bool kDqPhaseShift = kHeadDim == 256;
+  // straddle the halves (kQSplit divides kWarps / 2). At 256: backward
+  // +6-12% at T >= 4096 (docs/PERF.md, v11). At 64 / 128 a candidate: 0
+  // spills once the loop recomputes the previous step's position instead of
+  // holding it (DkvKernel).
+  static constexpr bool kDqPhaseShift = true;
   static_assert((kWarps / 2) % kQSplit == 0);
 
   // Deterministic dQ pass: Q and dO [kDqRows][kHeadDim], two stages of K and

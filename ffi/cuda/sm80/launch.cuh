@@ -61,6 +61,8 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   if (auto e = CheckGrid(s); !e.empty()) return e;
   if (s.seqlen_q * s.head_dim / 8 > int64_t(INT32_MAX) - 256)  // DqConvertKernel's 32-bit index
     return "jax_flash: seqlen_q * head_dim must be below 2^34 for the sm80 backward";
+  if (s.seqlen_q > int64_t(INT32_MAX) - 2 * Tr::kBlockCols)  // DkvKernel's 32-bit step positions
+    return "jax_flash: seqlen_q must be below 2^31 - 256 for the sm80 backward";
   const int64_t rows = s.batch * s.num_heads * s.seqlen_q;
   const bool fused = !p.deterministic;
   if (fused && p.dq_accum == nullptr) return "jax_flash: the fused backward needs a float32 dQ accumulator";

@@ -78,6 +78,11 @@ __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool va
                "r"(valid ? 16 : 0));
 }
 
+// The same, unpredicated: for copies known to be in range.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int kPending>
@@ -119,6 +124,15 @@ struct SwizzledRows {
   }
 };
 
+// threadIdx.x, read where it is used: the compiler cannot hoist a volatile
+// read out of a loop, so what is computed from it is not kept live across
+// the loop (in a kernel at its register limit, such values get spilled).
+__device__ __forceinline__ int ThreadIndexInPlace() {
+  int thread;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(thread));
+  return thread;
+}
+
 // Copies rows [row0, row0 + kRows) x [0, kHeadDim) of a 16-bit tensor into a
 // swizzled shared tile; rows >= num_rows and columns >= head_dim read as zero.
 // head_dim must be a multiple of 8 (whole 16-byte chunks). kThreadsPerRow
@@ -155,6 +169,30 @@ __device__ __forceinline__ void LoadTileAsync(uint32_t smem_tile, const Element*
       CpAsync16(dst + (i * kRowStep * kChunks + j * kThreadsPerRow) * 16,
                 valid ? static_cast<const void*>(g + j * kThreadsPerRow * 16) : src, valid);
     }
+    g += step_bytes;
+  }
+}
+
+// LoadTileAsync for a tile wholly in range (row0 + kRows <= num_rows and
+// head_dim == kHeadDim): no bounds checks and no predicated source per copy,
+// ~5 instructions a copy fewer. Callers choose it per tile (the backward's
+// steps, all but a tail's).
+template <int kRows, int kHeadDim, int kThreads, typename Element>
+__device__ __forceinline__ void LoadFullTileAsync(uint32_t smem_tile, const Element* src,
+                                                  int64_t row_stride, int64_t row0) {
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kThreadsPerRow = kThreads / 8 < kChunks ? kThreads / 8 : kChunks;
+  constexpr int kColPasses = kChunks / kThreadsPerRow;
+  constexpr int kRowStep = kThreads / kThreadsPerRow;
+  const int r = threadIdx.x / kThreadsPerRow, c = threadIdx.x % kThreadsPerRow;
+  const uint32_t dst = smem_tile + SwizzledOffset<kChunks>(r, c);
+  const char* g = reinterpret_cast<const char*>(src + (row0 + r) * row_stride + c * 8);
+  const int64_t step_bytes = int64_t(kRowStep) * row_stride * int64_t(sizeof(Element));
+#pragma unroll
+  for (int i = 0; i < kRows / kRowStep; ++i) {
+#pragma unroll
+    for (int j = 0; j < kColPasses; ++j)
+      CpAsync16(dst + (i * kRowStep * kChunks + j * kThreadsPerRow) * 16, g + j * kThreadsPerRow * 16);
     g += step_bytes;
   }
 }

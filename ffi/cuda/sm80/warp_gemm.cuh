@@ -23,19 +23,30 @@ __device__ __forceinline__ void GemmSmemSmemT(float (&acc)[kM][kN][4], uint32_t 
   constexpr int kC = kHeadDim / 8;
   const SwizzledRows<kC> a_rows(a_tile, a_row0 + (lane / 8 % 2) * 8 + lane % 8, lane / 16);
   const SwizzledRows<kC> b_rows(b_tile, b_row0 + (lane / 16) * 8 + lane % 8, lane / 8 % 2);
-#pragma unroll kUnroll
-  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-    uint32_t a[kM][4];
+  // k steps by groups of 4 (8 chunks, one swizzle period): inside a group
+  // every address is the group's base plus a per-lane constant, so a loop
+  // over groups (kUnroll k steps per iteration, a multiple of 4) needs no
+  // address arithmetic per k step beyond one add per group (a loop over
+  // single k steps recomputed the swizzle at each: ~2 integer instructions
+  // per ldmatrix).
+  static_assert(kUnroll % 4 == 0 && (kHeadDim / 16) % kUnroll == 0);
+#pragma unroll kUnroll / 4
+  for (int kg = 0; kg < kHeadDim / 64; ++kg) {
 #pragma unroll
-    for (int mt = 0; mt < kM; ++mt) LdMatrixX4(a[mt], a_rows.At(mt * 16, ks * 2));
+    for (int j = 0; j < 4; ++j) {
+      const int c_even = kg * 8 + j * 2;
+      uint32_t a[kM][4];
 #pragma unroll
-    for (int nt = 0; nt < kN; nt += 2) {
-      uint32_t b[4];  // n-tiles nt and nt + 1, k halves 0 and 1
-      LdMatrixX4(b, b_rows.At(nt * 8, ks * 2));
+      for (int mt = 0; mt < kM; ++mt) LdMatrixX4(a[mt], a_rows.At(mt * 16, c_even));
 #pragma unroll
-      for (int mt = 0; mt < kM; ++mt) {
-        Mma16816<Element>(acc[mt][nt], a[mt], b[0], b[1]);
-        Mma16816<Element>(acc[mt][nt + 1], a[mt], b[2], b[3]);
+      for (int nt = 0; nt < kN; nt += 2) {
+        uint32_t b[4];  // n-tiles nt and nt + 1, k halves 0 and 1
+        LdMatrixX4(b, b_rows.At(nt * 8, c_even));
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt) {
+          Mma16816<Element>(acc[mt][nt], a[mt], b[0], b[1]);
+          Mma16816<Element>(acc[mt][nt + 1], a[mt], b[2], b[3]);
+        }
       }
     }
   }
