@@ -132,9 +132,10 @@ struct BwdTraits {
   // one's exp2 / dS work, ldmatrix waits and atomics go under the other's
   // MMAs instead of both idling the tensor pipe together. Key groups never
   // straddle the halves (kQSplit divides kWarps / 2). At 256: backward
-  // +6-12% at T >= 4096 (docs/PERF.md, v11). At 64 / 128 a candidate: 0
-  // spills once the loop recomputes the previous step's position instead of
-  // holding it (DkvKernel).
+  // +6-12% at T >= 4096 (docs/PERF.md, v11); at 64 / 128, with the step's
+  // address work cut, +4-12% from T = 4096 on (v12; alone it lost 0-5%
+  // there). 0 spills since the loop recomputes the previous step's
+  // position instead of holding it (DkvKernel).
   static constexpr bool kDqPhaseShift = true;
   static_assert((kWarps / 2) % kQSplit == 0);
 
