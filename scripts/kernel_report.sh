@@ -29,11 +29,15 @@ done
 for hd in $HEAD_DIMS; do
   for which in ${KERNELS:-Forward Backward}; do
     cubin="$work/${which}_$hd.cubin"
-    nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_${ARCH%a},code=sm_$ARCH \
-      -Xptxas -v -Iffi -isystem "$jax_include" -DHEAD_DIM="$hd" -cubin -o "$cubin" "$work/$which.cu" 2>&1 |
-      awk '/Compiling entry/ {n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n)}
+    if ! nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_${ARCH%a},code=sm_$ARCH \
+      -Xptxas -v -Iffi -isystem "$jax_include" -DHEAD_DIM="$hd" -cubin -o "$cubin" "$work/$which.cu" \
+      > "$work/ptxas.log" 2>&1; then
+      grep -E "error" "$work/ptxas.log" | head -20 >&2  # else the failure would pass silently
+      exit 1
+    fi
+    awk '/Compiling entry/ {n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n)}
            /spill stores/ {spill = $5 " B spill stores, " $9 " B loads"}
-           /Used [0-9]+ registers/ {print n ": " $5 " registers, " spill}' |
+           /Used [0-9]+ registers/ {print n ": " $5 " registers, " spill}' "$work/ptxas.log" |
       sed -E 's/_ZN9jax_flash4cuda(4sm80)?[0-9]+//; s/I13__nv_bfloat16//; s/E+vNS_15AttentionParamsE(NS1_10BlockOrderE|b)?//'
     if command -v cuobjdump > /dev/null; then
       python3 scripts/sass_loops.py "$cubin" 'ForwardKernel|DkvKernel|DqKernel'
