@@ -275,17 +275,24 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   };
 
   const auto& s = p.shape;
-  // Grid (key block, key head, batch); with causal_order (key head, batch,
-  // key block): key block 0, which the most queries see, of every head
-  // launches first and the lightest blocks last, so no heavy block starts in
-  // the final wave. (Coordinates stay plain blockIdx reads: decoding a 1D
-  // order would hold them in registers, which the 64 kernel spills. The
-  // feature variants, with less room still, keep the plain grid.)
+  // Grid (key block, key head, batch); with causal_order (key head, key
+  // block, batch): within a batch, key block 0, which the most queries see,
+  // of every head launches first and the lightest blocks last, so no heavy
+  // block starts in the batch's final wave; and a batch's blocks run
+  // together, so its heads' Q / dO rows and dQ accumulator stay in L2 while
+  // their key blocks pass over them (with key blocks slowest over all
+  // batches, a head's blocks ran far apart in time: each re-read its Q / dO
+  // and re-added its dQ rows from HBM; the 256 causal backward at T=1024
+  // took 0.81x of the non-causal time for 0.53x of the work). A list-
+  // scheduling model puts this order's tail within 2% of the batch-blind
+  // one. (Coordinates stay plain blockIdx reads: decoding a 1D order would
+  // hold them in registers, which the 64 kernel spills. The feature
+  // variants, with less room still, keep the plain grid.)
   const bool ordered = !kFeatures && causal_order;
-  const int64_t b = ordered ? blockIdx.y : blockIdx.z;
+  const int64_t b = blockIdx.z;
   const int64_t hk = ordered ? blockIdx.x : blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t n0 = int64_t(ordered ? blockIdx.z : blockIdx.x) * Tr::kBlockRows;  // first key
+  const int64_t n0 = int64_t(ordered ? blockIdx.y : blockIdx.x) * Tr::kBlockRows;  // first key
   const int group = warp / Tr::kQSplit, q_part = warp % Tr::kQSplit;
   const int warp_row = group * kM * 16;     // this warp's first key in the block
   const int q_col0 = q_part * Tr::kQCols;   // its queries of each step's S^T

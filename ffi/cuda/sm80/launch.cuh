@@ -72,12 +72,13 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   if (auto e = CheckLaunch("delta kernel"); !e.empty()) return e;
 
   // Causal key blocks differ in work (key block 0 is seen by every query):
-  // the causal grid puts key blocks slowest, so every head's heaviest block
-  // launches first and the final wave holds only light ones (DkvKernel).
+  // the causal grid puts key blocks after heads, so within each batch every
+  // head's heaviest block launches first and the batch's final wave holds
+  // only light ones (DkvKernel).
   const int64_t key_blocks = CeilDiv(s.seqlen_k, Tr::kBlockRows);
   const bool causal_order = p.is_causal && !p.features.Any() && key_blocks <= 65535;
   const dim3 dkv_grid = causal_order
-                            ? dim3(unsigned(s.num_heads_k), unsigned(s.batch), unsigned(key_blocks))
+                            ? dim3(unsigned(s.num_heads_k), unsigned(key_blocks), unsigned(s.batch))
                             : dim3(unsigned(key_blocks), unsigned(s.num_heads_k), unsigned(s.batch));
   if (!fused) {
     if (p.features.Any() || kHeadDim > 128)
