@@ -2,7 +2,7 @@
 # One device call: build with CUDA, run the whole test suite on the GPU, then
 # the benchmark points given in BENCH_ARGS. Logs and JSON go to $OUT as each
 # step runs, so a call cut off by its time limit still brings back what ran.
-# Steps, each optional but the build: TESTS=0 skips pytest; BENCH_ARGS,
+# Steps, each optional but the build (SKIP_BUILD=1 reuses the last install): TESTS=0 skips pytest; BENCH_ARGS,
 # BENCH2_ARGS, LONG_ARGS, NCU=1, EXAMPLES=1 add the benchmark (and a second
 # one), the 128k run, a profile, SANITIZE=1 compute-sanitizer's race and
 # barrier checks, and issue 5's training comparison.
@@ -16,8 +16,10 @@ note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 note "$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv,noheader)"
 export CMAKE_BUILD_PARALLEL_LEVEL=16
 start=$(date +%s)
+if [ -z "${SKIP_BUILD:-}" ]; then  # SKIP_BUILD=1: a second call in one device run reuses the install
 python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 note "build: $(( $(date +%s) - start )) s"
+fi
 
 cd /tmp  # import the installed package, not the source tree
 note "$(python3 -c "import jax, jax_flash; print(jax.__version__, jax.devices(), jax_flash.build_info())" 2>&1)"
