@@ -141,16 +141,19 @@ def test_sm80_forward_long_rows(rng):
         assert_close("out", out, ref_out, "bfloat16")
 
 
+@pytest.mark.parametrize("head_dim", [128, 256], ids=lambda h: f"H{h}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("climb", [4.0, 40.0], ids=["gentle", "steep"])
-def test_forward_row_maximum_moves_between_key_blocks(rng, climb, causal):
+def test_forward_row_maximum_moves_between_key_blocks(rng, climb, causal, head_dim):
     """Logits on a ramp along the keys, rising for half the query rows and
     falling for the other half, so a row's maximum grows by about `climb`
     log2 units per 32 keys in whichever order the kernel visits key blocks.
     Steep: the softmax offset has to move at nearly every block; gentle: it
     lags the running maximum (probabilities above 1 before normalizing).
+    At 256 the GPU forward's warp pairs each see half of a key block's
+    columns, so the maximum often moves in one half only.
     """
-    b, tq, tk, heads, head_dim = 1, 256, 640, 2, 128
+    b, tq, tk, heads = 1, 256, 640, 2
     q, k, v = (np.asarray(x, np.float32) for x in random_qkv(rng, b, tq, tk, heads, heads, head_dim, "bfloat16"))
     scale = 1.0 / np.sqrt(head_dim)
     # logit(i, j) gains sign_i * 16 * ramp_j * scale from dimension 0.
@@ -162,6 +165,30 @@ def test_forward_row_maximum_moves_between_key_blocks(rng, climb, causal):
     ref_out, ref_lse = reference_f64(q, k, v, is_causal=causal)
     assert_close("out", out, ref_out, "bfloat16")
     assert_close("lse", residual, np.swapaxes(ref_lse, -1, -2), "bfloat16")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [136, 192])
+def test_head_dims_rounded_up_to_256(rng, head_dim, causal):
+    """Head dims between the tensor-core kernels' 128 and 256 run the 256
+    kernels with the columns past head_dim predicated off (on a GPU the
+    forward's second warp of each pair owns output columns 128 on, 8 or 64
+    of them here): forward, lse and gradients, bf16, tails and GQA."""
+    q, k, v = random_qkv(rng, 2, 97, 130, 4, 2, head_dim, "bfloat16")
+    dout = jnp.asarray(rng.standard_normal(q.shape), "bfloat16")
+    out, residual = jax_flash.attention(q, k, v, is_causal=causal, return_residual=True)
+    ref_out, ref_lse = reference_f64(q, k, v, is_causal=causal)
+    assert_close("out", out, ref_out, "bfloat16")
+    assert_close("lse", residual, np.swapaxes(ref_lse, -1, -2), "bfloat16")
+
+    def loss(q, k, v):
+        return jnp.sum(jax_flash.attention(q, k, v, is_causal=causal).astype(jnp.float32)
+                       * dout.astype(jnp.float32))
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    ref = reference_grads_f64(q, k, v, dout, is_causal=causal)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
+        assert_close(name, g, r, "bfloat16", factor=GRAD_FACTOR)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])

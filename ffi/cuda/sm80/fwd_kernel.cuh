@@ -3,6 +3,8 @@
 // head, batch); K and V blocks stream through two shared-memory stages with
 // cp.async: the next key block's K and V load during the whole of this
 // block's QK^T, softmax and P V, and one barrier per key block suffices.
+// At 256 (FwdTraits::kPairSplit) two warps share each 32 query rows, one
+// per half of the keys (S) and of the columns (O), trading row maxima and P.
 #pragma once
 
 #include <math_constants.h>
@@ -38,6 +40,11 @@ __device__ __forceinline__ float RowHalfReduce(const float (&frag)[kN][4], int h
   return v[0];
 }
 
+// Named barrier 1 + pair (0 is __syncthreads) over the pair's two warps.
+__device__ __forceinline__ void PairSync(int pair) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + pair) : "memory");
+}
+
 // kFeatures: the variant for calls with attention features (p.features.Any()).
 template <typename Element, int kHeadDim, bool kFeatures>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
@@ -60,8 +67,22 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   // ranks (launched first).
   const int64_t positions = order.chunk ? order.positions : int64_t(gridDim.x);
   const int64_t m0 = (p.is_causal ? positions - 1 - blk.rank : int64_t(blk.rank)) * Tr::kBlockM;
-  const int warp_row = warp * kM * 16;  // first row of this warp inside the block
+  // With Tr::kPairSplit, warps 2i and 2i + 1 share the rows; `half` picks
+  // the warp's keys of each block (S) and its columns of O.
+  constexpr bool kPair = Tr::kPairSplit;
+  const int half = kPair ? warp % 2 : 0;
+  const int warp_row = warp / Tr::kSplit * kM * 16;  // first row of this warp inside the block
+  const int key0 = half * kN * 8;                     // its first key of each key block
+  const int col_tile0 = half * kD;                    // its first 8-column tile of O
   const int d = int(s.head_dim);
+  // Pairs: the block's P [kBlockM][kBlockN] (each warp writes its rows x
+  // keys, its partner reads them) and the halves' row statistics [2][kBlockM].
+  const uint32_t p_tile = q_tile + Tr::kPairOffset;
+  const uint32_t pair_stats = p_tile + Tr::kBlockM * Tr::kPRowBytes;
+  // This thread's slot of row (mt, hh) in half `which`'s statistics (lane t == 0 writes).
+  auto stat_slot = [&](int which, int mt, int hh) {
+    return pair_stats + uint32_t((which * Tr::kBlockM + warp_row + mt * 16 + g + hh * 8) * 4);
+  };
 
   const Element* q = static_cast<const Element*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head;
   const Element* k = static_cast<const Element*>(p.k) + b * p.k_stride.batch + hk * p.k_stride.head;
@@ -167,7 +188,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
 
     // S = Q K^T  [kM x 16 rows][kBlockN], raw (unscaled) logits.
     float acc[kM][kN][4] = {};
-    GemmSmemSmemT<Element, kM, kN, kHeadDim, Tr::kQkUnroll>(acc, q_tile, warp_row, k_tile, 0, lane);
+    GemmSmemSmemT<Element, kM, kN, kHeadDim, Tr::kQkUnroll>(acc, q_tile, warp_row, k_tile, key0, lane);
 
     if constexpr (kMasked) {
       if constexpr (!kFeatures) {
@@ -182,7 +203,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
               const int row = warp_row + mt * 16 + g + (i / 2) * 8;
-              const int col = nt * 8 + 2 * t + (i % 2);
+              const int col = key0 + nt * 8 + 2 * t + (i % 2);
               if (col >= col_limit || (p.is_causal && col > row + diagonal))
                 acc[mt][nt][i] = -CUDART_INF_F;
             }
@@ -227,8 +248,6 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
       }
     }
 
-    after_qk(nb);
-
     // Online softmax; a row's 4 owners (lanes 4g..4g+3) combine by shuffles.
     // The exponent offset m (row_max) lags the true running maximum by up to
     // kRescaleSlack (log2 units): P = exp2(x - m) <= 2^kRescaleSlack is still
@@ -236,6 +255,11 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     // are rescaled only when some row of the warp outgrows the slack, which
     // past the first key blocks of a row is rare (the rescale is 4 * kM *
     // kDTiles FMULs plus an exp2 per row, and sits between the two GEMMs).
+    // Pairs publish their maxima before after_qk's barrier and take the
+    // partner's after it; holding the same rows and then the same maxima,
+    // both take the same rescale decisions and keep the same row_max, so
+    // their P halves share one exponent offset.
+    if constexpr (!kPair) after_qk(nb);
     float blk_max[kM][2];
     bool grow = false;
 #pragma unroll
@@ -245,10 +269,26 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
         float mx = RowHalfReduce<kN>(acc[mt], hh, [](float a, float b) { return fmaxf(a, b); });
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        blk_max[mt][hh] = mx * scale_log2;
-        // False while the row has seen nothing visible (-inf > -inf).
-        grow |= blk_max[mt][hh] > row_max[mt][hh] + kRescaleSlack;
+        if constexpr (kPair) {
+          if (t == 0) StSharedF32(stat_slot(half, mt, hh), mx);
+          blk_max[mt][hh] = mx;
+        } else {
+          blk_max[mt][hh] = mx * scale_log2;
+          // False while the row has seen nothing visible (-inf > -inf).
+          grow |= blk_max[mt][hh] > row_max[mt][hh] + kRescaleSlack;
+        }
       }
+    if constexpr (kPair) {
+      after_qk(nb);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float partner = LdSharedF32(stat_slot(1 - half, mt, hh));
+          blk_max[mt][hh] = fmaxf(blk_max[mt][hh], partner) * scale_log2;
+          grow |= blk_max[mt][hh] > row_max[mt][hh] + kRescaleSlack;
+        }
+    }
     if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt)
@@ -295,8 +335,22 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
         }
       }
 
-    // O += P V
-    GemmRegsSmem<Element, kM, kN, kHeadDim>(o, acc, v_tile, 0, lane);
+    if constexpr (kPair) {
+      // This warp's P for its partner, then its own keys' share of O (the
+      // partner writes meanwhile), then the partner's. The column offsets
+      // fold into the tile addresses (whole swizzle periods of V's rows).
+      StoreFragmentPairs<Element, kM, kN, Tr::kPRowBytes>(acc, p_tile, warp_row, key0, lane);
+      const uint32_t v_cols = v_tile + col_tile0 * 16;
+      GemmRegsSmem<Element, kM, kN, kHeadDim, kD * 8>(o, acc, v_cols, key0, lane);
+      PairSync(warp / 2);
+      const int partner_key0 = (1 - half) * kN * 8;
+      GemmSmemSmem<Element, kM, kN / 2, Tr::kPRowBytes / 16, kHeadDim / 8, kD * 8,
+                   PaddedRows<Tr::kPRowBytes>>(o, p_tile + partner_key0 * 2, warp_row, 0, v_cols,
+                                               partner_key0, 0, lane);
+    } else {
+      // O += P V
+      GemmRegsSmem<Element, kM, kN, kHeadDim>(o, acc, v_tile, 0, lane);
+    }
   };
 
   if constexpr (!kFeatures) {
@@ -334,26 +388,44 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   }
   CpAsyncWait<0>();
 
-  // Epilogue: normalize rows, write lse, then out.
+  // Epilogue: normalize rows, write lse, then out. Pairs add their halves'
+  // sums (both were kept against the same row_max). The partner's last read
+  // of pair_stats came before the last block's PairSync.
   float* lse = static_cast<float*>(p.lse);
+  if constexpr (kPair) {
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float& l = row_sum[mt][hh];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (t == 0) StSharedF32(stat_slot(half, mt, hh), l);
+      }
+    PairSync(warp / 2);
+  }
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       float l = row_sum[mt][hh];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      if constexpr (kPair) {
+        l += LdSharedF32(stat_slot(1 - half, mt, hh));
+      } else {
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+      }
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: zeros
 #pragma unroll
       for (int dt = 0; dt < kD; ++dt) o[mt][dt][2 * hh] *= inv, o[mt][dt][2 * hh + 1] *= inv;
       const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;
-      if (t == 0 && row < s.seqlen_q)
+      if (t == 0 && half == 0 && row < s.seqlen_q)
         lse[p.row_stat_index(b, h, row)] =
             l > 0.0f ? (row_max[mt][hh] + log2f(l)) * kLn2 : -CUDART_INF_F;
     }
   Element* out = static_cast<Element*>(p.out) + b * p.q_stride.batch + h * p.q_stride.head;
-  StoreAccumulator<Element, kM, kHeadDim>(o, out, p.q_stride.row, m0 + warp_row, s.seqlen_q, d,
-                                          1.0f, lane);
+  StoreAccumulator<Element, kM, kD * 8>(o, out + col_tile0 * 8, p.q_stride.row, m0 + warp_row,
+                                        s.seqlen_q, d - col_tile0 * 8, 1.0f, lane);
 }
 
 }  // namespace jax_flash::cuda::sm80

@@ -20,12 +20,23 @@ struct FwdTraits {
   // warps had all warps of the SM in the same phase.)
   static constexpr bool kFeatures = kFeatures_;
   static constexpr int kWarps = 4;
+  // Key-split warp pairs (the plain kernel at 256): with one m-tile per warp
+  // every K / V fragment read from shared memory fed one MMA, and the
+  // ldmatrix traffic bounded the kernel (ncu at B=4 T=4096: L1 data-pipe
+  // wavefronts 82%, tensor pipe 53%). Instead the two warps of a pair share
+  // 32 query rows (two m-tiles, so each fragment feeds two MMAs) and halve
+  // the rest: S over 32 of the block's 64 keys each, O over 128 of the 256
+  // columns each (128 accumulator registers, as with one m-tile). The
+  // partners trade their row maxima and P halves through shared memory; the
+  // reads per MMA drop by ~28%.
+  static constexpr bool kPairSplit = kHeadDim == 256 && !kFeatures;
+  static constexpr int kSplit = kPairSplit ? 2 : 1;  // warps per query row group
   // The feature variants keep one m-tile per warp for register room, except
   // at 64, where two fit (as in the plain kernel: half the K/V fragment reads
   // per MMA).
-  static constexpr int kMTiles = kHeadDim == 256 || (kFeatures && kHeadDim > 64) ? 1 : 2;
+  static constexpr int kMTiles = kPairSplit || !(kHeadDim == 256 || (kFeatures && kHeadDim > 64)) ? 2 : 1;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockM = kWarps * kMTiles * 16;  // 128, 64 with one m-tile
+  static constexpr int kBlockM = kWarps / kSplit * kMTiles * 16;  // 128, 64 with one m-tile or pairs
   // Keys per block: 64 (S, 32 floats per m-tile, plus O fit in 255
   // registers; per key block the QK^T B fragments feed twice as many MMAs as
   // with 32 and the fixed per-block work is halved).
@@ -36,15 +47,21 @@ struct FwdTraits {
   // keep Q, K and V at 96 KiB and two blocks per H200 SM (an A100's 164 KiB
   // per SM fits one).
   static constexpr bool kSplitKv = kHeadDim == 256;
-  static constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S per m-tile
-  static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per m-tile
+  static_assert(!kPairSplit || kSplitKv, "the pairs trade row maxima at the split K/V barrier");
+  static constexpr int kNTiles = kBlockN / 8 / kSplit;   // n8 tiles of a warp's S per m-tile
+  static constexpr int kDTiles = kHeadDim / 8 / kSplit;  // n8 tiles of a warp's O per m-tile
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   // QK^T k steps unrolled: fully (no spills since the swizzle left the k
   // loop), except 4 of 8 at 128 with two m-tiles, where 64 keys leave no
   // room for more.
   static constexpr int kQkUnroll = kHeadDim == 128 && kMTiles == 2 ? 4 : kHeadDim / 16;
-  // Q, then two stages of K and V tiles (one of each with kSplitKv), 16-bit.
-  static constexpr int kSmemBytes = (kBlockM + (kSplitKv ? 2 : 4) * kBlockN) * kHeadDim * 2;
+  // Q, then two stages of K and V tiles (one of each with kSplitKv), 16-bit;
+  // with pairs, then the block's P [kBlockM][kBlockN] (16-bit rows padded to
+  // kPRowBytes, PaddedRows) and each half's row statistics [2][kBlockM] (float).
+  static constexpr int kPairOffset = (kBlockM + (kSplitKv ? 2 : 4) * kBlockN) * kHeadDim * 2;
+  static constexpr int kPRowBytes = kBlockN * 2 + 16;
+  static constexpr int kPairBytes = kPairSplit ? kBlockM * kPRowBytes + 2 * kBlockM * 4 : 0;
+  static constexpr int kSmemBytes = kPairOffset + kPairBytes;
 };
 
 }  // namespace jax_flash::cuda::sm80

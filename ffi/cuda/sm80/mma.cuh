@@ -90,6 +90,18 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// 32-bit shared-memory accesses by address (the kernels address shared
+// memory as 32-bit offsets, as ldmatrix does; a generic pointer would cost
+// two registers).
+__device__ __forceinline__ void StSharedF32(uint32_t addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ float LdSharedF32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile whose rows hold
 // kChunks chunks (kChunks >= 8). XOR-ing the chunk with row % 8 spreads the 8
 // rows an ldmatrix reads at one column over all 32 banks.
@@ -121,6 +133,22 @@ struct SwizzledRows {
   __device__ __forceinline__ uint32_t At(int row_offset, int c_even) const {
     return base + uint32_t(row_offset * kChunks * 16 + (c_even & ~7) * 16) +
            (uint32_t((c_even & 6) * 16) ^ key);
+  }
+};
+
+// The same interface for an unswizzled tile whose rows are kRowBytes apart:
+// a pitch of 16 mod 128 bytes puts the 8 rows an ldmatrix reads at one column
+// (or 8 rows of 32-bit stores) in distinct banks. Any column offset folds
+// into the tile address, which a swizzle allows only in whole periods.
+template <int kRowBytes>
+struct PaddedRows {
+  static_assert(kRowBytes % 128 == 16, "rows 16 bytes past a multiple of 128");
+  uint32_t base;
+
+  __device__ __forceinline__ PaddedRows(uint32_t tile, int row, int h)
+      : base(tile + uint32_t(row * kRowBytes + h * 16)) {}
+  __device__ __forceinline__ uint32_t At(int row_offset, int c_even) const {
+    return base + uint32_t(row_offset * kRowBytes + c_even * 16);
   }
 };
 

@@ -84,15 +84,16 @@ __device__ __forceinline__ void GemmRegsSmem(float (&out)[kM][kOutCols / 8][4],
 }
 
 // out[m][d] += sum_k A[m][k] * B[k][d] with both operands in shared memory:
-// A rows a_row0 + 16 * mt .. of a tile with kAChunks 16-byte chunks per row,
-// from column a_col0 (a multiple of 16) over kKSteps * 16 columns; B rows
-// b_row0 + k of a tile with kBChunks chunks per row, columns from 8-column
-// tile b_col_tile0 (even) on.
-template <typename Element, int kM, int kKSteps, int kAChunks, int kBChunks, int kOutCols>
+// A rows a_row0 + 16 * mt .. of a tile with kAChunks 16-byte chunks per row
+// (swizzled, or as ARows says), from column a_col0 (a multiple of 16) over
+// kKSteps * 16 columns; B rows b_row0 + k of a tile with kBChunks chunks per
+// row, columns from 8-column tile b_col_tile0 (even) on.
+template <typename Element, int kM, int kKSteps, int kAChunks, int kBChunks, int kOutCols,
+          typename ARows = SwizzledRows<kAChunks>>
 __device__ __forceinline__ void GemmSmemSmem(float (&out)[kM][kOutCols / 8][4], uint32_t a_tile,
                                              int a_row0, int a_col0, uint32_t b_tile, int b_row0,
                                              int b_col_tile0, int lane) {
-  const SwizzledRows<kAChunks> a_rows(a_tile, a_row0 + (lane / 8 % 2) * 8 + lane % 8, lane / 16);
+  const ARows a_rows(a_tile, a_row0 + (lane / 8 % 2) * 8 + lane % 8, lane / 16);
   const SwizzledRows<kBChunks> b_rows(b_tile, b_row0 + (lane / 8 % 2) * 8 + lane % 8, lane / 16);
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
@@ -110,6 +111,27 @@ __device__ __forceinline__ void GemmSmemSmem(float (&out)[kM][kOutCols / 8][4], 
       }
     }
   }
+}
+
+// Writes an accumulator [kM x 16][kN x 8], rounded to 16 bits, into rows
+// row0 + 16 * mt .. and columns col0 + 8 * nt .. of a PaddedRows<kRowBytes>
+// tile, where GemmSmemSmem reads it back as an A operand. One address per
+// thread: every store is it plus a constant.
+template <typename Element, int kM, int kN, int kRowBytes>
+__device__ __forceinline__ void StoreFragmentPairs(const float (&acc)[kM][kN][4], uint32_t tile,
+                                                   int row0, int col0, int lane) {
+  const uint32_t base = tile + uint32_t((row0 + lane / 4) * kRowBytes + (col0 + 2 * (lane % 4)) * 2);
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int nt = 0; nt < kN; ++nt) {
+        const uint32_t pair = Pack2<Element>(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + uint32_t((mt * 16 + hh * 8) * kRowBytes + nt * 16)),
+                     "r"(pair)
+                     : "memory");
+      }
 }
 
 // Writes rows of a [kM x 16][kHeadDim] accumulator, times `mul`, as pairs of
