@@ -77,6 +77,10 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   const int d = int(s.head_dim);
   // Pairs: the block's P [kBlockM][kBlockN] (each warp writes its rows x
   // keys, its partner reads them) and the halves' row statistics [2][kBlockM].
+  // Their reuse needs no barrier of its own: a warp writes block nb's maxima
+  // and P half only after block nb's before_qk barrier, which its partner
+  // reaches only after its last reads of block nb + 1's (after that block's
+  // after_qk barrier and PairSync).
   const uint32_t p_tile = q_tile + Tr::kPairOffset;
   const uint32_t pair_stats = p_tile + Tr::kBlockM * Tr::kPRowBytes;
   // This thread's slot of row (mt, hh) in half `which`'s statistics (lane t == 0 writes).
