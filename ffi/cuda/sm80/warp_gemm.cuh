@@ -127,10 +127,9 @@ __device__ __forceinline__ void StoreFragmentPairs(const float (&acc)[kM][kN][4]
     for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
       for (int nt = 0; nt < kN; ++nt) {
+        const uint32_t addr = base + uint32_t((mt * 16 + hh * 8) * kRowBytes + nt * 16);
         const uint32_t pair = Pack2<Element>(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + uint32_t((mt * 16 + hh * 8) * kRowBytes + nt * 16)),
-                     "r"(pair)
-                     : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair) : "memory");
       }
 }
 
