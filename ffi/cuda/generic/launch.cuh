@@ -17,16 +17,20 @@ inline std::string CheckLaunch(const char* what) {
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The current GPU's shared memory per block (with opt-in), or false.
+inline bool SmemPerBlockLimit(int* limit) {
+  int device = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
+             cudaSuccess;
+}
+
 // Raises the kernel's dynamic shared-memory limit when it needs more than the
 // default 48 KB; reports a device that cannot give that much.
 template <typename Kernel>
 std::string PrepareSmem(Kernel kernel, int bytes, const char* what) {
-  int device = 0, limit = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess) {
-    return CheckLaunch(what);
-  }
+  int limit = 0;
+  if (!SmemPerBlockLimit(&limit)) return CheckLaunch(what);
   if (bytes > limit) {
     return std::string("jax_flash: ") + what + " needs " + std::to_string(bytes) +
            " bytes of shared memory; this GPU allows " + std::to_string(limit);

@@ -48,10 +48,19 @@ std::string LaunchForwardVariant(const AttentionParams& p, cudaStream_t stream) 
   return CheckLaunch("sm80 forward kernel");
 }
 
+// The feature variant also serves plain calls on GPUs whose shared memory
+// per block the plain kernel exceeds (ForwardSmemBytes: at 256 the pairs'
+// 105.5 KiB against sm_86 / sm_89's 99 KiB).
 template <typename Element, int kHeadDim>
 std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
-  return p.features.Any() ? LaunchForwardVariant<Element, kHeadDim, true>(p, stream)
-                          : LaunchForwardVariant<Element, kHeadDim, false>(p, stream);
+  bool features = p.features.Any();
+  if (!features && FwdTraits<kHeadDim, false>::kSmemBytes > FwdTraits<kHeadDim, true>::kSmemBytes) {
+    int limit = 0;
+    if (!SmemPerBlockLimit(&limit)) return "jax_flash: querying the GPU's shared memory failed";
+    features = limit < FwdTraits<kHeadDim, false>::kSmemBytes;
+  }
+  return features ? LaunchForwardVariant<Element, kHeadDim, true>(p, stream)
+                  : LaunchForwardVariant<Element, kHeadDim, false>(p, stream);
 }
 
 template <typename Element, int kHeadDim>

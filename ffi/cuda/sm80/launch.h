@@ -12,11 +12,19 @@ namespace jax_flash::cuda::sm80 {
 
 // Shared memory (bytes) of the kernels serving a head dim, for the dispatch
 // to check against the device (sm_86/sm_89 allow 99 KB a block, sm_80 163 KB,
-// sm_90 227 KB).
+// sm_90 227 KB). The forward's: the smaller of the plain kernel and the
+// feature variant, which serves plain calls where the plain one does not
+// fit (LaunchForward).
+template <int kHeadDim>
+constexpr int ForwardSmemBytes() {
+  constexpr int plain = FwdTraits<kHeadDim, false>::kSmemBytes;
+  constexpr int features = FwdTraits<kHeadDim, true>::kSmemBytes;
+  return plain < features ? plain : features;
+}
 inline int ForwardSmemBytes(int64_t head_dim) {
-  return head_dim <= 64    ? FwdTraits<64>::kSmemBytes
-         : head_dim <= 128 ? FwdTraits<128>::kSmemBytes
-                           : FwdTraits<256>::kSmemBytes;
+  return head_dim <= 64    ? ForwardSmemBytes<64>()
+         : head_dim <= 128 ? ForwardSmemBytes<128>()
+                           : ForwardSmemBytes<256>();
 }
 // The fused backward's extra dS^T tile runs where the sm_90a code does.
 inline bool FusedBackwardOnSm90(bool deterministic, int compute_capability_major) {
