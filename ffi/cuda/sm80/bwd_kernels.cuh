@@ -223,13 +223,6 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
   }
 }
 
-// Waits for the kQSplit warps of key group `group` (named barrier 1 + group;
-// 0 is __syncthreads).
-template <int kQSplit>
-__device__ __forceinline__ void SyncKeyGroup(int group) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "n"(kQSplit * 32) : "memory");
-}
-
 // grid: (ceil(seqlen_k / kBlockRows), num_heads_k, batch). Sums over the
 // query heads of the key head's group (GQA) in registers. kFusedDq: also
 // adds this key block's share of dQ into p.dq_accum (float32 atomics), so
@@ -516,7 +509,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     if constexpr (kFusedDq && !kDeferDq) {
       __syncthreads();
     } else {
-      SyncKeyGroup<Tr::kQSplit>(group);
+      SyncWarpGroup<Tr::kQSplit>(group);
     }
 #pragma unroll
     for (int j = 1; j < Tr::kQSplit; ++j) {

@@ -40,11 +40,6 @@ __device__ __forceinline__ float RowHalfReduce(const float (&frag)[kN][4], int h
   return v[0];
 }
 
-// Named barrier 1 + pair (0 is __syncthreads) over the pair's two warps.
-__device__ __forceinline__ void PairSync(int pair) {
-  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + pair) : "memory");
-}
-
 // kFeatures: the variant for calls with attention features (p.features.Any()).
 template <typename Element, int kHeadDim, bool kFeatures>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
@@ -80,7 +75,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   // Their reuse needs no barrier of its own: a warp writes block nb's maxima
   // and P half only after block nb's before_qk barrier, which its partner
   // reaches only after its last reads of block nb + 1's (after that block's
-  // after_qk barrier and PairSync).
+  // after_qk barrier and pair barrier).
   const uint32_t p_tile = q_tile + Tr::kPairOffset;
   const uint32_t pair_stats = p_tile + Tr::kBlockM * Tr::kPRowBytes;
   // This thread's slot of row (mt, hh) in half `which`'s statistics (lane t == 0 writes).
@@ -346,7 +341,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
       StoreFragmentPairs<Element, kM, kN, Tr::kPRowBytes>(acc, p_tile, warp_row, key0, lane);
       const uint32_t v_cols = v_tile + col_tile0 * 16;
       GemmRegsSmem<Element, kM, kN, kHeadDim, kD * 8>(o, acc, v_cols, key0, lane);
-      PairSync(warp / 2);
+      SyncWarpGroup<2>(warp / 2);
       const int partner_key0 = (1 - half) * kN * 8;
       GemmSmemSmem<Element, kM, kN / 2, Tr::kPRowBytes / 16, kHeadDim / 8, kD * 8,
                    PaddedRows<Tr::kPRowBytes>>(o, p_tile + partner_key0 * 2, warp_row, 0, v_cols,
@@ -394,7 +389,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
 
   // Epilogue: normalize rows, write lse, then out. Pairs add their halves'
   // sums (both were kept against the same row_max). The partner's last read
-  // of pair_stats came before the last block's PairSync.
+  // of pair_stats came before the last block's pair barrier.
   float* lse = static_cast<float*>(p.lse);
   if constexpr (kPair) {
 #pragma unroll
@@ -406,7 +401,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         if (t == 0) StSharedF32(stat_slot(half, mt, hh), l);
       }
-    PairSync(warp / 2);
+    SyncWarpGroup<2>(warp / 2);
   }
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt)

@@ -90,6 +90,13 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// Waits for the kWarps consecutive warps of group `group` (named barrier
+// 1 + group; 0 is __syncthreads): a backward key group, a forward warp pair.
+template <int kWarps>
+__device__ __forceinline__ void SyncWarpGroup(int group) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "n"(kWarps * 32) : "memory");
+}
+
 // 32-bit shared-memory accesses by address (the kernels address shared
 // memory as 32-bit offsets, as ldmatrix does; a generic pointer would cost
 // two registers).
