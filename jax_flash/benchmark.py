@@ -5,9 +5,13 @@
 Method: for each point, every implementation is jitted, run once to compile
 and warm up, then timed `--iters` times; the median is reported. A sample is
 `calls` back-to-back calls blocked on once, divided by `calls`, where `calls`
-makes a sample last at least --min-sample-ms (so the host's dispatch latency,
-~0.05-0.1 ms a call, is not counted as kernel time at short lengths; 0 gives
-one blocked call per sample, the method of results before 2026-11-30 v7).
+makes a sample last at least --min-sample-ms (100 ms), so the host's dispatch
+and the wait on the result are not counted as kernel time. (Through
+2026-11-30 v13 the floor was 5 ms: a fwd+bwd call longer than that was one
+blocked call per sample, which added 0.1-0.25 ms to the backward (up to 9%
+of it at T <= 4096, ~1% at 16384) while the shorter forwards were several
+calls; scripts/backward_timing.py measured it against the backward alone.
+0 gives one blocked call per sample, the method before v7.)
 Forward = jit(attention); backward = (jitted forward + backward) minus forward,
 where forward + backward is, by --cotangent: `sum` (default; the method of every
 result through v10), value_and_grad of sum(attention(...)), which also counts
@@ -226,7 +230,7 @@ def main(argv=None):
     parser.add_argument("--causal", nargs="+", type=int, default=[0, 1], choices=[0, 1])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--iters", type=int, default=10, help="timing samples per point (median)")
-    parser.add_argument("--min-sample-ms", type=float, default=5.0,
+    parser.add_argument("--min-sample-ms", type=float, default=100.0,
                         help="back-to-back calls per sample until it lasts this long (0: one "
                              "blocked call per sample, which also counts host dispatch latency)")
     parser.add_argument("--variant", nargs="+", default=["plain"], choices=VARIANTS,
