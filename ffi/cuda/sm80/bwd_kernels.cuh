@@ -19,6 +19,7 @@
 #include "common/params.h"
 #include "cuda/generic/element.cuh"  // ToFloat
 #include "cuda/logit_features.cuh"
+#include "cuda/sm80/dq_accum.cuh"
 #include "cuda/sm80/kernel_traits.cuh"
 #include "cuda/sm80/mma.cuh"
 #include "cuda/row_stats.cuh"
@@ -138,41 +139,53 @@ __device__ __forceinline__ void AccumulateDq(const AttentionParams& p, uint32_t 
   const int g = lane / 4, t = lane % 4;
   const SwizzledRows<kDsC> ds_rows(ds_tile, (lane / 16) * 8 + lane % 8, lane / 8 % 2);
   const SwizzledRows<kC> k_rows(k_tile, (lane / 8 % 2) * 8 + lane % 8, lane / 16);
-  // One pointer for the warp's first row (rows are d floats apart, columns
-  // immediate offsets) and one column check per warp: the padded head-dim
-  // case is the rare one.
-  const bool all_cols = (tile0 + kNt) * 8 <= d;
-  const int64_t row0 = m0 + q_part * 32 + g;
-  float* const dst0 = p.dq_accum + p.row_stat_index(b, h, row0) * d + tile0 * 8 + 2 * t;
+  // The warp's 32 rows are four 8-row groups of the accumulator
+  // (DqAccumLayout): m-tile mt, half hh is group 2 mt + hh. One check per
+  // warp for the common case, all four groups full and every column real;
+  // the query block at the end of a sequence and padded head dims take the
+  // general path.
+  const int64_t warp_row0 = m0 + q_part * 32;
+  const bool common = (tile0 + kNt) * 8 <= d && DqAccumLayout::FullGroup(warp_row0 + 24, s.seqlen_q);
+  float* const warp_dst = p.dq_accum + p.row_stat_index(b, h, warp_row0) * d;
+  constexpr int kTileFloats = DqAccumLayout::kGroupRows * DqAccumLayout::kBlockCols;
+  float* const lane_dst = warp_dst + tile0 * kTileFloats + DqAccumLayout::InGroup(true, g, 2 * t, d);
   // Atomics for tiles nt0 .. nt0 + kCount - 1 of acc ([m-tile][tile][4]).
   auto add = [&](int nt0, auto count, const float(&acc)[2][decltype(count)::value][4]) {
     constexpr int kCount = decltype(count)::value;
+    if (common) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          float* dst = lane_dst + (mt * 16 + hh * 8) * d + nt0 * kTileFloats;
+#pragma unroll
+          for (int nt = 0; nt < kCount; ++nt) {
+#if __CUDA_ARCH__ >= 900
+            // Hopper adds a float pair in one atomic (8-byte aligned: even column).
+            atomicAdd(reinterpret_cast<float2*>(dst + nt * kTileFloats),
+                      make_float2(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]));
+#else
+            atomicAdd(dst + nt * kTileFloats, acc[mt][nt][2 * hh]);
+            atomicAdd(dst + nt * kTileFloats + 1, acc[mt][nt][2 * hh + 1]);
+#endif
+          }
+        }
+      return;
+    }
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = mt * 16 + hh * 8;
-        if (row0 + r >= s.seqlen_q) continue;
-        float* dst = dst0 + r * d + nt0 * 8;
-        if (all_cols) {
+        const bool full = DqAccumLayout::FullGroup(warp_row0 + r, s.seqlen_q);
+        if (!full && warp_row0 + r + g >= s.seqlen_q) continue;
+        float* dst = warp_dst + r * d + DqAccumLayout::InGroup(full, g, (tile0 + nt0) * 8 + 2 * t, d);
+        const int tile_stride = DqAccumLayout::TileStride(full);
 #pragma unroll
-          for (int nt = 0; nt < kCount; ++nt) {
-#if __CUDA_ARCH__ >= 900
-            // Hopper adds a float pair in one atomic (8-byte aligned: even column).
-            atomicAdd(reinterpret_cast<float2*>(dst + nt * 8),
-                      make_float2(acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]));
-#else
-            atomicAdd(dst + nt * 8, acc[mt][nt][2 * hh]);
-            atomicAdd(dst + nt * 8 + 1, acc[mt][nt][2 * hh + 1]);
-#endif
-          }
-        } else {
-#pragma unroll
-          for (int nt = 0; nt < kCount; ++nt) {
-            if ((tile0 + nt0 + nt) * 8 + 2 * t < d) {
-              atomicAdd(dst + nt * 8, acc[mt][nt][2 * hh]);
-              atomicAdd(dst + nt * 8 + 1, acc[mt][nt][2 * hh + 1]);
-            }
+        for (int nt = 0; nt < kCount; ++nt) {
+          if ((tile0 + nt0 + nt) * 8 + 2 * t < d) {
+            atomicAdd(dst + nt * tile_stride, acc[mt][nt][2 * hh]);
+            atomicAdd(dst + nt * tile_stride + 1, acc[mt][nt][2 * hh + 1]);
           }
         }
       }
@@ -654,7 +667,11 @@ __global__ void __launch_bounds__(256) DqConvertKernel(const AttentionParams p) 
   if (idx >= s.seqlen_q * octets_per_row) return;
   const int i = idx / octets_per_row, c = (idx - i * octets_per_row) * 8;
   const int64_t h = blockIdx.y, b = blockIdx.z;
-  const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + p.row_stat_index(b, h, i) * s.head_dim + c);
+  const int group_row = i & ~(DqAccumLayout::kGroupRows - 1);
+  const int d = int(s.head_dim);
+  const float4* acc = reinterpret_cast<const float4*>(
+      p.dq_accum + p.row_stat_index(b, h, group_row) * d +
+      DqAccumLayout::InGroup(DqAccumLayout::FullGroup(group_row, s.seqlen_q), i - group_row, c, d));
   const float4 lo = acc[0], hi = acc[1];
   const float scale = float(p.scale);
   Element* dq = static_cast<Element*>(p.dq) + b * p.q_stride.batch + h * p.q_stride.head + i * p.q_stride.row + c;
