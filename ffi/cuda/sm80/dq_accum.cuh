@@ -9,9 +9,9 @@
 // lane / 4, columns 2 (lane % 4) and + 1) is then one 256-byte run, so the
 // warp's float-pair atomic covers two whole 128-byte lines: two L2 requests
 // of four sectors each. Row-major rows made it eight one-sector requests:
-// the 256 backward sent the L2 1.07G red requests at T=16384 where
-// FlashAttention-2, whose accumulator is permuted for the same reason, sent
-// 268M (docs/PERF.md, v15).
+// the 256 backward sent the L2 1.07G red requests at T=16384, where
+// FlashAttention-2, whose reds each cover one whole line, sent 268M; the
+// blocks made the backward 7-17% faster (docs/PERF.md, v15).
 #pragma once
 
 #include <cstdint>
