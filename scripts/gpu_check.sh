@@ -4,8 +4,8 @@
 # step runs, so a call cut off by its time limit still brings back what ran.
 # Steps, each optional but the build (SKIP_BUILD=1 reuses the last install): TESTS=0 skips pytest; BENCH_ARGS,
 # BENCH2_ARGS, LONG_ARGS, NCU=1, EXAMPLES=1 add the benchmark (and a second
-# one), the 128k run, a profile, SANITIZE=1 compute-sanitizer's race and
-# barrier checks, and issue 5's training comparison.
+# one), the 128k run, a profile, SANITIZE=1 compute-sanitizer's race, barrier
+# and memory checks, and issue 5's training comparison.
 # The device brings back at most 8 files from $OUT: every step's result line
 # also goes to summary.txt (printed again last, so a `tail` of the output
 # keeps it), and the logs are bundled into logs.tgz at the end.
