@@ -14,6 +14,9 @@ from jax_flash import _registration
 # Bits of the FFI `features` attribute (ffi/common/ffi_decode.h FeatureBits).
 HAS_BIAS, HAS_MASK, HAS_Q_SEQLENS, HAS_KV_SEQLENS, HAS_SEGMENTS = 1, 2, 4, 8, 16
 DROPOUT_SHARED = 32
+HAS_SEGMENT_RANGES = 64
+# Positions per entry of the segment-id block summaries (ffi/common/params.h kSegmentBlock).
+SEGMENT_BLOCK = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +50,10 @@ class KernelConfig:
 
 # --- custom VJP -----------------------------------------------------------
 # Primal arguments: q, k, v, then the feature operands (bias, mask, q_seqlens,
-# kv_seqlens, q_segment_ids, kv_segment_ids, dropout_seed; placeholders when
-# unused), then the KernelConfig.
-NUM_FEATURE_OPERANDS = 7
+# kv_seqlens, q_segment_ids, kv_segment_ids, q_segment_ranges,
+# kv_segment_ranges, dropout_seed; placeholders when unused), then the
+# KernelConfig.
+NUM_FEATURE_OPERANDS = 9
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3 + NUM_FEATURE_OPERANDS,))

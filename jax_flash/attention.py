@@ -19,8 +19,10 @@ from jax_flash._kernel_call import (
     HAS_KV_SEQLENS,
     HAS_MASK,
     HAS_Q_SEQLENS,
+    HAS_SEGMENT_RANGES,
     HAS_SEGMENTS,
     NUM_FEATURE_OPERANDS,
+    SEGMENT_BLOCK,
     KernelConfig,
     flash_attention,
 )
@@ -159,11 +161,12 @@ def attention(
     if (q_segment_ids is None) != (kv_segment_ids is None):
         raise ValueError("q_segment_ids and kv_segment_ids must be given together")
     if q_segment_ids is not None:
-        operands.append(_int32_array("q_segment_ids", q_segment_ids, (b, t), unbatched))
-        operands.append(_int32_array("kv_segment_ids", kv_segment_ids, (b, s), unbatched))
-        features |= HAS_SEGMENTS
+        q_ids = _int32_array("q_segment_ids", q_segment_ids, (b, t), unbatched)
+        kv_ids = _int32_array("kv_segment_ids", kv_segment_ids, (b, s), unbatched)
+        operands += [q_ids, kv_ids, segment_block_ranges(q_ids), segment_block_ranges(kv_ids)]
+        features |= HAS_SEGMENTS | HAS_SEGMENT_RANGES
     else:
-        operands += [jnp.zeros((1, 1), jnp.int32)] * 2
+        operands += [jnp.zeros((1, 1), jnp.int32)] * 4
 
     window = _window(local_window_size)
     softcap = _soft_cap(logits_soft_cap)
@@ -199,6 +202,21 @@ def attention(
     # lse is [..., N, T] (float32); jax returns [..., T, N] in the input dtype.
     residual = jax.lax.stop_gradient(jnp.swapaxes(lse, -1, -2).astype(out.dtype))
     return out, residual
+
+
+def segment_block_ranges(ids: jax.Array, block: int = SEGMENT_BLOCK) -> jax.Array:
+    """(min, max) id of every `block` positions: int32 ``[..., ceil(T / block), 2]``.
+
+    The kernels' block classification (ffi/common/mask_policy.h): a query block
+    and a key block whose id ranges are disjoint share no visible pair and are
+    skipped; two blocks of one single id need no per-element id check. One
+    small pass over the ids per call. The last entry covers the tail only.
+    """
+    *lead, t = ids.shape
+    blocks = -(-t // block)
+    padded = jnp.pad(ids, [(0, 0)] * len(lead) + [(0, blocks * block - t)], mode="edge")
+    padded = padded.reshape(*lead, blocks, block)
+    return jnp.stack([padded.min(-1), padded.max(-1)], axis=-1)
 
 
 def _broadcastable_4d(name, x, full_shape):

@@ -302,3 +302,60 @@ def test_features_across_many_blocks(rng, case, head_dim):
         ref_kwargs["dropout_factor"] = to_f64_cpu(reference.dropout_factor(
             jax.random.bits(kwargs["dropout_rng"], (2,), jnp.uint32), b, n, t, s, 0.25))
     _check_bf16_against_reference(rng, q, k, v, kwargs, ref_kwargs)
+
+
+def _document_ids(rng, b, n, kind):
+    """Segment ids [b, n] of one kind: "packed" documents (sorted runs 0, 1, 2,
+    ... of random lengths, one run of 64-aligned documents in batch row 0),
+    "reused" (runs whose ids come back later: not contiguous), or "random"
+    (an id per position)."""
+    if kind == "random":
+        return jnp.asarray(rng.integers(0, 3, (b, n)), jnp.int32)
+    ids = np.zeros((b, n), np.int32)
+    for row in range(b):
+        if kind == "packed" and row == 0:
+            ids[row] = np.arange(n) // 128  # documents on whole kernel blocks
+            continue
+        pos, doc = 0, 0
+        while pos < n:
+            run = int(rng.integers(20, 200))
+            ids[row, pos:pos + run] = doc
+            pos += run
+            doc = doc + 1 if kind == "packed" else int(rng.integers(0, 3))
+    return jnp.asarray(ids)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("kind", ["packed", "reused", "random"])
+def test_segments_across_many_blocks(rng, kind, is_causal, head_dim):
+    """Packed documents over several kernel blocks, bf16, GQA: the kernels skip
+    the blocks of other documents (by the ids' block summaries) and drop the id
+    check where a block holds one document; reused and random ids take the
+    per-element path. Forward and gradients against the float64 reference."""
+    b, t, n, kh, h = 2, 520, 4, 2, head_dim
+    q, k, v = random_qkv(rng, b, t, t, n, kh, h, "bfloat16")
+    ids = _document_ids(rng, b, t, kind)
+    kwargs = dict(q_segment_ids=ids, kv_segment_ids=ids, is_causal=is_causal)
+    _check_bf16_against_reference(rng, q, k, v, kwargs, kwargs)
+
+
+def test_segments_with_lengths_window_and_mask_float32(rng):
+    """Segment summaries combined with everything else that hides keys, at
+    float32 (the generic kernels on a GPU, the CPU's blocks here) with a
+    query length different from the key length."""
+    b, t, s, n, kh, h = 2, 333, 400, 2, 1, 32
+    q, k, v = random_qkv(rng, b, t, s, n, kh, h, "float32")
+    kwargs = dict(q_segment_ids=_document_ids(rng, b, t, "packed"),
+                  kv_segment_ids=_document_ids(rng, b, s, "packed"), is_causal=True,
+                  local_window_size=(150, 0), key_value_seq_lengths=jnp.array([s, 290], jnp.int32),
+                  mask=jnp.asarray(rng.random((b, 1, 1, s)) > 0.1))
+    dout = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+    out = jax_flash.attention(q, k, v, **kwargs)
+    assert_close("out", out, reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), **kwargs),
+                 "float32")
+    grads = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, **kwargs) * dout), (0, 1, 2))(q, k, v)
+    ref = jax.grad(lambda *a: jnp.sum(reference.attention(*a, **kwargs) * to_f64_cpu(dout)), (0, 1, 2))(
+        to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
+        assert_close(name, g, r, "float32", factor=GRAD_FACTOR)

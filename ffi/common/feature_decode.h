@@ -19,6 +19,7 @@ enum FeatureBits : int32_t {
   kHasKvSeqlens = 8,
   kHasSegments = 16,
   kDropoutShared = 32,  // one dropout mask for every batch entry and head
+  kHasSegmentRanges = 64,  // block summaries of the segment ids (with kHasSegments)
 };
 
 // The optional operands and attributes, as the FFI delivers them.
@@ -29,6 +30,8 @@ struct FeatureOperands {
   const ffi::AnyBuffer& kv_seqlens;
   const ffi::AnyBuffer& q_segment_ids;
   const ffi::AnyBuffer& kv_segment_ids;
+  const ffi::AnyBuffer& q_segment_ranges;   // [batch, ceil(seqlen_q / kSegmentBlock), 2]
+  const ffi::AnyBuffer& kv_segment_ranges;  // [batch, ceil(seqlen_k / kSegmentBlock), 2]
   const ffi::AnyBuffer& dropout_seed;
   int32_t features;
   int64_t window_left, window_right;
@@ -125,6 +128,19 @@ inline ffi::Error DecodeFeatures(const ffi::AnyBuffer& q, const FeatureOperands&
                                &f.kv_segment_ids);
         e.failure())
       return e;
+    // The ids' block summaries (without them ids are checked per element).
+    const int64_t q_blocks = (s.seqlen_q + kSegmentBlock - 1) / kSegmentBlock;
+    const int64_t kv_blocks = (s.seqlen_k + kSegmentBlock - 1) / kSegmentBlock;
+    if (o.features & kHasSegmentRanges) {
+      if (auto e = int32_operand("q_segment_ranges", o.q_segment_ranges, s.batch * q_blocks * 2,
+                                 &f.q_segment_ranges);
+          e.failure())
+        return e;
+      if (auto e = int32_operand("kv_segment_ranges", o.kv_segment_ranges, s.batch * kv_blocks * 2,
+                                 &f.kv_segment_ranges);
+          e.failure())
+        return e;
+    }
   }
   f.window_left = o.window_left;
   f.window_right = o.window_right;

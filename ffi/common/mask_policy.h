@@ -3,6 +3,11 @@
 // of queries visits (and which query range a block of keys is seen by), so
 // blocks outside the causal/window/length bounds are skipped, not masked; and
 // whether one (query, key) pair is visible, for the blocks that need a check.
+// Segment ids (packed sequences) join the block questions through per-block
+// [min, max] summaries: a block whose query and key id ranges are disjoint is
+// empty (never visited), one whose ranges are the same single id needs no id
+// check. Exact at block granularity for contiguous documents, and correct
+// (a superset) for any ids.
 #pragma once
 
 #include <cstdint>
@@ -11,12 +16,54 @@
 
 namespace jax_flash {
 
+// The segment ids of a run of positions, as the closed range [lo, hi] of the
+// ids found there (from the per-block summaries: possibly wider than exact).
+struct IdSpan {
+  int32_t lo, hi;
+};
+
+// How segment ids treat the pairs of a query span and a key span.
+enum class SegmentMeet {
+  kNone,  // no pair shares an id: the block is empty
+  kSome,  // some may: check per element
+  kAll,   // one id on both sides: every pair shares it
+};
+
+JAX_FLASH_HOST_DEVICE inline SegmentMeet Meet(IdSpan q, IdSpan k) {
+  if (q.hi < k.lo || k.hi < q.lo) return SegmentMeet::kNone;
+  if (q.lo == q.hi && k.lo == k.hi) return SegmentMeet::kAll;  // then q.lo == k.lo
+  return SegmentMeet::kSome;
+}
+
+// One batch row's id summaries: entry e = (min, max) of positions
+// [e * kSegmentBlock, (e + 1) * kSegmentBlock) (clipped to the length).
+struct SegmentRanges {
+  const int32_t* ranges = nullptr;  // [blocks][2], or null: unknown
+  int64_t blocks = 0;
+
+  // The ids of positions [r0, r1) (r1 > r0; clipped to the sequence).
+  JAX_FLASH_HOST_DEVICE IdSpan Span(int64_t r0, int64_t r1) const {
+    const int64_t last = Min((r1 - 1) / kSegmentBlock, blocks - 1);
+    int64_t e = Min(r0 / kSegmentBlock, last);
+    IdSpan span{ranges[2 * e], ranges[2 * e + 1]};
+    for (++e; e <= last; ++e) {
+      span.lo = ranges[2 * e] < span.lo ? ranges[2 * e] : span.lo;
+      span.hi = ranges[2 * e + 1] > span.hi ? ranges[2 * e + 1] : span.hi;
+    }
+    return span;
+  }
+
+ private:
+  JAX_FLASH_HOST_DEVICE static int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
+};
+
 struct MaskPolicy {
   int64_t seqlen_q = 0, seqlen_k = 0;  // effective lengths (seq lengths applied)
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
   const int32_t* q_segments = nullptr;   // this batch row's ids, or null
   const int32_t* kv_segments = nullptr;
+  SegmentRanges q_ranges, kv_ranges;  // their block summaries (ranges null: unknown)
   const uint8_t* mask = nullptr;  // this (batch, head) slice, or null
   int64_t mask_row = 0, mask_col = 0;
 
@@ -33,6 +80,12 @@ struct MaskPolicy {
     if (f.q_segment_ids && f.kv_segment_ids) {
       m.q_segments = f.q_segment_ids + b * p.shape.seqlen_q;
       m.kv_segments = f.kv_segment_ids + b * p.shape.seqlen_k;
+      if (f.q_segment_ranges && f.kv_segment_ranges) {
+        m.q_ranges.blocks = (p.shape.seqlen_q + kSegmentBlock - 1) / kSegmentBlock;
+        m.kv_ranges.blocks = (p.shape.seqlen_k + kSegmentBlock - 1) / kSegmentBlock;
+        m.q_ranges.ranges = f.q_segment_ranges + 2 * b * m.q_ranges.blocks;
+        m.kv_ranges.ranges = f.kv_segment_ranges + 2 * b * m.kv_ranges.blocks;
+      }
     }
     if (f.mask) {
       m.mask = f.mask + f.BroadcastOffset(f.mask_stride, b, h);
@@ -63,9 +116,43 @@ struct MaskPolicy {
 
   // False when every pair of rows [i0, i1) x keys [j0, j1) is visible.
   JAX_FLASH_HOST_DEVICE bool NeedsCheck(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
-    return mask || q_segments || i1 > seqlen_q || j1 > seqlen_k || (causal && j1 - 1 > i0) ||
+    return mask || (q_segments && Segments(i0, i1, j0, j1) != SegmentMeet::kAll) ||
+           NeedsBoundsCheck(i0, i1, j0, j1);
+  }
+
+  // Whether lengths, causal or the window hide any pair of the block.
+  JAX_FLASH_HOST_DEVICE bool NeedsBoundsCheck(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    return i1 > seqlen_q || j1 > seqlen_k || (causal && j1 - 1 > i0) ||
            (window_right >= 0 && j1 - 1 > i0 + window_right) ||
            (window_left >= 0 && j0 < i1 - 1 - window_left);
+  }
+
+  // Segment ids of rows [i0, i1) against keys [j0, j1) (kSome when there are
+  // ids but no summaries; kAll without ids).
+  JAX_FLASH_HOST_DEVICE SegmentMeet Segments(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    if (!q_segments) return SegmentMeet::kAll;
+    if (!HasSegmentRanges()) return SegmentMeet::kSome;
+    return Meet(QueryIds(i0, i1), KeyIds(j0, j1));
+  }
+  JAX_FLASH_HOST_DEVICE bool HasSegmentRanges() const { return q_segments && q_ranges.ranges; }
+  // Id spans of query rows [i0, i1) and keys [j0, j1) (HasSegmentRanges()).
+  JAX_FLASH_HOST_DEVICE IdSpan QueryIds(int64_t i0, int64_t i1) const { return q_ranges.Span(i0, i1); }
+  JAX_FLASH_HOST_DEVICE IdSpan KeyIds(int64_t j0, int64_t j1) const { return kv_ranges.Span(j0, j1); }
+
+  // Whether no pair of the block can be visible: outside the structural key
+  // range, or segment ids that never meet.
+  JAX_FLASH_HOST_DEVICE bool BlockEmpty(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    int64_t lo, hi;
+    KeyRange(i0, i1, &lo, &hi);
+    return lo >= hi || j1 <= lo || j0 >= hi || Segments(i0, i1, j0, j1) == SegmentMeet::kNone;
+  }
+
+  // This policy for the pairs of one block whose segment ids all meet: the
+  // per-element checks then skip the ids.
+  JAX_FLASH_HOST_DEVICE MaskPolicy WithoutSegments() const {
+    MaskPolicy m = *this;
+    m.q_segments = m.kv_segments = nullptr;
+    return m;
   }
 
   // Keys [*lo, *hi) inside the structural bounds (lengths, causal, window) of

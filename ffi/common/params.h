@@ -37,6 +37,11 @@ struct AttentionShape {
   JAX_FLASH_HOST_DEVICE int64_t group() const { return num_heads / num_heads_k; }
 };
 
+// Positions per entry of the segment-id block summaries. Every kernel
+// family's query and key blocks are multiples of it (CPU 64, sm80 64-128);
+// a block that is not still gets a correct (wider) summary.
+constexpr int64_t kSegmentBlock = 64;
+
 // Optional attention features (issue: bias, masks, lengths, segments, window,
 // soft cap, dropout). A null pointer or a negative window side means "off".
 constexpr int kMaxBatchDims = 4;  // leading dims of q (vmap adds some)
@@ -63,6 +68,12 @@ struct AttentionFeatures {
   const int32_t* kv_seqlens = nullptr;      // [batch]
   const int32_t* q_segment_ids = nullptr;   // [batch, seqlen_q]
   const int32_t* kv_segment_ids = nullptr;  // [batch, seqlen_k]
+  // Block summaries of the ids (SegmentRanges in mask_policy.h): [batch,
+  // ceil(seqlen / kSegmentBlock), 2] = (min, max) id of each kSegmentBlock
+  // positions, from one small pass over the ids per call (attention.py); null
+  // when not given (every block then checks ids per element).
+  const int32_t* q_segment_ranges = nullptr;
+  const int32_t* kv_segment_ranges = nullptr;
   int64_t window_left = -1, window_right = -1;  // key j visible iff i - left <= j <= i + right
   double softcap = 0.0;                         // > 0: logits = c * tanh(logits / c)
   double dropout_rate = 0.0;

@@ -92,20 +92,24 @@ struct LogitTransform {
         for (int c = 0; c < kBlockN; ++c) srow[c] *= log2e;
       }
     }
-    if (mask.NeedsCheck(q0, q0 + rows, k0, k0 + kBlockN)) {
+    // Segment ids that are one and the same id over the whole block (their
+    // block summaries say so) need no per-element check.
+    const MaskPolicy block_mask =
+        mask.Segments(q0, q0 + rows, k0, k0 + kBlockN) == SegmentMeet::kAll ? mask.WithoutSegments() : mask;
+    if (block_mask.NeedsCheck(q0, q0 + rows, k0, k0 + kBlockN)) {
       // Per row: the structural bounds as a column range, then the mask array
       // and segment ids element by element only where they exist.
       for (int r = 0; r < rows; ++r) {
         Acc* srow = s + r * kBlockN;
         int64_t lo, hi;
-        mask.RowKeyBounds(q0 + r, &lo, &hi);
+        block_mask.RowKeyBounds(q0 + r, &lo, &hi);
         const int c_lo = int(std::clamp<int64_t>(lo - k0, 0, kBlockN));
         const int c_hi = int(std::clamp<int64_t>(std::min<int64_t>(hi, k0 + cols) - k0, c_lo, kBlockN));
         for (int c = 0; c < c_lo; ++c) srow[c] = NegInf<Acc>();
         for (int c = c_hi; c < kBlockN; ++c) srow[c] = NegInf<Acc>();
-        if (mask.HasElementMasks())
+        if (block_mask.HasElementMasks())
           for (int c = c_lo; c < c_hi; ++c)
-            if (!mask.ElementVisible(q0 + r, k0 + c)) srow[c] = NegInf<Acc>();
+            if (!block_mask.ElementVisible(q0 + r, k0 + c)) srow[c] = NegInf<Acc>();
       }
     }
   }
@@ -148,6 +152,7 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
   int64_t kv_lo, kv_hi;
   mask.KeyRange(q0, q0 + rows, &kv_lo, &kv_hi);
   for (int64_t k0 = FloorTo(kv_lo, kBlockN); k0 < kv_hi; k0 += kBlockN) {
+    if (mask.BlockEmpty(q0, q0 + rows, k0, k0 + kBlockN)) continue;  // e.g. another document's keys
     const int cols = int(std::min<int64_t>(kBlockN, s.seqlen_k - k0));
     LoadRowsTransposed(k, p.k_stride.row, k0, cols, d, dp, kt_blk);
     LoadRows(v, p.k_stride.row, k0, cols, d, Acc(1), v_blk, dp);
@@ -334,6 +339,7 @@ void BackwardTask(const AttentionParams& p, int64_t b, int64_t hk, int64_t split
       mask.QueryRange(k0, k0 + kBlockN, &q_lo, &q_hi);
       for (int64_t q0 = FloorTo(q_lo, kBlockM); q0 < q_hi; q0 += kBlockM) {
         const int rows = int(std::min<int64_t>(kBlockM, s.seqlen_q - q0));
+        if (mask.BlockEmpty(q0, q0 + rows, k0, k0 + kBlockN)) continue;
         ComputeBackwardTile<Element, Acc>(p, logits, dropout, b, h, q, dout, q0, rows, k0, cols,
                                           dp, t);
         Transpose(rows, kBlockN, t.p_blk, kBlockN, tr_blk, kBlockM);
@@ -388,6 +394,7 @@ void DbiasTask(const AttentionParams& p, int64_t bias_slice_offset, int64_t row0
         int64_t kv_lo, kv_hi;
         mask.KeyRange(q0, q0 + rows, &kv_lo, &kv_hi);
         for (int64_t k0 = FloorTo(kv_lo, kBlockN); k0 < kv_hi; k0 += kBlockN) {
+          if (mask.BlockEmpty(q0, q0 + rows, k0, k0 + kBlockN)) continue;
           const int cols = int(std::min<int64_t>(kBlockN, s.seqlen_k - k0));
           LoadRowsTransposed(k, p.k_stride.row, k0, cols, d, dp, t.kt_blk);
           LoadRowsTransposed(v, p.k_stride.row, k0, cols, d, dp, t.vt_blk);

@@ -133,27 +133,18 @@ struct KeyMaskReader {
   }
 };
 
-// Drops key blocks [*lo, *hi) of kKeys keys that a key-only mask hides
-// entirely from either end of the range (key padding), so they are never
-// copied. One warp; a lane tests one block (its bytes read back to back), 32
-// blocks per vote.
-template <int kKeys>
-__device__ void TrimHiddenKeyBlocks(const MaskPolicy& m, int* lo, int* hi) {
+// Drops the blocks nb of [*lo, *hi) for which empty(nb) holds from either end
+// of the range, so they are never copied or scheduled. One warp (every warp
+// that calls it gets the same answer); a lane tests one block, 32 blocks per
+// vote.
+template <typename Empty>
+__device__ void TrimEmptyBlocks(int* lo, int* hi, Empty&& empty) {
   const int lane = threadIdx.x % 32;
-  auto hidden = [&](int nb) {
-    const int64_t j0 = int64_t(nb) * kKeys;
-    const int count = int(max(int64_t(0), min(int64_t(kKeys), m.seqlen_k - j0)));
-    const uint8_t* bytes = m.mask + j0 * m.mask_col;
-    bool any_visible = false;
-#pragma unroll 16
-    for (int i = 0; i < kKeys; ++i) any_visible |= i < count && bytes[i * m.mask_col] != 0;
-    return !any_visible;
-  };
-  // Counts the hidden blocks from `from` stepping by `dir`, up to `limit` blocks.
-  auto hidden_run = [&](int from, int dir, int limit) {
+  // Counts the empty blocks from `from` stepping by `dir`, up to `limit` blocks.
+  auto empty_run = [&](int from, int dir, int limit) {
     int run = 0;
     while (run < limit) {
-      const bool mine = run + lane < limit && hidden(from + dir * (run + lane));
+      const bool mine = run + lane < limit && empty(from + dir * (run + lane));
       const uint32_t votes = __ballot_sync(0xffffffffu, mine);
       const int found = votes == 0xffffffffu ? 32 : __ffs(~votes) - 1;
       run += found;
@@ -161,8 +152,37 @@ __device__ void TrimHiddenKeyBlocks(const MaskPolicy& m, int* lo, int* hi) {
     }
     return min(run, limit);
   };
-  *hi -= hidden_run(*hi - 1, -1, *hi - *lo);
-  *lo += hidden_run(*lo, 1, *hi - *lo);
+  *hi -= empty_run(*hi - 1, -1, *hi - *lo);
+  *lo += empty_run(*lo, 1, *hi - *lo);
+}
+
+// Drops key blocks of kKeys keys that a key-only mask hides entirely from
+// either end of [*lo, *hi) (key padding); a lane reads its block's bytes back
+// to back.
+template <int kKeys>
+__device__ void TrimHiddenKeyBlocks(const MaskPolicy& m, int* lo, int* hi) {
+  TrimEmptyBlocks(lo, hi, [&](int nb) {
+    const int64_t j0 = int64_t(nb) * kKeys;
+    const int count = int(max(int64_t(0), min(int64_t(kKeys), m.seqlen_k - j0)));
+    const uint8_t* bytes = m.mask + j0 * m.mask_col;
+    bool any_visible = false;
+#pragma unroll 16
+    for (int i = 0; i < kKeys; ++i) any_visible |= i < count && bytes[i * m.mask_col] != 0;
+    return !any_visible;
+  });
+}
+
+// Drops the blocks of kBlock positions from [*lo, *hi) at either end whose
+// segment ids never meet `other` (the id span of the block being processed):
+// with packed documents, everything outside the documents that block
+// belongs to. kBlocksAreQueries: the blocks are query blocks (else key blocks).
+template <int kBlock, bool kBlocksAreQueries>
+__device__ void TrimSegmentBlocks(const MaskPolicy& m, IdSpan other, int* lo, int* hi) {
+  TrimEmptyBlocks(lo, hi, [&](int nb) {
+    const int64_t r0 = int64_t(nb) * kBlock;
+    const IdSpan ids = kBlocksAreQueries ? m.QueryIds(r0, r0 + kBlock) : m.KeyIds(r0, r0 + kBlock);
+    return Meet(other, ids) == SegmentMeet::kNone;
+  });
 }
 
 struct LogitFeatures {

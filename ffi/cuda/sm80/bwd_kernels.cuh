@@ -326,6 +326,14 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     MaskPolicy::For(p, b, hk * s.group()).QueryRange(n0, n0 + Tr::kBlockRows, &lo, &hi);
     m_start = lo / Tr::kBlockCols * Tr::kBlockCols;
     m_steps = hi > lo ? int((hi - m_start + Tr::kBlockCols - 1) / Tr::kBlockCols) : 0;
+    // Packed documents: only the query blocks of this key block's documents.
+    const MaskPolicy policy = MaskPolicy::For(p, b, hk * s.group());
+    if (policy.HasSegmentRanges() && m_steps > 0) {
+      int first = int(m_start / Tr::kBlockCols), end = first + m_steps;
+      TrimSegmentBlocks<Tr::kBlockCols, true>(policy, policy.KeyIds(n0, n0 + Tr::kBlockRows), &first, &end);
+      m_start = int64_t(first) * Tr::kBlockCols;
+      m_steps = end - first;
+    }
   }
   // Key-only masks (KeyMaskReader): this block's keys summarized once per
   // query head of the group (up to 32 heads; more are taken as mixed). A
@@ -409,7 +417,9 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     }
   };
 
-  auto run_step = [&](int stage_index, StepPos pos, auto masked) {
+  // segments_all: the segment ids of every pair of the step meet (their
+  // summaries say so), so the per-element checks skip them.
+  auto run_step = [&](int stage_index, StepPos pos, auto masked, bool segments_all = false) {
     constexpr bool kMasked = decltype(masked)::value;
     const int64_t h = pos.h, m0 = pos.m0;
     const uint32_t q_tile = qdo_stages + stage_index * Tr::kStageBytes;
@@ -474,7 +484,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dv, st, do_tile, q_col0, lane, col_tile0);  // dV += P^T dO
     }
     if constexpr (!kPlainLogits) {
-      const LogitFeatures lf = LogitFeatures::For(p, b, h);
+      LogitFeatures lf = LogitFeatures::For(p, b, h);
+      if (segments_all) lf.mask = lf.mask.WithoutSegments();
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
@@ -540,6 +551,14 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   // where needed rather than held: with the late dQ it would be live across
   // the whole step, and so would a precomputed next step.
   StepPos pos{int(hk * s.group()), m_first};
+  // A step's query ids (their block summaries; segments are per batch row).
+  auto query_ids = [&](StepPos at) {
+    return MaskPolicy::For(p, b, at.h).QueryIds(at.m0, at.m0 + Tr::kBlockCols);
+  };
+  IdSpan next_query_ids{0, 0};
+  if constexpr (kFeatures) {
+    if (steps > 0 && MaskPolicy::For(p, b, pos.h).HasSegmentRanges()) next_query_ids = query_ids(pos);
+  }
   const bool late_dq = Tr::kDqPhaseShift && warp >= Tr::kWarps / 2;
   if (steps > 0) load_qdo(0, pos);
   for (int step = 0; step < steps; ++step) {
@@ -563,19 +582,27 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     }
     // Element masks only where a pair can be invisible: tails, and causal
     // query blocks that start before the key block ends.
-    bool masked;
+    bool masked, segments_all = false;
     if constexpr (kFeatures) {
       MaskPolicy policy = MaskPolicy::For(p, b, pos.h);
       const int64_t head_in_group = pos.h - hk * s.group();
       if (head_in_group < 32 && (mask_all_visible >> head_in_group & 1u))
         policy.mask = nullptr;  // for NeedsCheck only: the mask hides none of the block's keys
+      if (policy.HasSegmentRanges()) {
+        // The step's query ids were read at the previous step's start, so
+        // their latency hid under it (the key block's come from L1).
+        const IdSpan ids = next_query_ids;
+        if (step + 1 < steps) next_query_ids = query_ids(advance(pos));
+        segments_all = Meet(ids, policy.KeyIds(n0, n0 + Tr::kBlockRows)) == SegmentMeet::kAll;
+        if (segments_all) policy = policy.WithoutSegments();  // for NeedsCheck
+      }
       masked = elementwise || policy.NeedsCheck(pos.m0, pos.m0 + Tr::kBlockCols, n0, n0 + Tr::kBlockRows);
     } else {
       masked = key_tail || pos.m0 + Tr::kBlockCols > s.seqlen_q ||
                (p.is_causal && pos.m0 < n0 + Tr::kBlockRows);
     }
     if (masked) {
-      run_step(step & 1, pos, std::true_type{});
+      run_step(step & 1, pos, std::true_type{}, segments_all);
     } else {
       run_step(step & 1, pos, std::false_type{});
     }

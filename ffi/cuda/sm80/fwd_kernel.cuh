@@ -109,6 +109,9 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     n_hi = hi > lo ? int((hi + Tr::kBlockN - 1) / Tr::kBlockN) : n_lo;
     const MaskPolicy policy = MaskPolicy::For(p, b, h);
     if (KeyMaskReader<Tr::kBlockN>::Applies(policy)) TrimHiddenKeyBlocks<Tr::kBlockN>(policy, &n_lo, &n_hi);
+    // Packed documents: only the key blocks of this block's documents.
+    if (policy.HasSegmentRanges())
+      TrimSegmentBlocks<Tr::kBlockN, false>(policy, policy.QueryIds(m0, m0 + Tr::kBlockM), &n_lo, &n_hi);
   }
 
   // Where key block nb's K and V tiles live.
@@ -179,7 +182,9 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     }
   };
 
-  auto process_block = [&](int nb, auto masked) {
+  // segments_all: the segment ids of every pair of the block meet (their
+  // summaries say so), so the per-element checks skip them.
+  auto process_block = [&](int nb, auto masked, bool segments_all = false) {
     constexpr bool kMasked = decltype(masked)::value;
     const int64_t n0 = int64_t(nb) * Tr::kBlockN;
     const uint32_t k_tile = k_tile_of(nb), v_tile = k_tile + kTileBytes;
@@ -209,7 +214,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
       } else {
         // Built here, not kept across the loop: their fields would cost
         // registers the main loop does not have.
-        const LogitFeatures lf = LogitFeatures::For(p, b, h);
+        LogitFeatures lf = LogitFeatures::For(p, b, h);
+        if (segments_all) lf.mask = lf.mask.WithoutSegments();
         const bool transform = lf.NeedsTransform();
         const float inv_scale_log2 = 1.0f / scale_log2;
 #pragma unroll
@@ -360,10 +366,21 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     // A key-only mask is summarized per key block (KeyMaskReader), its bytes
     // read one block ahead: blocks it hides entirely only keep the copy
     // pipeline going, blocks it leaves visible skip the mask check.
-    const bool key_only_mask = KeyMaskReader<Tr::kBlockN>::Applies(MaskPolicy::For(p, b, h));
+    // Segment ids likewise by their block summaries, read a block ahead: a
+    // key block of no document of this query block (between documents of
+    // non-contiguous ids; trimming dropped those at the ends) only keeps the
+    // pipeline going, one whose ids all equal the query block's single id
+    // needs no id check.
+    const MaskPolicy first_policy = MaskPolicy::For(p, b, h);
+    const bool key_only_mask = KeyMaskReader<Tr::kBlockN>::Applies(first_policy);
+    const bool segment_ranges = first_policy.HasSegmentRanges();
     KeyMaskReader<Tr::kBlockN> key_mask;
-    if (key_only_mask && n_hi > n_lo)
-      key_mask.Load(MaskPolicy::For(p, b, h), int64_t(n_hi - 1) * Tr::kBlockN);
+    if (key_only_mask && n_hi > n_lo) key_mask.Load(first_policy, int64_t(n_hi - 1) * Tr::kBlockN);
+    auto key_ids = [&](const MaskPolicy& m, int nb) {
+      return m.KeyIds(int64_t(nb) * Tr::kBlockN, int64_t(nb + 1) * Tr::kBlockN);
+    };
+    IdSpan next_key_ids{0, 0};
+    if (segment_ranges && n_hi > n_lo) next_key_ids = key_ids(first_policy, n_hi - 1);
     for (int nb = n_hi - 1; nb >= n_lo; --nb) {
       MaskPolicy policy = MaskPolicy::For(p, b, h);
       if (key_only_mask) {
@@ -375,11 +392,23 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
         }
         if (summary == KeyMaskBlock::kAllVisible) policy.mask = nullptr;  // for NeedsCheck only
       }
+      bool segments_all = false;
+      if (segment_ranges) {
+        const IdSpan ids = next_key_ids;
+        if (nb > n_lo) next_key_ids = key_ids(policy, nb - 1);
+        const SegmentMeet meet = Meet(policy.QueryIds(m0, m0 + Tr::kBlockM), ids);
+        if (meet == SegmentMeet::kNone) {
+          skip_block(nb);
+          continue;
+        }
+        segments_all = meet == SegmentMeet::kAll;
+        if (segments_all) policy = policy.WithoutSegments();  // for NeedsCheck
+      }
       const bool masked = elementwise || policy.NeedsCheck(m0, m0 + Tr::kBlockM,
                                                            int64_t(nb) * Tr::kBlockN,
                                                            int64_t(nb + 1) * Tr::kBlockN);
       if (masked) {
-        process_block(nb, std::true_type{});
+        process_block(nb, std::true_type{}, segments_all);
       } else {
         process_block(nb, std::false_type{});
       }
