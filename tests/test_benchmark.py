@@ -340,3 +340,17 @@ def test_fa3_calls_match_jax_flash_with_a_stand_in_module(tmp_path, monkeypatch)
     assert ["error" in r for r in fa3_rows] == [False, False, True] and fa3_rows[2]["unsupported"]
     table = (tmp_path / "results.md").read_text()
     assert "(fa3) |" in table  # the best peer in the feature-cost table
+
+
+def test_compare_bench_reads_key_padding_mask_rows_as_mask(tmp_path, capsys):
+    """Earlier runs named the mask variant key_padding_mask: their rows line up with today's mask rows."""
+    for name, variant in (("old", "key_padding_mask"), ("new", "mask")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"rows": [dict(
+            impl="jax_flash", variant=variant, head_dim=128, seqlen=4096, causal=False, fwd_tflops=200.0,
+            bwd_tflops=100.0)]}))
+    compare = _compare_bench()
+    capsys.readouterr()
+    compare.main([f"old={tmp_path / 'old.json'}", f"new={tmp_path / 'new.json'}"])
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert len(rows) == 1 and rows[0].split("|")[2].strip() == "mask", rows
+    assert rows[0].split("|")[8].strip() == "200.0 (1.00x)", rows
