@@ -9,12 +9,22 @@ comma-separated files is their union (e.g. two benchmark invocations); a
 point measured in several of them (repeated rounds, gpu_ab.sh's AB_ROUNDS)
 shows the mean and, after it, the rounds' spread (half the range, percent of
 the mean).
+
+Rows named key_padding_mask (the mask variant's earlier name) count as mask.
+Since the benchmark began counting only visible pairs (jax_flash/benchmark.py's
+docstring), kv_lengths and mask rows count 7/8 of their earlier FLOPs (across
+that change compare their times, not TFLOP/s), and the bias variant is another
+bias ([1, N, T, S] in the inputs' dtype, not [B, N, T, S] float32). Plain rows
+count as before.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+
+# Earlier variant names -> the benchmark's current ones.
+VARIANT_ALIASES = {"key_padding_mask": "mask"}
 
 
 def load(spec: str):
@@ -25,7 +35,8 @@ def load(spec: str):
             rows += json.load(f)["rows"]
     rounds = {}
     for r in rows:
-        key = (r["impl"], r.get("variant", "plain"), r["head_dim"], r["seqlen"], int(r["causal"]))
+        variant = r.get("variant", "plain")
+        key = (r["impl"], VARIANT_ALIASES.get(variant, variant), r["head_dim"], r["seqlen"], int(r["causal"]))
         rounds.setdefault(key, []).append(r)
     points = {}
     for key, rs in rounds.items():

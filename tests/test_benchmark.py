@@ -21,7 +21,7 @@ def _compare_bench():
 def test_help_works_without_a_gpu():
     out = subprocess.run([sys.executable, "-m", "jax_flash.benchmark", "--help"], capture_output=True,
                          text=True, check=True, cwd="/")
-    assert "--long-seqlen" in out.stdout and "--variant" in out.stdout
+    assert "--long-seqlen" in out.stdout and "--variant" in out.stdout and "--preset" in out.stdout
 
 
 def test_tiny_run_writes_json_and_table(tmp_path):
@@ -36,6 +36,7 @@ def test_tiny_run_writes_json_and_table(tmp_path):
     assert result["long_sequence"]["grads_finite"]
     table = (tmp_path / "results.md").read_text()
     assert "| jax_flash | bias |" in table and "| xla | kv_lengths |" in table
+    assert "| xla | mask |" in table  # key_padding_mask is the mask variant's earlier name
 
 
 def test_random_cotangent_times_the_vjp_of_a_given_dout(tmp_path):
@@ -99,7 +100,7 @@ def test_compare_bench_merges_files_of_one_run(tmp_path, capsys):
     both = f"{tmp_path / 'plain' / 'results.json'},{tmp_path / 'mask' / 'results.json'}"
     compare.main([f"two={both}", f"one={tmp_path / 'plain' / 'results.json'}"])
     rows = capsys.readouterr().out.splitlines()[2:]
-    assert [r.split("|")[2].strip() for r in rows] == ["key_padding_mask", "plain"], rows
+    assert [r.split("|")[2].strip() for r in rows] == ["mask", "plain"], rows
     mask_row = rows[0].split("|")
     assert mask_row[8].strip() == "-", rows  # the one-file run has no mask point
 
@@ -165,3 +166,191 @@ def test_sustained_clocks_times_the_real_forward_and_backward():
         np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want), rtol=2e-4, atol=2e-4)
     probe.main(["--impl", "jax_flash", "--shape", "1,64,2,64", "--seconds", "0"])
     probe.main(["--impl", "jax_flash", "--shape", "1,64,2,64", "--seconds", "0", "--forward-only"])
+
+
+# Tiny points for the variant tests: B=2, T=S=64, N=2, H=32; 4 documents of 16, a window of 8
+# keys back, GQA 2:1.
+TINY = ["--head-dim", "32", "--seqlen", "64", "--tokens", "128", "--width", "64", "--dtype", "float32",
+        "--iters", "1", "--min-sample-ms", "0", "--window", "8", "--gqa-ratio", "2"]
+TINY_OPTIONS = benchmark.VariantOptions(window=8, gqa_ratio=2)
+
+
+def _not_importable(monkeypatch):
+    monkeypatch.setattr(benchmark, "_fa3_import", lambda: (None, "ModuleNotFoundError: no dew_flash_attn"))
+
+
+def test_features_preset_runs_every_variant_and_writes_the_feature_cost_table(tmp_path, monkeypatch):
+    """The preset's ten cases at a tiny point: jax_flash times every variant, xla every one that
+    jax.nn.dot_product_attention takes (the others are unsupported rows), FLOPs over visible pairs."""
+    _not_importable(monkeypatch)
+    benchmark.main(["--preset", "features", "--impl", "jax_flash", "xla", *TINY, "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "results.json").read_text())
+    rows = result["rows"]
+    assert [(r["variant"], r["causal"]) for r in rows[::2]] == list(benchmark.FEATURE_CASES)
+    assert result["meta"]["cotangent"] == "random" and all(r["dtype"] == "float32" for r in rows)
+    for r in rows:
+        if r["impl"] == "xla" and r["variant"] in ("segments", "softcap", "dropout"):
+            assert r["unsupported"] and r["error"].startswith("unsupported: xla takes no"), r
+            continue
+        assert "error" not in r and r["fwd_ms"] > 0 and r["bwd_ms"] > 0, r
+        pairs = benchmark.visible_pairs(r["variant"], 64, r["causal"], TINY_OPTIONS)
+        assert r["visible_fraction"] == pairs / 64**2
+        assert r["kv_heads"] == (1 if r["variant"] == "gqa" else 2)
+        f = 4 * 2 * 2 * 32 * pairs
+        np.testing.assert_allclose(r["fwd_tflops"], f / r["fwd_ms"] / 1e9, rtol=1e-9)
+    costs = {(c["impl"], c["variant"]): c for c in result["feature_cost"]}
+    assert {v for i, v in costs if i == "jax_flash"} == set(benchmark.VARIANTS) - {"plain"}
+    assert {v for i, v in costs if i == "xla"} == {"window", "gqa", "kv_lengths", "mask", "bias"}
+    for c in costs.values():
+        plain = next(r for r in rows if r["impl"] == c["impl"] and r["variant"] == "plain"
+                     and r["causal"] == c["causal"])
+        variant = next(r for r in rows if r["impl"] == c["impl"] and r["variant"] == c["variant"])
+        # (t_variant / t_plain) / (visible_variant / visible_plain)
+        cost = (variant["fwd_ms"] / plain["fwd_ms"]) / (variant["visible_fraction"] / plain["visible_fraction"])
+        np.testing.assert_allclose(c["fwd_cost"], cost, rtol=1e-9)
+        np.testing.assert_allclose(c["fwd_vs_plain"] * c["fwd_cost"], 1.0, rtol=1e-12)
+    md = (tmp_path / "results.md").read_text()
+    table = md[md.index("## Feature cost"):].splitlines()
+    lines = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in table if line.startswith("| ")}
+    assert len(lines) == 1 + len(benchmark.FEATURE_CASES)  # the header and a line per case
+    assert lines["plain", "1"].split("|")[8:10] == [" base ", " base "]
+    segments = [c.strip() for c in lines["segments", "1"].split("|")]
+    assert segments[7] == "0.125" and segments[9] == "n/a" and segments[10:12] == ["-", "-"], segments
+    window = [c.strip() for c in lines["window", "1"].split("|")]
+    assert window[10].endswith("(xla)") and window[11].endswith("(xla)"), window
+
+
+def test_preset_options_are_defaults_that_flags_override():
+    parser = benchmark._parser()
+    args = benchmark._resolve(parser, parser.parse_args(["--preset", "features", "--impl", "jax_flash"]))
+    assert (args.dtype, args.head_dim, args.seqlen, args.cotangent) == ("bfloat16", [128], [4096], "random")
+    assert (args.tokens // 4096, args.width // 128) == (4, 16)  # B=4, N=16
+    assert args.cases == list(benchmark.FEATURE_CASES)
+    args = benchmark._resolve(parser, parser.parse_args(["--preset", "features", "--seqlen", "1024",
+                                                         "--variant", "key_padding_mask", "bias", "--causal", "0"]))
+    assert args.seqlen == [1024] and args.head_dim == [128]
+    assert args.cases == [("mask", False), ("bias", False)]
+    args = benchmark._resolve(parser, parser.parse_args(["--cases", "segments:1", "key_padding_mask:0"]))
+    assert args.cases == [("segments", True), ("mask", False)] and args.head_dim == [64, 128, 256]
+    args = benchmark._resolve(parser, parser.parse_args([]))
+    assert args.cases == [("plain", False), ("plain", True)] and args.cotangent == "sum"
+    with pytest.raises(SystemExit):
+        benchmark._resolve(parser, parser.parse_args(["--cases", "plain:1", "--variant", "bias"]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--cases", "plain"])
+
+
+@pytest.mark.parametrize("variant", benchmark.VARIANTS)
+def test_visible_pairs_count_what_the_variant_inputs_leave_visible(variant):
+    """visible_pairs against a brute-force count of reference.visibility over the variant's own
+    arrays, at random small sizes; under a causal mask a diagonal pair counts half."""
+    rng = np.random.default_rng(sorted(benchmark.VARIANTS).index(variant))
+    for _ in range(6):
+        options = benchmark.VariantOptions(documents=int(rng.integers(1, 5)), window=int(rng.integers(0, 40)))
+        seqlen = options.documents * int(rng.integers(1, 20))
+        causal = bool(rng.integers(2))
+        x = benchmark._named(benchmark.variant_inputs(variant, 1, seqlen, 1, jnp.float32, rng, options))
+        visible = reference.visibility(
+            1, 1, seqlen, seqlen, mask=x["mask"], is_causal=causal, key_value_seq_lengths=x["kv_lengths"],
+            local_window_size=(options.window, 0) if variant == "window" else None,
+            q_segment_ids=x["segment_ids"], kv_segment_ids=x["segment_ids"])
+        weight = np.where(np.eye(seqlen, dtype=bool) & causal, 0.5, 1.0)
+        expected = float(np.sum(np.asarray(visible[0, 0]) * weight))
+        assert benchmark.visible_pairs(variant, seqlen, causal, options) == expected, (seqlen, causal, options)
+
+
+def test_plain_flops_keep_the_earlier_convention():
+    """Plain rows stay comparable with every earlier run: 4*B*N*T*T*H, halved when causal (T*T/2 pairs)."""
+    for causal in (False, True):
+        old = 4.0 * 4 * 16 * 4096 * 4096 * 128 / (2 if causal else 1)
+        assert benchmark.flops_forward(4, 4096, 16, 128, causal) == old
+    assert benchmark.visible_pairs("segments", 4096, True) == 4096 * 4096 / 2 / 4
+    assert benchmark.visible_pairs("kv_lengths", 4096, False) == 4096 * 3584
+
+
+def test_segments_variant_is_independent_documents():
+    """jax_flash on the segments variant's arrays equals the reference with the same segment ids,
+    and causal attention over each document by itself."""
+    rng = np.random.default_rng(5)
+    options = benchmark.VariantOptions(documents=4)
+    b, t, n, h = 2, 64, 2, 32
+    q, k, v = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32) for _ in range(3))
+    extra = benchmark.variant_inputs("segments", b, t, n, jnp.float32, rng, options)
+    out = jax.jit(benchmark._attention_fn("jax_flash", True, "segments", options))(q, k, v, *extra)
+    ids = benchmark._named(extra)["segment_ids"]
+    ref = reference.attention(q, k, v, is_causal=True, q_segment_ids=ids, kv_segment_ids=ids)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-4, atol=1e-5)
+    per_document = jnp.concatenate([reference.attention(q[:, s:s + 16], k[:, s:s + 16], v[:, s:s + 16], is_causal=True)
+                                    for s in range(0, t, 16)], axis=1)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(per_document), rtol=1e-4, atol=1e-5)
+
+
+def test_fa3_is_an_error_row_when_it_does_not_import(tmp_path, monkeypatch):
+    _not_importable(monkeypatch)
+    assert benchmark.default_implementations() == list(benchmark.IMPLEMENTATIONS)
+    benchmark.main(["--impl", "jax_flash", "fa3", *TINY, "--causal", "1", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert "error" not in rows[0]
+    assert rows[1]["impl"] == "fa3" and rows[1]["error"].startswith("fa3 not importable"), rows[1]
+
+
+class _StandInFa3:
+    """dew_flash_attn's two calls, as fa3_for_jax.sh documents them, computed by the reference:
+    checks the benchmark's packing of the segments variant into the varlen call."""
+
+    def __init__(self):
+        self.max_seqlens = []
+
+    @staticmethod
+    def flash_mha(q, k, v, is_causal=False, window_size=(-1, -1)):
+        window = None if window_size == (-1, -1) else window_size
+        return reference.attention(q, k, v, is_causal=is_causal, local_window_size=window)
+
+    def flash_mha_varlen(self, q, k, v, cu_seqlens, max_seqlen, is_causal=False):
+        assert q.ndim == 3 and cu_seqlens.dtype == jnp.int32
+        self.max_seqlens.append(max_seqlen)
+        ids = (jnp.searchsorted(cu_seqlens, jnp.arange(q.shape[0]), side="right") - 1)[None].astype(jnp.int32)
+        return reference.attention(q[None], k[None], v[None], is_causal=is_causal, q_segment_ids=ids,
+                                   kv_segment_ids=ids)[0]
+
+
+def test_fa3_calls_match_jax_flash_with_a_stand_in_module(tmp_path, monkeypatch):
+    fa3 = _StandInFa3()
+    monkeypatch.setattr(benchmark, "_fa3_import", lambda: (fa3, None))
+    # dew_flash_attn imports without a GPU: the default list takes fa3 only where a GPU runs it.
+    assert benchmark.default_implementations() == list(benchmark.IMPLEMENTATIONS)
+    with monkeypatch.context() as gpu:
+        gpu.setattr(benchmark.jax, "default_backend", lambda: "gpu")
+        assert benchmark.default_implementations() == [*benchmark.IMPLEMENTATIONS, "fa3"]
+    rng = np.random.default_rng(6)
+    b, t, n, h = 2, 64, 2, 32
+    for variant in benchmark.SUPPORTED["fa3"]:
+        kv = benchmark.kv_heads(variant, n, TINY_OPTIONS)
+        q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32)
+        k, v = (jnp.asarray(rng.standard_normal((b, t, kv, h)), jnp.float32) for _ in range(2))
+        extra = benchmark.variant_inputs(variant, b, t, n, jnp.float32, rng, TINY_OPTIONS)
+        got, want = (jax.jit(benchmark._attention_fn(impl, True, variant, TINY_OPTIONS))(q, k, v, *extra)
+                     for impl in ("fa3", "jax_flash"))
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5, err_msg=variant)
+    assert fa3.max_seqlens == [t // 4]
+    benchmark.main(["--impl", "jax_flash", "fa3", *TINY, "--cases", "plain:1", "segments:1", "bias:0",
+                    "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    fa3_rows = [r for r in rows if r["impl"] == "fa3"]
+    assert ["error" in r for r in fa3_rows] == [False, False, True] and fa3_rows[2]["unsupported"]
+    table = (tmp_path / "results.md").read_text()
+    assert "(fa3) |" in table  # the best peer in the feature-cost table
+
+
+def test_compare_bench_reads_key_padding_mask_rows_as_mask(tmp_path, capsys):
+    """Earlier runs named the mask variant key_padding_mask: their rows line up with today's mask rows."""
+    for name, variant in (("old", "key_padding_mask"), ("new", "mask")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"rows": [dict(
+            impl="jax_flash", variant=variant, head_dim=128, seqlen=4096, causal=False, fwd_tflops=200.0,
+            bwd_tflops=100.0)]}))
+    compare = _compare_bench()
+    capsys.readouterr()
+    compare.main([f"old={tmp_path / 'old.json'}", f"new={tmp_path / 'new.json'}"])
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert len(rows) == 1 and rows[0].split("|")[2].strip() == "mask", rows
+    assert rows[0].split("|")[8].strip() == "200.0 (1.00x)", rows
