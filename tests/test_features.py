@@ -281,7 +281,8 @@ def test_key_only_mask_whole_blocks(rng, head_dim, is_causal, per_head):
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-@pytest.mark.parametrize("case", ["mask_key_padding", "seq_lengths", "window", "everything", "dropout"])
+@pytest.mark.parametrize("case", ["mask_key_padding", "seq_lengths", "window", "everything", "dropout",
+                                  "soft_cap", "soft_cap_dropout"])
 def test_features_across_many_blocks(rng, case, head_dim):
     """Lengths past several kernel blocks (128/64 rows), bf16, every padded head
     dim: the tensor-core feature kernels on a GPU skip and mask whole blocks."""
@@ -296,9 +297,13 @@ def test_features_across_many_blocks(rng, case, head_dim):
                            local_window_size=(150, 0), logits_soft_cap=3.0,
                            key_value_seq_lengths=jnp.array([s, 200], jnp.int32)),
         "dropout": dict(dropout_rate=0.25, dropout_rng=jax.random.key(4), is_causal=True),
+        # Non-causal: whole blocks with nothing to mask but the transform (and
+        # saturating: the cap is below most logits' size).
+        "soft_cap": dict(logits_soft_cap=0.7),
+        "soft_cap_dropout": dict(logits_soft_cap=1.5, dropout_rate=0.25, dropout_rng=jax.random.key(5)),
     }[case]
     ref_kwargs = {k_: v_ for k_, v_ in kwargs.items() if k_ not in ("dropout_rate", "dropout_rng")}
-    if case == "dropout":
+    if "dropout" in case:
         ref_kwargs["dropout_factor"] = to_f64_cpu(reference.dropout_factor(
             jax.random.bits(kwargs["dropout_rng"], (2,), jnp.uint32), b, n, t, s, 0.25))
     _check_bf16_against_reference(rng, q, k, v, kwargs, ref_kwargs)
@@ -359,3 +364,23 @@ def test_segments_with_lengths_window_and_mask_float32(rng):
         to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
         assert_close(name, g, r, "float32", factor=GRAD_FACTOR)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_soft_cap_float16(rng, is_causal):
+    """float16 (11 mantissa bits: the tightest 16-bit tolerance) with a soft
+    cap, over several kernel blocks: the tensor-core kernels' fast tanh keeps
+    the output and gradients within float16's tolerance."""
+    b, t, n, h = 2, 300, 2, 128
+    q, k, v = random_qkv(rng, b, t, t, n, n, h, "float16")
+    kwargs = dict(logits_soft_cap=1.5, is_causal=is_causal)
+    dout = jnp.asarray(rng.standard_normal(q.shape), jnp.float16)
+    out = jax_flash.attention(q, k, v, **kwargs)
+    assert_close("out", out, reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), **kwargs),
+                 "float16")
+    grads = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, **kwargs).astype(jnp.float32)
+                                        * dout.astype(jnp.float32)), (0, 1, 2))(q, k, v)
+    ref = jax.grad(lambda *a: jnp.sum(reference.attention(*a, **kwargs) * to_f64_cpu(dout)), (0, 1, 2))(
+        to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
+        assert_close(name, g, r, "float16", factor=GRAD_FACTOR)

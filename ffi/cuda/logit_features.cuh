@@ -9,6 +9,7 @@
 
 #include "common/mask_policy.h"
 #include "common/params.h"
+#include "cuda/row_stats.cuh"
 
 namespace jax_flash::cuda {
 
@@ -191,6 +192,7 @@ struct LogitFeatures {
   const float* bias = nullptr;  // this (batch, head) slice, float32 (the accumulation type)
   int64_t bias_row = 0, bias_col = 0;
   float cap = 0.0f;  // soft cap, 0 = off
+  float inv_cap = 0.0f;
   int64_t b = 0, h = 0;
 
   __device__ static LogitFeatures For(const AttentionParams& p, int64_t b, int64_t h) {
@@ -204,6 +206,7 @@ struct LogitFeatures {
       lf.bias_col = f.bias_stride.col;
     }
     lf.cap = float(f.softcap);
+    lf.inv_cap = f.softcap > 0 ? float(1.0 / f.softcap) : 0.0f;
     lf.b = b;
     lf.h = h;
     return lf;
@@ -227,13 +230,16 @@ struct LogitFeatures {
   }
 
   // Soft cap, then the bias value (0 without a bias), on score = log2(e) *
-  // scale * q.k; in log2 units like Logit.
+  // scale * q.k; in log2 units like Logit. kFastTanh: FastTanh instead of
+  // tanhf (the tensor-core kernels, forward and backward alike, so that the
+  // backward recomputes the forward's probabilities).
+  template <bool kFastTanh = false>
   __device__ float Apply(float score, float bias_value, float* tanh_value) const {
     *tanh_value = 0.0f;
     if (cap <= 0.0f && !bias) return score;
     float x = score * kLn2;  // scale * q.k
     if (cap > 0.0f) {
-      *tanh_value = tanhf(x / cap);
+      *tanh_value = kFastTanh ? FastTanh(x * inv_cap) : tanhf(x / cap);
       x = cap * *tanh_value;
     }
     return (x + bias_value) * kLog2e;
@@ -251,7 +257,8 @@ struct LogitFeatures {
   }
 
   // Whether logits need more than the scale (soft cap, bias) or P a dropout
-  // factor: then every block takes the per-element path.
+  // factor: then every block takes the per-element path (which skips the
+  // visibility work where the mask policy says a block needs none).
   __device__ static bool ElementwiseLogits(const AttentionParams& p) {
     const AttentionFeatures& f = p.features;
     return f.bias || f.softcap > 0.0 || (f.dropout_rate > 0.0 && f.dropout_seed);

@@ -419,7 +419,10 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 
   // segments_all: the segment ids of every pair of the step meet (their
   // summaries say so), so the per-element checks skip them.
-  auto run_step = [&](int stage_index, StepPos pos, auto masked, bool segments_all = false) {
+  // check_visibility false: every pair is visible, the feature path runs for
+  // the logit transform (soft cap, bias) or dropout alone.
+  auto run_step = [&](int stage_index, StepPos pos, auto masked, bool segments_all = false,
+                      bool check_visibility = true) {
     constexpr bool kMasked = decltype(masked)::value;
     const int64_t h = pos.h, m0 = pos.m0;
     const uint32_t q_tile = qdo_stages + stage_index * Tr::kStageBytes;
@@ -491,7 +494,9 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int64_t key = n0 + warp_row + mt * 16 + g + hh * 8;
-          const uint32_t visible = VisibleBits<kSN, false>(lf.mask, key, m0 + q_col0 + 2 * t);
+          constexpr uint32_t kAllBits = 2 * kSN == 32 ? ~0u : (1u << (2 * kSN)) - 1;
+          const uint32_t visible =
+              check_visibility ? VisibleBits<kSN, false>(lf.mask, key, m0 + q_col0 + 2 * t) : kAllBits;
           // The bias along the key row (query m0 + q_col0 + 2t + c at [c *
           // bias_row]), read before any is used (clamped columns, see
           // LastVisibleColumn).
@@ -512,7 +517,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
               const int64_t query = m0 + col;
               float tanh_value = 0.0f, prob = 0.0f;
               if (visible >> (2 * nt + e) & 1u) {
-                const float x = lf.Apply(st[mt][nt][i] * scale_log2, bias_values[nt][e], &tanh_value);
+                const float x = lf.Apply<true>(st[mt][nt][i] * scale_log2, bias_values[nt][e], &tanh_value);
                 prob = FastExp2(x - lse2_s[col]);
               }
               const float drop = prob == 0.0f ? 0.0f : lf.DropFactor(query, key);
@@ -582,7 +587,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     }
     // Element masks only where a pair can be invisible: tails, and causal
     // query blocks that start before the key block ends.
-    bool masked, segments_all = false;
+    bool masked, segments_all = false, check = true;
     if constexpr (kFeatures) {
       MaskPolicy policy = MaskPolicy::For(p, b, pos.h);
       const int64_t head_in_group = pos.h - hk * s.group();
@@ -596,13 +601,14 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
         segments_all = Meet(ids, policy.KeyIds(n0, n0 + Tr::kBlockRows)) == SegmentMeet::kAll;
         if (segments_all) policy = policy.WithoutSegments();  // for NeedsCheck
       }
-      masked = elementwise || policy.NeedsCheck(pos.m0, pos.m0 + Tr::kBlockCols, n0, n0 + Tr::kBlockRows);
+      check = policy.NeedsCheck(pos.m0, pos.m0 + Tr::kBlockCols, n0, n0 + Tr::kBlockRows);
+      masked = elementwise || check;
     } else {
       masked = key_tail || pos.m0 + Tr::kBlockCols > s.seqlen_q ||
                (p.is_causal && pos.m0 < n0 + Tr::kBlockRows);
     }
     if (masked) {
-      run_step(step & 1, pos, std::true_type{}, segments_all);
+      run_step(step & 1, pos, std::true_type{}, segments_all, check);
     } else {
       run_step(step & 1, pos, std::false_type{});
     }

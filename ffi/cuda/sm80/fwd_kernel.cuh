@@ -183,8 +183,10 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   };
 
   // segments_all: the segment ids of every pair of the block meet (their
-  // summaries say so), so the per-element checks skip them.
-  auto process_block = [&](int nb, auto masked, bool segments_all = false) {
+  // summaries say so), so the per-element checks skip them. check_visibility
+  // false: every pair is visible, the masked path runs for the logit
+  // transform (soft cap, bias) or dropout alone.
+  auto process_block = [&](int nb, auto masked, bool segments_all = false, bool check_visibility = true) {
     constexpr bool kMasked = decltype(masked)::value;
     const int64_t n0 = int64_t(nb) * Tr::kBlockN;
     const uint32_t k_tile = k_tile_of(nb), v_tile = k_tile + kTileBytes;
@@ -223,7 +225,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;
-            const uint32_t visible = VisibleBits<kN, true>(lf.mask, row, n0 + 2 * t);
+            constexpr uint32_t kAllBits = 2 * kN == 32 ? ~0u : (1u << (2 * kN)) - 1;
+            const uint32_t visible = check_visibility ? VisibleBits<kN, true>(lf.mask, row, n0 + 2 * t) : kAllBits;
             // The row's bias values, read before any is used (clamped columns,
             // see LastVisibleColumn), so the reads overlap.
             float bias_values[kN][2] = {};
@@ -246,7 +249,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
                 } else if (transform) {
                   float unused_tanh;
                   // Back in raw units, so the softmax below is shared with the plain path.
-                  x = lf.Apply(x * scale_log2, bias_values[nt][e], &unused_tanh) * inv_scale_log2;
+                  x = lf.Apply<true>(x * scale_log2, bias_values[nt][e], &unused_tanh) * inv_scale_log2;
                 }
               }
           }
@@ -404,11 +407,10 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
         segments_all = meet == SegmentMeet::kAll;
         if (segments_all) policy = policy.WithoutSegments();  // for NeedsCheck
       }
-      const bool masked = elementwise || policy.NeedsCheck(m0, m0 + Tr::kBlockM,
-                                                           int64_t(nb) * Tr::kBlockN,
-                                                           int64_t(nb + 1) * Tr::kBlockN);
-      if (masked) {
-        process_block(nb, std::true_type{}, segments_all);
+      const bool check = policy.NeedsCheck(m0, m0 + Tr::kBlockM, int64_t(nb) * Tr::kBlockN,
+                                           int64_t(nb + 1) * Tr::kBlockN);
+      if (elementwise || check) {
+        process_block(nb, std::true_type{}, segments_all, check);
       } else {
         process_block(nb, std::false_type{});
       }
