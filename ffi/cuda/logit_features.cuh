@@ -193,6 +193,7 @@ struct LogitFeatures {
   int64_t bias_row = 0, bias_col = 0;
   float cap = 0.0f;  // soft cap, 0 = off
   float inv_cap = 0.0f;
+  float scale_over_cap = 0.0f, cap_over_scale = 0.0f;  // the soft cap on raw q.k (SoftcapRaw)
   int64_t b = 0, h = 0;
 
   __device__ static LogitFeatures For(const AttentionParams& p, int64_t b, int64_t h) {
@@ -207,6 +208,8 @@ struct LogitFeatures {
     }
     lf.cap = float(f.softcap);
     lf.inv_cap = f.softcap > 0 ? float(1.0 / f.softcap) : 0.0f;
+    lf.scale_over_cap = f.softcap > 0 ? float(p.scale / f.softcap) : 0.0f;
+    lf.cap_over_scale = f.softcap > 0 ? float(f.softcap / p.scale) : 0.0f;
     lf.b = b;
     lf.h = h;
     return lf;
@@ -243,6 +246,19 @@ struct LogitFeatures {
       x = cap * *tanh_value;
     }
     return (x + bias_value) * kLog2e;
+  }
+
+  // The soft cap alone (no bias) on a raw dot product q.k, in raw units:
+  // cap / scale * tanh(scale / cap * q.k), so that the caller's softmax
+  // (which multiplies by scale * log2(e)) stays the plain one; *tanh_value
+  // gets the tanh for the backward's chain rule. Two multiplies and one
+  // tanh (Apply's path costs ~10 instructions more per element). kApprox:
+  // TanhApprox (bfloat16), else FastTanh.
+  template <bool kApprox>
+  __device__ float SoftcapRaw(float raw, float* tanh_value) const {
+    const float x = raw * scale_over_cap;
+    *tanh_value = kApprox ? TanhApprox(x) : FastTanh(x);
+    return *tanh_value * cap_over_scale;
   }
 
   // Query i's bias from key j0 on, for reading key j0 + c at [c * bias_col]

@@ -258,6 +258,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   static_assert(kFusedDq || !kFeatures, "the deterministic dK/dV pass has no feature variant");
   using Tr = BwdTraits<kHeadDim>;
   static_assert(kFusedDq || kHeadDim <= 128, "the deterministic pass serves head dims up to 128");
+  // The soft cap's tanh as the forward computes it (SoftcapRaw).
+  constexpr bool kApproxTanh = std::is_same_v<Element, __nv_bfloat16>;
   constexpr int kM = Tr::kKeyMTiles, kSN = Tr::kSNTiles, kD = Tr::kDkvCols / 8;
   constexpr int kPtC = Tr::kBlockCols / 8;  // chunks per row of the P^T / dS^T tiles
   constexpr int kDqGroup = Tr::kDqGroupTiles;
@@ -489,6 +491,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     if constexpr (!kPlainLogits) {
       LogitFeatures lf = LogitFeatures::For(p, b, h);
       if (segments_all) lf.mask = lf.mask.WithoutSegments();
+      const bool softcap_only = lf.cap > 0.0f && !lf.bias;
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
@@ -517,7 +520,9 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
               const int64_t query = m0 + col;
               float tanh_value = 0.0f, prob = 0.0f;
               if (visible >> (2 * nt + e) & 1u) {
-                const float x = lf.Apply<true>(st[mt][nt][i] * scale_log2, bias_values[nt][e], &tanh_value);
+                const float x = softcap_only
+                                    ? lf.SoftcapRaw<kApproxTanh>(st[mt][nt][i], &tanh_value) * scale_log2
+                                    : lf.Apply<true>(st[mt][nt][i] * scale_log2, bias_values[nt][e], &tanh_value);
                 prob = FastExp2(x - lse2_s[col]);
               }
               const float drop = prob == 0.0f ? 0.0f : lf.DropFactor(query, key);

@@ -46,6 +46,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
     ForwardKernel(const AttentionParams p, const BlockOrder order) {
   using Tr = FwdTraits<kHeadDim, kFeatures>;
   constexpr int kM = Tr::kMTiles, kN = Tr::kNTiles, kD = Tr::kDTiles;
+  // The soft cap's tanh on the special-function unit for bfloat16 (FastTanh for float16).
+  constexpr bool kApproxTanh = std::is_same_v<Element, __nv_bfloat16>;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t q_tile = SmemAddr(smem);                            // [kBlockM][kHeadDim]
   // Two stages (s = key block index % 2) of K then V, [kBlockN][kHeadDim]
@@ -219,6 +221,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
         LogitFeatures lf = LogitFeatures::For(p, b, h);
         if (segments_all) lf.mask = lf.mask.WithoutSegments();
         const bool transform = lf.NeedsTransform();
+        const bool softcap_only = lf.cap > 0.0f && !lf.bias;
         const float inv_scale_log2 = 1.0f / scale_log2;
 #pragma unroll
         for (int mt = 0; mt < kM; ++mt)
@@ -246,6 +249,9 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
                 float& x = acc[mt][nt][2 * hh + e];
                 if (!(visible >> (2 * nt + e) & 1u)) {
                   x = -CUDART_INF_F;
+                } else if (softcap_only) {
+                  float unused_tanh;
+                  x = lf.SoftcapRaw<kApproxTanh>(x, &unused_tanh);
                 } else if (transform) {
                   float unused_tanh;
                   // Back in raw units, so the softmax below is shared with the plain path.
