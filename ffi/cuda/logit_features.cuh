@@ -18,10 +18,13 @@ namespace jax_flash::cuda {
 // backward) against this thread's 2 * kNTiles columns c0 + 8 * nt + e, as bit
 // 2 * nt + e. The same answer as MaskPolicy::Visible, but with the per-row
 // work done once per block: lengths, causal and window become one int32
-// column range, and only the mask array and segment ids are read per pair.
-template <int kNTiles, bool kRowsAreQueries>
+// column range, and only the mask array and segment ids are read per pair,
+// kChunk n-tiles' worth at a time (all at once by default; fewer holds fewer
+// registers in kernels that have none to spare).
+template <int kNTiles, bool kRowsAreQueries, int kChunk = kNTiles>
 JAX_FLASH_HOST_DEVICE uint32_t VisibleBits(const MaskPolicy& m, int64_t row, int64_t c0) {
   static_assert(2 * kNTiles <= 32, "one bit per fragment column");
+  static_assert(kNTiles % kChunk == 0);
   constexpr int kCols = 8 * kNTiles;
   int64_t lo, hi;
   if constexpr (kRowsAreQueries) {
@@ -47,23 +50,27 @@ JAX_FLASH_HOST_DEVICE uint32_t VisibleBits(const MaskPolicy& m, int64_t row, int
   if (bits == 0 || !m.HasElementMasks()) return bits;
   // The reads below go to every column, clamped into [c0, c0 + hi_rel): in
   // bounds (bits != 0, so the row is inside its length and hi_rel >= 1), and
-  // unconditional, so they are issued together. (Reading only where a bit is
-  // set made each read wait for the previous one: one memory latency per pair.)
+  // unconditional, so a chunk's are issued together. (Reading only where a
+  // bit is set made each read wait for the previous one: one memory latency
+  // per pair.)
   const int last = hi_rel - 1;
   uint32_t keep = ~0u;
   if (m.q_segments) {
     const int32_t id = kRowsAreQueries ? m.q_segments[row] : m.kv_segments[row];
     const int32_t* col_ids = (kRowsAreQueries ? m.kv_segments : m.q_segments) + c0;
-    int32_t ids[kNTiles][2];
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
+    for (int nt0 = 0; nt0 < kNTiles; nt0 += kChunk) {
+      int32_t ids[kChunk][2];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) ids[nt][e] = col_ids[min(8 * nt + e, last)];
+      for (int nt = 0; nt < kChunk; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
+        for (int e = 0; e < 2; ++e) ids[nt][e] = col_ids[min(8 * (nt0 + nt) + e, last)];
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-        if (ids[nt][e] != id) keep &= ~(1u << (2 * nt + e));
+      for (int nt = 0; nt < kChunk; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (ids[nt][e] != id) keep &= ~(1u << (2 * (nt0 + nt) + e));
+    }
   }
   if (m.mask) {
     const int64_t row_stride = kRowsAreQueries ? m.mask_row : m.mask_col;
@@ -72,16 +79,19 @@ JAX_FLASH_HOST_DEVICE uint32_t VisibleBits(const MaskPolicy& m, int64_t row, int
     if (col_stride == 0) {  // the same byte for the whole row (e.g. key padding in the backward)
       if (*mask == 0) keep = 0;
     } else {
-      uint8_t bytes[kNTiles][2];
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
+      for (int nt0 = 0; nt0 < kNTiles; nt0 += kChunk) {
+        uint8_t bytes[kChunk][2];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) bytes[nt][e] = mask[min(8 * nt + e, last) * col_stride];
+        for (int nt = 0; nt < kChunk; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
+          for (int e = 0; e < 2; ++e) bytes[nt][e] = mask[min(8 * (nt0 + nt) + e, last) * col_stride];
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (bytes[nt][e] == 0) keep &= ~(1u << (2 * nt + e));
+        for (int nt = 0; nt < kChunk; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (bytes[nt][e] == 0) keep &= ~(1u << (2 * (nt0 + nt) + e));
+      }
     }
   }
   return bits & keep;
@@ -275,7 +285,7 @@ struct LogitFeatures {
   // Whether logits need more than the scale (soft cap, bias) or P a dropout
   // factor: then every block takes the per-element path (which skips the
   // visibility work where the mask policy says a block needs none).
-  __device__ static bool ElementwiseLogits(const AttentionParams& p) {
+  JAX_FLASH_HOST_DEVICE static bool ElementwiseLogits(const AttentionParams& p) {
     const AttentionFeatures& f = p.features;
     return f.bias || f.softcap > 0.0 || (f.dropout_rate > 0.0 && f.dropout_seed);
   }

@@ -40,11 +40,13 @@ __device__ __forceinline__ float RowHalfReduce(const float (&frag)[kN][4], int h
   return v[0];
 }
 
-// kFeatures: the variant for calls with attention features (p.features.Any()).
-template <typename Element, int kHeadDim, bool kFeatures>
-__global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
+// kFeatures: the variant for calls with attention features (p.features.Any());
+// kTransforms: with the logit transforms and dropout (else masks alone, see
+// FwdTraits).
+template <typename Element, int kHeadDim, bool kFeatures, bool kTransforms = kFeatures>
+__global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms>::kThreads, 1)
     ForwardKernel(const AttentionParams p, const BlockOrder order) {
-  using Tr = FwdTraits<kHeadDim, kFeatures>;
+  using Tr = FwdTraits<kHeadDim, kFeatures, kTransforms>;
   constexpr int kM = Tr::kMTiles, kN = Tr::kNTiles, kD = Tr::kDTiles;
   // The soft cap's tanh on the special-function unit for bfloat16 (FastTanh for float16).
   constexpr bool kApproxTanh = std::is_same_v<Element, __nv_bfloat16>;
@@ -102,7 +104,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
   // With features, the shared MaskPolicy bounds the key blocks (lengths,
   // causal, window) and says which ones need per-element work; a bias, soft
   // cap or dropout puts every block on the per-element path.
-  const bool elementwise = kFeatures && LogitFeatures::ElementwiseLogits(p);
+  const bool elementwise = Tr::kTransforms && LogitFeatures::ElementwiseLogits(p);
   int n_lo = 0, n_hi = n_blocks;
   if constexpr (kFeatures) {
     int64_t lo, hi;
@@ -220,8 +222,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
         // registers the main loop does not have.
         LogitFeatures lf = LogitFeatures::For(p, b, h);
         if (segments_all) lf.mask = lf.mask.WithoutSegments();
-        const bool transform = lf.NeedsTransform();
-        const bool softcap_only = lf.cap > 0.0f && !lf.bias;
+        const bool transform = Tr::kTransforms && lf.NeedsTransform();
+        const bool softcap_only = Tr::kTransforms && lf.cap > 0.0f && !lf.bias;
         const float inv_scale_log2 = 1.0f / scale_log2;
 #pragma unroll
         for (int mt = 0; mt < kM; ++mt)
@@ -229,11 +231,12 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
           for (int hh = 0; hh < 2; ++hh) {
             const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;
             constexpr uint32_t kAllBits = 2 * kN == 32 ? ~0u : (1u << (2 * kN)) - 1;
-            const uint32_t visible = check_visibility ? VisibleBits<kN, true>(lf.mask, row, n0 + 2 * t) : kAllBits;
+            const uint32_t visible =
+                check_visibility ? VisibleBits<kN, true, Tr::kMaskReadChunk>(lf.mask, row, n0 + 2 * t) : kAllBits;
             // The row's bias values, read before any is used (clamped columns,
             // see LastVisibleColumn), so the reads overlap.
             float bias_values[kN][2] = {};
-            if (lf.bias && visible) {
+            if (Tr::kTransforms && lf.bias && visible) {
               const float* bias = lf.BiasRow(row, n0 + 2 * t);
               const int last = LastVisibleColumn(visible);
 #pragma unroll
@@ -336,7 +339,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures>::kThreads, 1)
             sum += e;
           }
         row_sum[mt][hh] += sum;  // the normalizer ignores dropout
-        if constexpr (kMasked) {
+        if constexpr (kMasked && Tr::kTransforms) {
           if (elementwise && p.features.dropout_rate > 0.0) {
             const DropoutPolicy dropout = DropoutPolicy::For(p, b);
             const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;

@@ -5,7 +5,12 @@
 
 namespace jax_flash::cuda::sm80 {
 
-template <int kHeadDim_, bool kFeatures_ = false>
+// kFeatures_: the variant for calls with attention features; kTransforms_
+// (with kFeatures_): it also serves the logit transforms (bias, soft cap) and
+// dropout, element by element; without, masks alone (causal, window,
+// lengths, segment ids, a mask array), which leave the registers of a second
+// m-tile at 128.
+template <int kHeadDim_, bool kFeatures_ = false, bool kTransforms_ = kFeatures_>
 struct FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;  // 64, 128 or 256
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
@@ -19,6 +24,7 @@ struct FwdTraits {
   // block's softmax runs beside the other's MMAs. (At 256 one block of 8
   // warps had all warps of the SM in the same phase.)
   static constexpr bool kFeatures = kFeatures_;
+  static constexpr bool kTransforms = kFeatures_ && kTransforms_;
   static constexpr int kWarps = 4;
   // Key-split warp pairs (the plain kernel at 256): with one m-tile per warp
   // every K / V fragment read from shared memory fed one MMA, and the
@@ -33,8 +39,10 @@ struct FwdTraits {
   static constexpr int kSplit = kPairSplit ? 2 : 1;  // warps per query row group
   // The feature variants keep one m-tile per warp for register room, except
   // at 64, where two fit (as in the plain kernel: half the K/V fragment reads
-  // per MMA).
-  static constexpr int kMTiles = kPairSplit || !(kHeadDim == 256 || (kFeatures && kHeadDim > 64)) ? 2 : 1;
+  // per MMA), and at 128 without the transforms (two m-tiles: 128-row blocks
+  // as in the plain kernel; with one, calls with lengths, windows or
+  // segments ran at 0.6-0.7x of the plain kernel's speed per visible pair).
+  static constexpr int kMTiles = kPairSplit || !(kHeadDim == 256 || (kTransforms && kHeadDim > 64)) ? 2 : 1;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = kWarps / kSplit * kMTiles * 16;  // 128, 64 with one m-tile or pairs
   // Keys per block: 64 (S, 32 floats per m-tile, plus O fit in 255
@@ -50,6 +58,11 @@ struct FwdTraits {
   static_assert(!kPairSplit || kSplitKv, "the pairs trade row maxima at the split K/V barrier");
   static constexpr int kNTiles = kBlockN / 8 / kSplit;   // n8 tiles of a warp's S per m-tile
   static constexpr int kDTiles = kHeadDim / 8 / kSplit;  // n8 tiles of a warp's O per m-tile
+  // n-tiles of a row whose mask bytes or segment ids are read at once
+  // (VisibleBits): all of them, except in the masks-only variant with two
+  // m-tiles at 128, whose registers hold a quarter of them (all at once: 224
+  // B of spills, 59 LDL in the main loop; a quarter: 16 B, 3).
+  static constexpr int kMaskReadChunk = kFeatures && !kTransforms && kHeadDim == 128 ? 2 : kNTiles;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   // QK^T k steps unrolled: fully (no spills since the swizzle left the k
   // loop), except 4 of 8 at 128 with two m-tiles, where 64 keys leave no

@@ -32,11 +32,11 @@ std::string OrderBlocks(const AttentionParams& p, Kernel kernel, int threads, in
   return {};
 }
 
-template <typename Element, int kHeadDim, bool kFeatures>
+template <typename Element, int kHeadDim, bool kFeatures, bool kTransforms = kFeatures>
 std::string LaunchForwardVariant(const AttentionParams& p, cudaStream_t stream) {
-  using Tr = FwdTraits<kHeadDim, kFeatures>;
+  using Tr = FwdTraits<kHeadDim, kFeatures, kTransforms>;
   if (auto e = CheckGrid(p.shape); !e.empty()) return e;
-  auto kernel = ForwardKernel<Element, kHeadDim, kFeatures>;
+  auto kernel = ForwardKernel<Element, kHeadDim, kFeatures, kTransforms>;
   if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm80 forward kernel"); !e.empty()) return e;
   BlockOrder order;
   dim3 grid;
@@ -59,8 +59,16 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
     if (!SmemPerBlockLimit(&limit)) return "jax_flash: querying the GPU's shared memory failed";
     features = limit < FwdTraits<kHeadDim, false>::kSmemBytes;
   }
-  return features ? LaunchForwardVariant<Element, kHeadDim, true>(p, stream)
-                  : LaunchForwardVariant<Element, kHeadDim, false>(p, stream);
+  if (!features) return LaunchForwardVariant<Element, kHeadDim, false>(p, stream);
+  // At 128, calls with masks alone (no bias, soft cap or dropout) run the
+  // masks-only variant: two m-tiles (FwdTraits). Its shared memory is the
+  // plain kernel's, which fits wherever the 128 kernels run at all.
+  if constexpr (kHeadDim == 128) {
+    if (!LogitFeatures::ElementwiseLogits(p) &&
+        FwdTraits<kHeadDim, true, false>::kSmemBytes <= FwdTraits<kHeadDim, false>::kSmemBytes)
+      return LaunchForwardVariant<Element, kHeadDim, true, false>(p, stream);
+  }
+  return LaunchForwardVariant<Element, kHeadDim, true>(p, stream);
 }
 
 template <typename Element, int kHeadDim>
