@@ -77,12 +77,15 @@ void Transpose(int rows, int cols, const T* src, int lds, T* dst, int ldd) {
     for (int c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
 }
 
-// 2^x for float, vectorizable: 2^floor(x) by exponent bits times a degree-6
-// polynomial for 2^f, f in [-0.5, 0.5] (Cephes exp2f coefficients, relative
-// error about 2e-7). Inputs below -126 (masked logits are -inf) give exactly 0.
+// 2^x for float, vectorizable: 2^n (n = x rounded to an integer) by exponent
+// bits times a degree-6 polynomial for 2^f, f = x - n in [-0.5, 0.5] (Cephes
+// exp2f coefficients, relative error about 2e-7). Inputs below -126 (masked
+// logits are -inf) give exactly 0. n comes from adding and subtracting
+// 1.5 * 2^23 (round to nearest, exact for |x| < 2^22): GCC 12 does not
+// vectorize std::floor here, and one call of it keeps a whole loop scalar.
 inline float Exp2(float x) {
   const float xc = x < -126.0f ? -126.0f : (x > 127.0f ? 127.0f : x);
-  const float n = std::floor(xc + 0.5f);
+  const float n = (xc + 12582912.0f) - 12582912.0f;
   const float f = xc - n;
   float p = 1.535336188319500e-4f;
   p = p * f + 1.339887440266574e-3f;
