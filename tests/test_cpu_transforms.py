@@ -1,9 +1,13 @@
-"""Dropout's random layout: one Philox-4x32-10 call serves keys j0, j0 + 8,
-j0 + 16, j0 + 24 of a query row (mask_policy.h). DropoutPolicy (what the
-CUDA kernels call) is checked on the host against Random123's known answers
-and against reference.dropout_factor; the CPU kernels' factors are read back
-exactly through jax_flash.attention (forward and backward); the reference's
-layout gets a statistical check.
+"""Dropout's random layout and the CPU's soft cap.
+
+Dropout: one Philox-4x32-10 call serves keys j0, j0 + 8, j0 + 16, j0 + 24 of
+a query row (mask_policy.h). DropoutPolicy (what the CUDA kernels call) is
+checked on the host against Random123's known answers and against
+reference.dropout_factor; the CPU kernels' factors are read back exactly
+through jax_flash.attention (forward and backward); the reference's layout
+gets a statistical check. Soft cap: the CPU's vectorized float32 tanh (and
+float64's libm one) against the float64 reference, where tanh saturates and
+where it is near 0, forward and gradients.
 """
 
 import os
@@ -17,6 +21,7 @@ import pytest
 
 import jax_flash
 from jax_flash import reference
+from helpers import GRAD_FACTOR, assert_close, random_qkv, to_f64_cpu
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -178,3 +183,41 @@ def test_reference_shared_mask_is_that_of_batch_and_head_zero():
     np.testing.assert_array_equal(shared, np.broadcast_to(own[:1, :1], shared.shape))
     assert not np.array_equal(own[0, 0], own[1, 2])
 
+
+def _softcap_inputs(rng, dtype, logit_std):
+    """q, k, v whose logits scale * q.k have standard deviation ~logit_std
+    (q scaled), two query and two key blocks with partial tails, GQA."""
+    q, k, v = random_qkv(rng, 1, 100, 90, 4, 2, 32, "float64")
+    return (jnp.asarray(q * logit_std, dtype), jnp.asarray(k, dtype), jnp.asarray(v, dtype))
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("regime", ["saturated", "near_zero"])
+def test_softcap_forward_and_gradients(rng, regime, dtype, with_bias):
+    """Saturated: |logits| up to ~5x the cap, where tanh is +-1 to float
+    precision and its derivative vanishes. Near zero: a cap of 1000 over
+    logits of a few units, tanh arguments ~1e-3 where 1 - 2 / (e^2x + 1)
+    would lose all but a few bits (and the cap multiplies that error back
+    up: the output would miss float32's tolerance)."""
+    cap, logit_std = {"saturated": (2.0, 4.0), "near_zero": (1000.0, 2.0)}[regime]
+    q, k, v = _softcap_inputs(rng, dtype, logit_std)
+    logits = np.einsum("btnh,bsnh->bnts", np.asarray(q, np.float64),
+                       np.repeat(np.asarray(k, np.float64), 2, axis=2)) / np.sqrt(32)
+    if regime == "saturated":
+        assert np.abs(logits).max() > 4 * cap
+    else:
+        assert np.abs(logits).max() / cap < 0.03
+    bias = jnp.asarray(rng.standard_normal((1, 4, 100, 90)), dtype) if with_bias else None
+    dout = jnp.asarray(rng.standard_normal(q.shape), dtype)
+    f64 = lambda x: None if x is None else to_f64_cpu(x)
+    out = jax_flash.attention(q, k, v, bias, logits_soft_cap=cap)
+    assert_close("out", out, reference.attention(f64(q), f64(k), f64(v), f64(bias),
+                                                 logits_soft_cap=cap), dtype)
+    argnums = (0, 1, 2, 3) if with_bias else (0, 1, 2)
+    grads = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, logits_soft_cap=cap) * dout),
+                     argnums)(q, k, v, bias)
+    want = jax.grad(lambda *a: jnp.sum(reference.attention(*a, logits_soft_cap=cap) * f64(dout)),
+                    argnums)(f64(q), f64(k), f64(v), f64(bias))
+    for name, g, r in zip(("dq", "dk", "dv", "dbias"), grads, want):
+        assert_close(name, g, r, dtype, factor=GRAD_FACTOR)

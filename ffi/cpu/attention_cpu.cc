@@ -49,8 +49,9 @@ void LoadRowsTransposed(const Element* src, int64_t row_stride, int64_t row0,
 
 // Turns a block of raw dot products q.k into logits in log2 units, in place:
 // x = log2(e) * (softcap(scale * q.k) + bias), -inf where the policy hides the
-// pair. With a soft cap, tanh_out receives tanh(scale * q.k / cap) for the
-// backward's chain rule. Everything past `rows` x `cols` of the block is -inf.
+// pair. With a soft cap, tanh_out (unless null: the forward has no use for
+// it) receives tanh(scale * q.k / cap) for the backward's chain rule.
+// Everything past `rows` x `cols` of the block is -inf.
 template <typename Acc>
 struct LogitTransform {
   const AttentionParams& p;
@@ -71,25 +72,33 @@ struct LogitTransform {
 
   void Apply(Acc* s, int64_t q0, int rows, int64_t k0, int cols, Acc* tanh_out) const {
     const Acc log2e = Acc(kLog2eF64);
-    if (cap <= 0 && !bias) {  // the plain path: one multiply per logit
-      for (int i = 0; i < rows * kBlockN; ++i) s[i] *= scale * log2e;
-    } else {
+    // One pass per block row: the multipliers fold scale, cap and log2(e)
+    // (log2(e) after the bias when there is one).
+    const Acc out_mul = bias ? Acc(1) : log2e;
+    if (cap > 0) {
+      const Acc in_mul = scale / cap, cap_mul = cap * out_mul;
       for (int r = 0; r < rows; ++r) {
         Acc* srow = s + r * kBlockN;
-        if (cap > 0) {
+        if (tanh_out) {
           Acc* trow = tanh_out + r * kBlockN;
           for (int c = 0; c < kBlockN; ++c) {
-            trow[c] = std::tanh(srow[c] * scale / cap);
-            srow[c] = cap * trow[c];
+            trow[c] = Tanh(srow[c] * in_mul);
+            srow[c] = trow[c] * cap_mul;
           }
         } else {
-          for (int c = 0; c < kBlockN; ++c) srow[c] *= scale;
+          for (int c = 0; c < kBlockN; ++c) srow[c] = Tanh(srow[c] * in_mul) * cap_mul;
         }
-        if (bias) {
-          const Acc* brow = bias + (q0 + r) * bias_row + k0 * bias_col;
-          for (int c = 0; c < cols; ++c) srow[c] += brow[c * bias_col];
-        }
-        for (int c = 0; c < kBlockN; ++c) srow[c] *= log2e;
+      }
+    } else {
+      const Acc mul = scale * out_mul;
+      for (int i = 0; i < rows * kBlockN; ++i) s[i] *= mul;
+    }
+    if (bias) {
+      // Columns past `cols` are masked below.
+      for (int r = 0; r < rows; ++r) {
+        Acc* srow = s + r * kBlockN;
+        const Acc* brow = bias + (q0 + r) * bias_row + k0 * bias_col;
+        for (int c = 0; c < cols; ++c) srow[c] = (srow[c] + brow[c * bias_col]) * log2e;
       }
     }
     // Segment ids that are one and the same id over the whole block (their
@@ -134,14 +143,13 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
 
   thread_local std::vector<Acc> buf;
   buf.resize(size_t(kBlockM) * dp * 2 + size_t(dp) * kBlockN + size_t(kBlockN) * dp +
-             2 * kBlockM * kBlockN + 2 * kBlockM);
+             kBlockM * kBlockN + 2 * kBlockM);
   Acc* q_blk = buf.data();                   // [kBlockM][dp]
   Acc* o_acc = q_blk + kBlockM * dp;         // [kBlockM][dp]
   Acc* kt_blk = o_acc + kBlockM * dp;        // [dp][kBlockN]  (K transposed)
   Acc* v_blk = kt_blk + dp * kBlockN;        // [kBlockN][dp]
   Acc* s_blk = v_blk + kBlockN * dp;         // [kBlockM][kBlockN] logits, then P
-  Acc* t_blk = s_blk + kBlockM * kBlockN;    // [kBlockM][kBlockN] tanh (soft cap only)
-  Acc* row_max = t_blk + kBlockM * kBlockN;  // running max (log2 units)
+  Acc* row_max = s_blk + kBlockM * kBlockN;  // running max (log2 units)
   Acc* row_sum = row_max + kBlockM;          // running sum of P
 
   LoadRows(q, p.q_stride.row, q0, rows, d, Acc(1), q_blk, dp);
@@ -160,7 +168,7 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
 
     std::fill(s_blk, s_blk + kBlockM * kBlockN, Acc(0));
     GemmAcc(rows, kBlockN, dp, q_blk, dp, kt_blk, kBlockN, s_blk, kBlockN);  // S = Q K^T
-    logits.Apply(s_blk, q0, rows, k0, cols, t_blk);
+    logits.Apply(s_blk, q0, rows, k0, cols, nullptr);
 
     for (int r = 0; r < rows; ++r) {
       Acc* srow = s_blk + r * kBlockN;
