@@ -185,23 +185,39 @@ struct MaskPolicy {
   }
 };
 
-// Dropout keep decision for element (b, h, i, j): Philox-4x32-10 keyed by the
-// user's seed, counter (j, i, h, b) — the same bits on every platform and in
-// the forward and backward, with nothing stored.
-JAX_FLASH_HOST_DEVICE inline uint32_t Philox4x32First(uint32_t k0, uint32_t k1, uint32_t c0,
-                                                      uint32_t c1, uint32_t c2, uint32_t c3) {
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
+// Dropout's random bits: Philox-4x32-10 keyed by the user's seed, the same
+// bits on every platform and in the forward and backward, nothing stored.
+// One call serves 4 keys of one query row i: for key j, with run = j / 32,
+// lane = j % 8 and word = (j % 32) / 8, the counter is
+// (run * 8 + lane, i, h, b) and the key's bits are output word `word`. So the
+// call of keys j0, j0 + 8, j0 + 16, j0 + 24 (j0 = run * 32 + lane) gives one
+// number to each: the keys the kernels' threads own (the tensor-core
+// forward's 2t + e + 8 * nt of a row, the backward's g, g + 8, g + 16, g + 24
+// of a 32-key run for a query, the CPU's whole rows) use every word.
+
+// Philox-4x32's round multipliers and key increments (Salmon et al., 2011).
+constexpr uint32_t kPhiloxMul0 = 0xD2511F53u, kPhiloxMul1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxKeyStep0 = 0x9E3779B9u, kPhiloxKeyStep1 = 0xBB67AE85u;
+constexpr int kPhiloxRounds = 10;
+
+struct Philox4x32Words {
+  uint32_t w[4];
+};
+
+JAX_FLASH_HOST_DEVICE inline Philox4x32Words Philox4x32(uint32_t k0, uint32_t k1, uint32_t c0,
+                                                        uint32_t c1, uint32_t c2, uint32_t c3) {
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    const uint64_t p0 = uint64_t(kPhiloxMul0) * c0, p1 = uint64_t(kPhiloxMul1) * c2;
     const uint32_t hi0 = uint32_t(p0 >> 32), lo0 = uint32_t(p0);
     const uint32_t hi1 = uint32_t(p1 >> 32), lo1 = uint32_t(p1);
     c0 = hi1 ^ c1 ^ k0;
     c1 = lo1;
     c2 = hi0 ^ c3 ^ k1;
     c3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
+    k0 += kPhiloxKeyStep0;
+    k1 += kPhiloxKeyStep1;
   }
-  return c0;
+  return Philox4x32Words{{c0, c1, c2, c3}};
 }
 
 struct DropoutPolicy {
@@ -226,11 +242,39 @@ struct DropoutPolicy {
     return d;
   }
 
-  // Multiplier of P for element (b, h, i, j): 0 (dropped) or 1 / (1 - rate).
-  JAX_FLASH_HOST_DEVICE float Factor(int64_t b, int64_t h, int64_t i, int64_t j) const {
+  // The counter of the Philox call that serves key j of row i (see above).
+  JAX_FLASH_HOST_DEVICE void Counter(int64_t b, int64_t h, int64_t i, int64_t j, uint32_t c[4]) const {
     if (shared) b = h = 0;
-    const uint32_t bits = Philox4x32First(k0, k1, uint32_t(j), uint32_t(i), uint32_t(h), uint32_t(b));
-    return bits < threshold ? 0.0f : keep_scale;
+    c[0] = uint32_t(j / 32 * 8 + j % 8);
+    c[1] = uint32_t(i);
+    c[2] = uint32_t(h);
+    c[3] = uint32_t(b);
+  }
+
+  JAX_FLASH_HOST_DEVICE Philox4x32Words Bits(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    uint32_t c[4];
+    Counter(b, h, i, j, c);
+    return Philox4x32(k0, k1, c[0], c[1], c[2], c[3]);
+  }
+
+  JAX_FLASH_HOST_DEVICE float FactorOf(uint32_t bits) const { return bits < threshold ? 0.0f : keep_scale; }
+
+  // Multipliers of P for keys j0, j0 + 8, j0 + 16, j0 + 24 of row i
+  // (j0 % 32 < 8), from one Philox call: out[w] for key j0 + 8 * w, each 0
+  // (dropped) or 1 / (1 - rate).
+  JAX_FLASH_HOST_DEVICE void Factors4(int64_t b, int64_t h, int64_t i, int64_t j0, float out[4]) const {
+    const Philox4x32Words bits = Bits(b, h, i, j0);
+    for (int w = 0; w < 4; ++w) out[w] = FactorOf(bits.w[w]);
+  }
+
+  // The multiplier of P for element (b, h, i, j) alone: Factors4's value for
+  // it, at the cost of a whole call. The word is picked by selects, not by
+  // indexing bits.w at run time, which would put the array in a GPU thread's
+  // local memory.
+  JAX_FLASH_HOST_DEVICE float Factor(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    const Philox4x32Words bits = Bits(b, h, i, j);
+    const int64_t word = j % 32 / 8;
+    return FactorOf(word == 0 ? bits.w[0] : word == 1 ? bits.w[1] : word == 2 ? bits.w[2] : bits.w[3]);
   }
 };
 

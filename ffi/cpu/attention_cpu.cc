@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common/mask_policy.h"
@@ -49,8 +50,9 @@ void LoadRowsTransposed(const Element* src, int64_t row_stride, int64_t row0,
 
 // Turns a block of raw dot products q.k into logits in log2 units, in place:
 // x = log2(e) * (softcap(scale * q.k) + bias), -inf where the policy hides the
-// pair. With a soft cap, tanh_out receives tanh(scale * q.k / cap) for the
-// backward's chain rule. Everything past `rows` x `cols` of the block is -inf.
+// pair. With a soft cap, tanh_out (unless null: the forward has no use for
+// it) receives tanh(scale * q.k / cap) for the backward's chain rule.
+// Everything past `rows` x `cols` of the block is -inf.
 template <typename Acc>
 struct LogitTransform {
   const AttentionParams& p;
@@ -71,25 +73,33 @@ struct LogitTransform {
 
   void Apply(Acc* s, int64_t q0, int rows, int64_t k0, int cols, Acc* tanh_out) const {
     const Acc log2e = Acc(kLog2eF64);
-    if (cap <= 0 && !bias) {  // the plain path: one multiply per logit
-      for (int i = 0; i < rows * kBlockN; ++i) s[i] *= scale * log2e;
-    } else {
+    // One pass per block row: the multipliers fold scale, cap and log2(e)
+    // (log2(e) after the bias when there is one).
+    const Acc out_mul = bias ? Acc(1) : log2e;
+    if (cap > 0) {
+      const Acc in_mul = scale / cap, cap_mul = cap * out_mul;
       for (int r = 0; r < rows; ++r) {
         Acc* srow = s + r * kBlockN;
-        if (cap > 0) {
+        if (tanh_out) {
           Acc* trow = tanh_out + r * kBlockN;
           for (int c = 0; c < kBlockN; ++c) {
-            trow[c] = std::tanh(srow[c] * scale / cap);
-            srow[c] = cap * trow[c];
+            trow[c] = Tanh(srow[c] * in_mul);
+            srow[c] = trow[c] * cap_mul;
           }
         } else {
-          for (int c = 0; c < kBlockN; ++c) srow[c] *= scale;
+          for (int c = 0; c < kBlockN; ++c) srow[c] = Tanh(srow[c] * in_mul) * cap_mul;
         }
-        if (bias) {
-          const Acc* brow = bias + (q0 + r) * bias_row + k0 * bias_col;
-          for (int c = 0; c < cols; ++c) srow[c] += brow[c * bias_col];
-        }
-        for (int c = 0; c < kBlockN; ++c) srow[c] *= log2e;
+      }
+    } else {
+      const Acc mul = scale * out_mul;
+      for (int i = 0; i < rows * kBlockN; ++i) s[i] *= mul;
+    }
+    if (bias) {
+      // Columns past `cols` are masked below.
+      for (int r = 0; r < rows; ++r) {
+        Acc* srow = s + r * kBlockN;
+        const Acc* brow = bias + (q0 + r) * bias_row + k0 * bias_col;
+        for (int c = 0; c < cols; ++c) srow[c] = (srow[c] + brow[c * bias_col]) * log2e;
       }
     }
     // Segment ids that are one and the same id over the whole block (their
@@ -115,6 +125,49 @@ struct LogitTransform {
   }
 };
 
+// Lanes of 32-bit words and their 64-bit products: one Philox call per lane.
+typedef uint32_t PhiloxLanes __attribute__((vector_size(sizeof(uint32_t) * kBlockN / 4)));
+typedef uint64_t PhiloxWide __attribute__((vector_size(sizeof(uint64_t) * kBlockN / 4)));
+
+// The dropout factors of query row i for keys [k0, k0 + kBlockN) into f
+// (k0 % 32 == 0): DropoutPolicy's kBlockN / 4 Philox calls that serve them,
+// run side by side as SIMD lanes through Philox4x32's rounds. Lane
+// l = run * 8 + lane serves keys k0 + run * 32 + lane + 8 * w (word w), so
+// its counter is the block's first plus l. (Factors4 lane by lane stays
+// scalar: 5x slower.)
+void DropoutRow(const DropoutPolicy& d, int64_t b, int64_t h, int64_t i, int64_t k0, float* f) {
+  static_assert(kBlockN % 32 == 0);
+  constexpr int kLanes = kBlockN / 4;
+  uint32_t first[4];
+  d.Counter(b, h, i, k0, first);
+  PhiloxLanes c0, c1 = PhiloxLanes{} + first[1], c2 = PhiloxLanes{} + first[2],
+                  c3 = PhiloxLanes{} + first[3];
+  for (int l = 0; l < kLanes; ++l) c0[l] = first[0] + uint32_t(l);
+  uint32_t key0 = d.k0, key1 = d.k1;
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    const PhiloxWide p0 = __builtin_convertvector(c0, PhiloxWide) * kPhiloxMul0;
+    const PhiloxWide p1 = __builtin_convertvector(c2, PhiloxWide) * kPhiloxMul1;
+    const PhiloxLanes hi0 = __builtin_convertvector(p0 >> 32, PhiloxLanes);
+    const PhiloxLanes hi1 = __builtin_convertvector(p1 >> 32, PhiloxLanes);
+    c0 = hi1 ^ c1 ^ key0;
+    c1 = __builtin_convertvector(p1, PhiloxLanes);
+    c2 = hi0 ^ c3 ^ key1;
+    c3 = __builtin_convertvector(p0, PhiloxLanes);
+    key0 += kPhiloxKeyStep0;
+    key1 += kPhiloxKeyStep1;
+  }
+  // DropoutPolicy::FactorOf on every lane, as bit masks: all-ones (kept) and
+  // the scale's bits, or 0. Word w of the calls of one run fills 8 keys.
+  const uint32_t scale_bits = __builtin_bit_cast(uint32_t, d.keep_scale);
+  const PhiloxLanes words[4] = {c0, c1, c2, c3};
+  for (int w = 0; w < 4; ++w) {
+    const PhiloxLanes factor_bits = (words[w] >= d.threshold) & scale_bits;
+    for (int run = 0; run < kBlockN / 32; ++run)
+      std::memcpy(f + run * 32 + w * 8, reinterpret_cast<const uint32_t*>(&factor_bits) + run * 8,
+                  8 * sizeof(float));
+  }
+}
+
 template <typename Element>
 void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block) {
   using Acc = typename AccumFor<Element>::type;
@@ -134,14 +187,13 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
 
   thread_local std::vector<Acc> buf;
   buf.resize(size_t(kBlockM) * dp * 2 + size_t(dp) * kBlockN + size_t(kBlockN) * dp +
-             2 * kBlockM * kBlockN + 2 * kBlockM);
+             kBlockM * kBlockN + 2 * kBlockM);
   Acc* q_blk = buf.data();                   // [kBlockM][dp]
   Acc* o_acc = q_blk + kBlockM * dp;         // [kBlockM][dp]
   Acc* kt_blk = o_acc + kBlockM * dp;        // [dp][kBlockN]  (K transposed)
   Acc* v_blk = kt_blk + dp * kBlockN;        // [kBlockN][dp]
   Acc* s_blk = v_blk + kBlockN * dp;         // [kBlockM][kBlockN] logits, then P
-  Acc* t_blk = s_blk + kBlockM * kBlockN;    // [kBlockM][kBlockN] tanh (soft cap only)
-  Acc* row_max = t_blk + kBlockM * kBlockN;  // running max (log2 units)
+  Acc* row_max = s_blk + kBlockM * kBlockN;  // running max (log2 units)
   Acc* row_sum = row_max + kBlockM;          // running sum of P
 
   LoadRows(q, p.q_stride.row, q0, rows, d, Acc(1), q_blk, dp);
@@ -160,7 +212,7 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
 
     std::fill(s_blk, s_blk + kBlockM * kBlockN, Acc(0));
     GemmAcc(rows, kBlockN, dp, q_blk, dp, kt_blk, kBlockN, s_blk, kBlockN);  // S = Q K^T
-    logits.Apply(s_blk, q0, rows, k0, cols, t_blk);
+    logits.Apply(s_blk, q0, rows, k0, cols, nullptr);
 
     for (int r = 0; r < rows; ++r) {
       Acc* srow = s_blk + r * kBlockN;
@@ -176,8 +228,11 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
       }
       row_sum[r] = row_sum[r] * alpha + sum;  // the softmax normalizer ignores dropout
       row_max[r] = mx;
-      if (dropout.active)
-        for (int c = 0; c < cols; ++c) srow[c] *= Acc(dropout.Factor(b, h, q0 + r, k0 + c));
+      if (dropout.active) {
+        float factors[kBlockN];
+        DropoutRow(dropout, b, h, q0 + r, k0, factors);
+        for (int c = 0; c < kBlockN; ++c) srow[c] *= Acc(factors[c]);  // past `cols` P is 0
+      }
       Acc* orow = o_acc + r * dp;
       for (int c = 0; c < dp; ++c) orow[c] *= alpha;
     }
@@ -272,8 +327,10 @@ void ComputeBackwardTile(const AttentionParams& p, const LogitTransform<Acc>& lo
     Acc* dsrow = t.ds_blk + r * kBlockN;
     for (int c = 0; c < kBlockN; ++c) prow[c] = Exp2(prow[c] - t.lse2[r]);  // masked: exp2(-inf) = 0
     if (dropout.active) {
-      for (int c = 0; c < cols; ++c) {
-        const Acc f = Acc(dropout.Factor(b, h, q0 + r, k0 + c));
+      float factors[kBlockN];  // the forward's, regenerated
+      DropoutRow(dropout, b, h, q0 + r, k0, factors);
+      for (int c = 0; c < kBlockN; ++c) {  // past `cols` P is 0
+        const Acc f = Acc(factors[c]);
         dsrow[c] = prow[c] * (dsrow[c] * f - t.delta[r]);  // dS uses the undropped P
         prow[c] *= f;                                      // dV uses the dropped one
       }
