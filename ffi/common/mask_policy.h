@@ -267,6 +267,17 @@ struct DropoutPolicy {
     for (int w = 0; w < 4; ++w) out[w] = FactorOf(bits.w[w]);
   }
 
+  // Which of keys j0, j0 + 8, j0 + 16, j0 + 24 of row i are kept, as bit w
+  // for key j0 + 8 * w (j0 % 32 < 8), from one Philox call: the tensor-core
+  // kernels, whose threads each hold such four keys of a row (forward: keys
+  // 8 * nt + c of a 32-key run; backward: a key group's rows g + 8 * w).
+  JAX_FLASH_HOST_DEVICE uint32_t KeepBits4(int64_t b, int64_t h, int64_t i, int64_t j0) const {
+    const Philox4x32Words bits = Bits(b, h, i, j0);
+    uint32_t keep = 0;
+    for (int w = 0; w < 4; ++w) keep |= uint32_t(bits.w[w] >= threshold) << w;
+    return keep;
+  }
+
   // The multiplier of P for element (b, h, i, j) alone: Factors4's value for
   // it, at the cost of a whole call. The word is picked by selects, not by
   // indexing bits.w at run time, which would put the array in a GPU thread's

@@ -492,6 +492,21 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       LogitFeatures lf = LogitFeatures::For(p, b, h);
       if (segments_all) lf.mask = lf.mask.WithoutSegments();
       const bool softcap_only = lf.cap > 0.0f && !lf.bias;
+      // Dropout's keep bits of this thread's pairs, one Philox call per query
+      // column: its keys n0 + warp_row + g + 8 w (w = 2 mt + hh, a key
+      // group's 32-key run), bit 4 (2 nt + e) + w.
+      static_assert(kM == 2 && kSN * 8 <= 64, "four keys per call, 64 bits");
+      uint64_t keep = ~uint64_t(0);
+      if (lf.dropout.active) {
+        keep = 0;
+#pragma unroll
+        for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            keep |= uint64_t(lf.dropout.KeepBits4(lf.b, lf.h, m0 + q_col0 + nt * 8 + 2 * t + e,
+                                                  n0 + warp_row + g))
+                    << (4 * (2 * nt + e));
+      }
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
@@ -517,7 +532,6 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int col = q_col0 + nt * 8 + 2 * t + e, i = 2 * hh + e;
-              const int64_t query = m0 + col;
               float tanh_value = 0.0f, prob = 0.0f;
               if (visible >> (2 * nt + e) & 1u) {
                 const float x = softcap_only
@@ -525,7 +539,9 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
                                     : lf.Apply<true>(st[mt][nt][i] * scale_log2, bias_values[nt][e], &tanh_value);
                 prob = FastExp2(x - lse2_s[col]);
               }
-              const float drop = prob == 0.0f ? 0.0f : lf.DropFactor(query, key);
+              const float drop =
+                  !lf.dropout.active ? 1.0f
+                  : keep >> (4 * (2 * nt + e) + 2 * mt + hh) & 1u ? lf.dropout.keep_scale : 0.0f;
               st[mt][nt][i] = prob * drop;  // P^T, dropped out (dV)
               dpt[mt][nt][i] =
                   lf.ChainSoftcap(prob * (dpt[mt][nt][i] * drop - delta_s[col]), tanh_value);  // dS^T

@@ -341,13 +341,22 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms>::k
         row_sum[mt][hh] += sum;  // the normalizer ignores dropout
         if constexpr (kMasked && Tr::kTransforms) {
           if (elementwise && p.features.dropout_rate > 0.0) {
+            // This thread's keys of the row are n0 + 8 nt + 2t + j: for each j
+            // and 32-key run, one Philox call serves n-tiles 4 r .. 4 r + 3.
+            static_assert(kN % 4 == 0 && !(kPair && kMasked), "whole 32-key runs per thread");
             const DropoutPolicy dropout = DropoutPolicy::For(p, b);
             const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;
 #pragma unroll
-            for (int nt = 0; nt < kN; ++nt)
+            for (int run = 0; run < kN / 4; ++run)
 #pragma unroll
-              for (int j = 0; j < 2; ++j)
-                acc[mt][nt][2 * hh + j] *= dropout.Factor(b, h, row, n0 + nt * 8 + 2 * t + j);
+              for (int j = 0; j < 2; ++j) {
+                const uint32_t keep = dropout.KeepBits4(b, h, row, n0 + 32 * run + 2 * t + j);
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                  float& x = acc[mt][4 * run + w][2 * hh + j];
+                  x = keep >> w & 1u ? x * dropout.keep_scale : 0.0f;
+                }
+              }
           }
         }
       }
