@@ -11,7 +11,7 @@ import pytest
 
 import jax_flash.benchmark as benchmark
 from jax_flash import reference
-from helpers import load_script
+from helpers import load_script, to_f64_cpu
 
 
 def _compare_bench():
@@ -278,6 +278,9 @@ def test_segments_variant_is_independent_documents():
     extra = benchmark.variant_inputs("segments", b, t, n, jnp.float32, rng, options)
     out = jax.jit(benchmark._attention_fn("jax_flash", True, "segments", options))(q, k, v, *extra)
     ids = benchmark._named(extra)["segment_ids"]
+    # The reference in float64 on the CPU (a GPU's float32 matmuls default to TF32).
+    q, k, v = (to_f64_cpu(x) for x in (q, k, v))
+    ids = jax.device_put(ids, jax.devices("cpu")[0])
     ref = reference.attention(q, k, v, is_causal=True, q_segment_ids=ids, kv_segment_ids=ids)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-4, atol=1e-5)
     per_document = jnp.concatenate([reference.attention(q[:, s:s + 16], k[:, s:s + 16], v[:, s:s + 16], is_causal=True)
@@ -318,7 +321,9 @@ def test_fa3_calls_match_jax_flash_with_a_stand_in_module(tmp_path, monkeypatch)
     fa3 = _StandInFa3()
     monkeypatch.setattr(benchmark, "_fa3_import", lambda: (fa3, None))
     # dew_flash_attn imports without a GPU: the default list takes fa3 only where a GPU runs it.
-    assert benchmark.default_implementations() == list(benchmark.IMPLEMENTATIONS)
+    with monkeypatch.context() as cpu:
+        cpu.setattr(benchmark.jax, "default_backend", lambda: "cpu")
+        assert benchmark.default_implementations() == list(benchmark.IMPLEMENTATIONS)
     with monkeypatch.context() as gpu:
         gpu.setattr(benchmark.jax, "default_backend", lambda: "gpu")
         assert benchmark.default_implementations() == [*benchmark.IMPLEMENTATIONS, "fa3"]

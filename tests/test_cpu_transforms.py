@@ -200,6 +200,11 @@ def test_softcap_forward_and_gradients(rng, regime, dtype, with_bias):
     logits of a few units, tanh arguments ~1e-3 where 1 - 2 / (e^2x + 1)
     would lose all but a few bits (and the cap multiplies that error back
     up: the output would miss float32's tolerance)."""
+    with jax.default_device(jax.devices("cpu")[0]):  # the CPU's kernels, on a GPU machine too
+        _check_softcap(rng, regime, dtype, with_bias)
+
+
+def _check_softcap(rng, regime, dtype, with_bias):
     cap, logit_std = {"saturated": (2.0, 4.0), "near_zero": (1000.0, 2.0)}[regime]
     q, k, v = _softcap_inputs(rng, dtype, logit_std)
     logits = np.einsum("btnh,bsnh->bnts", np.asarray(q, np.float64),
