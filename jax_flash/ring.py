@@ -324,6 +324,8 @@ def _ring_forward(q, k, v, q_ids, kv_ids, cfg):
             acc = _merge_rows(acc, out[:b], lse[:b], c)
             acc = _merge_rows(acc, out[b:], lse[b:], off)
         else:  # contiguous causal: the visiting shard is entirely before or after
+            # (a branch per step: on a GPU XLA reads its predicate on the host;
+            # the zigzag path above has none).
             src = (me - step) % D
 
             def visible(acc, k_s=k_s, v_s=v_s, ids_s=ids_s):
@@ -510,7 +512,7 @@ def _varying_axes(x):
     except (ImportError, AttributeError):
         return None
     aval = jax.typeof(x)
-    manual = getattr(aval, "manual_axis_type", None)
+    manual = getattr(aval, "manual_axis_type", None) or getattr(aval, "mat", None)
     if manual is not None and hasattr(manual, "varying"):
         return frozenset(manual.varying)
     vma = getattr(aval, "vma", None)

@@ -170,7 +170,7 @@ def test_unbatched_and_unchecked_vma(rng):
 
 
 def test_batch_and_sequence_mesh(rng):
-    """A 2 x 2 mesh: batch over "dp", the ring over "sp"."""
+    """A 2 x 2 mesh: batch over "dp", the ring over "sp"; then a ring over both."""
     mesh = Mesh(np.array(CPU_DEVICES[:4]).reshape(2, 2), ("dp", "sp"))
     spec = P("dp", "sp")
     f = _shard_map()(
@@ -179,7 +179,16 @@ def test_batch_and_sequence_mesh(rng):
     )
     q, k, v = random_qkv(rng, 4, 32, 32, 2, 2, 16, "float64")
     out = unzigzag(jax.jit(f)(*(zigzag(x, 2) for x in (q, k, v))), 2)
-    assert_close("out", out, jax_flash.attention(q, k, v, is_causal=True), q.dtype)
+    want = jax_flash.attention(q, k, v, is_causal=True)
+    assert_close("out", out, want, q.dtype)
+    # A ring over both axes (axis_name a tuple, 4 devices).
+    spec = P(None, ("dp", "sp"))
+    f = _shard_map()(
+        lambda q, k, v: jax_flash.ring_attention(q, k, v, axis_name=("dp", "sp"), is_causal=True),
+        mesh=mesh, in_specs=(spec,) * 3, out_specs=spec,
+    )
+    out = unzigzag(jax.jit(f)(*(zigzag(x, 4) for x in (q, k, v))), 4)
+    assert_close("out (ring over both axes)", out, want, q.dtype)
 
 
 @pytest.mark.skipif(len(GPUS) < 2, reason="needs two GPUs")
