@@ -7,29 +7,78 @@ CPU in a few minutes with clearly falling loss:
 
     python examples/train_gpt_flax.py
     python examples/train_gpt_flax.py --attention xla   # same model, jax's attention
+
+Sharded: `--mesh data=D,seq=S` trains on a D x S device mesh, the batch split
+over `data` (data parallelism: XLA all-reduces the gradients) and the
+sequence over `seq` (context parallelism: jax_flash.ring_attention inside
+shard_map). `--host-devices N` makes N CPU devices for it where there are
+not that many accelerators (it must be on the command line: jax reads it as
+it starts):
+
+    python examples/train_gpt_flax.py --host-devices 4 --mesh data=2,seq=2
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
+import sys
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx
 
-import jax_flash
-from common import (
+def _force_host_devices(argv):
+    """--host-devices N: set before jax is imported (XLA reads its flags once)."""
+    if "--host-devices" in argv:
+        count = argv[argv.index("--host-devices") + 1]
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   f" --xla_force_host_platform_device_count={count}").strip()
+
+
+if __name__ == "__main__":
+    _force_host_devices(sys.argv)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import jax_flash  # noqa: E402
+from common import (  # noqa: E402
     CharCorpus, Throughput, add_common_arguments, apply_rope, log_step, progress, sample_text,
     write_run_outputs)
 
+# Batch over the mesh axis "data", sequence over "seq" ([B, T, ...] arrays).
+BATCH_SEQ = P("data", "seq")
+
+
+def _shard_map():
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map
+    from jax.experimental.shard_map import shard_map  # jax < 0.7
+
+    return shard_map
+
+
+def parse_mesh(text: str, devices) -> Mesh:
+    """'data=D,seq=S' -> a D x S Mesh over the first D * S of `devices`."""
+    sizes = dict(part.split("=") for part in text.split(","))
+    if set(sizes) != {"data", "seq"}:
+        raise ValueError(f"--mesh must name data and seq, e.g. data=2,seq=2; got {text!r}")
+    d, s = int(sizes["data"]), int(sizes["seq"])
+    if d * s > len(devices):
+        raise ValueError(f"--mesh {text} needs {d * s} devices; {len(devices)} available "
+                         "(--host-devices N makes N CPU devices)")
+    return Mesh(np.array(devices[:d * s]).reshape(d, s), ("data", "seq"))
+
 
 class CausalSelfAttention(nnx.Module):
-    def __init__(self, width: int, heads: int, attention: str, rope: bool, dtype, rngs: nnx.Rngs):
+    def __init__(self, width: int, heads: int, attention: str, rope: bool, dtype, rngs: nnx.Rngs,
+                 mesh: Mesh | None = None):
         self.heads, self.attention, self.rope, self.dtype = heads, attention, rope, dtype
+        self.mesh = mesh  # with a mesh: ring attention over its "seq" axis
         self.qkv = nnx.Linear(width, 3 * width, use_bias=False, dtype=dtype, rngs=rngs)
         self.proj = nnx.Linear(width, width, use_bias=False, dtype=dtype, rngs=rngs)
 
@@ -38,8 +87,17 @@ class CausalSelfAttention(nnx.Module):
         q, k, v = jnp.split(self.qkv(x), 3, axis=-1)
         q, k, v = (y.reshape(b, t, self.heads, c // self.heads) for y in (q, k, v))  # BTNH
         if self.rope:
-            q, k = apply_rope(q), apply_rope(k)
-        if self.attention == "flash":
+            q, k = apply_rope(q), apply_rope(k)  # global positions: outside the shard_map
+        if self.attention == "flash" and self.mesh is not None:
+            # Each device holds a [B / data, T / seq] block of q, k, v; K/V
+            # travel around the "seq" ring. Contiguous layout: the tokens stay
+            # in order (zigzag would balance the causal work but needs the
+            # positions permuted to match).
+            ring = functools.partial(jax_flash.ring_attention, axis_name="seq", is_causal=True,
+                                     layout="contiguous")
+            spec = P("data", "seq", None, None)
+            y = _shard_map()(ring, mesh=self.mesh, in_specs=(spec,) * 3, out_specs=spec)(q, k, v)
+        elif self.attention == "flash":
             y = jax_flash.attention(q, k, v, is_causal=True)
         else:
             y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.attention)
@@ -47,9 +105,9 @@ class CausalSelfAttention(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, width, heads, attention, rope, dtype, rngs):
+    def __init__(self, width, heads, attention, rope, dtype, rngs, mesh=None):
         self.norm1 = nnx.LayerNorm(width, rngs=rngs)
-        self.attn = CausalSelfAttention(width, heads, attention, rope, dtype, rngs)
+        self.attn = CausalSelfAttention(width, heads, attention, rope, dtype, rngs, mesh)
         self.norm2 = nnx.LayerNorm(width, rngs=rngs)
         self.fc = nnx.Linear(width, 4 * width, dtype=dtype, rngs=rngs)
         self.out = nnx.Linear(4 * width, width, dtype=dtype, rngs=rngs)
@@ -60,12 +118,13 @@ class Block(nnx.Module):
 
 
 class GPT(nnx.Module):
-    def __init__(self, vocab, seq_len, width, depth, heads, attention, positions, dtype, rngs):
+    def __init__(self, vocab, seq_len, width, depth, heads, attention, positions, dtype, rngs,
+                 mesh=None):
         self.dtype = dtype
         self.tok = nnx.Embed(vocab, width, rngs=rngs)
         # Learned positions, or none here and rotary embeddings inside attention.
         self.pos = nnx.Embed(seq_len, width, rngs=rngs) if positions == "learned" else None
-        blocks = [Block(width, heads, attention, positions == "rope", dtype, rngs) for _ in range(depth)]
+        blocks = [Block(width, heads, attention, positions == "rope", dtype, rngs, mesh) for _ in range(depth)]
         self.blocks = nnx.List(blocks) if hasattr(nnx, "List") else blocks  # nnx.List: flax >= 0.12
         self.norm = nnx.LayerNorm(width, rngs=rngs)
         self.head = nnx.Linear(width, vocab, use_bias=False, rngs=rngs)
@@ -102,15 +161,29 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(p)
     p.add_argument("--attention", choices=["flash", "xla", "cudnn"], default="flash")
+    p.add_argument("--mesh", default=None,
+                   help="data=D,seq=S: train on a D x S mesh (batch over data, sequence over seq "
+                        "by ring attention; needs --attention flash)")
+    p.add_argument("--host-devices", type=int, default=0,
+                   help="N CPU devices for --mesh (read as the script starts)")
     args = p.parse_args(argv)
 
     corpus = CharCorpus()
     chars = corpus.chars
+    mesh = None
+    if args.mesh:
+        if args.attention != "flash":
+            p.error("--mesh needs --attention flash (ring attention)")
+        devices = jax.devices("cpu") if args.host_devices else jax.devices()
+        mesh = parse_mesh(args.mesh, devices)
     print(f"corpus: {corpus.size:,} chars, vocab {corpus.vocab}; device {jax.devices()[0].device_kind}; "
-          f"attention={args.attention}")
+          f"attention={args.attention}" + (f"; mesh {dict(mesh.shape)}" if mesh else ""))
 
     model = GPT(corpus.vocab, args.seq_len, args.width, args.depth, args.heads, args.attention,
-                args.positions, jnp.dtype(args.dtype), nnx.Rngs(args.seed))
+                args.positions, jnp.dtype(args.dtype), nnx.Rngs(args.seed), mesh)
+    if mesh is not None:  # parameters replicated over the mesh (XLA all-reduces their gradients)
+        state = nnx.state(model)
+        nnx.update(model, jax.device_put(state, NamedSharding(mesh, P())))
     warmup = min(args.warmup, args.steps - 1)  # a short (e.g. resumed) run still decays
     schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, args.steps, args.lr / 10)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))
@@ -130,7 +203,10 @@ def main(argv=None):
     rng = np.random.default_rng(args.seed)
 
     def batch(split):
-        return tuple(jnp.asarray(a) for a in corpus.batch(rng, split, args.batch_size, args.seq_len))
+        arrays = corpus.batch(rng, split, args.batch_size, args.seq_len)
+        if mesh is not None:
+            return tuple(jax.device_put(a, NamedSharding(mesh, BATCH_SEQ)) for a in arrays)
+        return tuple(jnp.asarray(a) for a in arrays)
 
     checkpoint = os.path.join(args.out, "checkpoint.msgpack") if args.out else None
     if args.resume:
@@ -148,7 +224,9 @@ def main(argv=None):
         if step == 1:
             meter.restart()  # the rate excludes compiling the train and eval steps
     sample = ""
-    if args.sample_chars > 0:
+    if args.sample_chars > 0 and mesh is not None:
+        print("sampling skipped with --mesh (one sequence does not split over the mesh)")
+    elif args.sample_chars > 0:
         logits_fn = nnx.jit(lambda model, x: model(x))
         sample = sample_text(lambda x: logits_fn(model, jnp.asarray(x)), corpus, args.seq_len,
                              "The ", args.sample_chars, seed=args.seed)

@@ -55,3 +55,21 @@ def test_rope_scores_depend_on_relative_position_only():
     np.testing.assert_allclose(score(5, 2), score(9, 6), rtol=1e-5)
     np.testing.assert_allclose(score(0, 0), float(jnp.dot(q1[0, 0], k1[0, 0])), rtol=1e-5)
     assert abs(score(5, 2) - score(5, 3)) > 1e-4
+
+
+def test_flax_example_on_a_mesh_matches_the_unsharded_run():
+    """--mesh data=2,seq=2 (data parallelism, ring attention over the
+    sequence; conftest's 4 host devices): the same losses step for step as
+    one device."""
+    script = _load("train_gpt_flax")
+    tiny = ["--batch-size", "4", "--seq-len", "64", "--width", "32", "--depth", "1", "--heads", "2",
+            "--steps", "6", "--warmup", "2", "--log-every", "1", "--no-progress", "--sample-chars", "0"]
+    sharded = script.main(tiny + ["--mesh", "data=2,seq=2", "--host-devices", "4"])
+    single = script.main(tiny)
+    for a, b in zip(sharded, single):
+        assert abs(a["loss"] - b["loss"]) < 1e-4 * b["loss"], (sharded, single)
+        assert abs(a["val_loss"] - b["val_loss"]) < 1e-4 * b["val_loss"], (sharded, single)
+    import jax
+
+    with pytest.raises(ValueError, match="needs 8 devices"):
+        script.parse_mesh("data=4,seq=2", jax.devices("cpu")[:4])
