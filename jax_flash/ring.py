@@ -43,6 +43,7 @@ from jax_flash._kernel_call import (
 from jax_flash.attention import (
     IMPLEMENTATIONS,
     _check_inputs,
+    _int32_array,
     _soft_cap,
     _static_scale,
     segment_block_ranges,
@@ -139,8 +140,9 @@ def ring_attention(
         raise ValueError("q_segment_ids and kv_segment_ids must be given together")
     features = 0
     if q_segment_ids is not None:
-        q_segment_ids = _int32_ids("q_segment_ids", q_segment_ids, (b, t), unbatched)
-        kv_segment_ids = _int32_ids("kv_segment_ids", kv_segment_ids, (b, s), unbatched)
+        # Shapes of the local shards.
+        q_segment_ids = _int32_array("q_segment_ids", q_segment_ids, (b, t), unbatched)
+        kv_segment_ids = _int32_array("kv_segment_ids", kv_segment_ids, (b, s), unbatched)
         _check_sharded("q_segment_ids", q_segment_ids, axis_name)
         _check_sharded("kv_segment_ids", kv_segment_ids, axis_name)
         features |= HAS_SEGMENTS | HAS_SEGMENT_RANGES
@@ -527,14 +529,3 @@ def _check_sharded(name, x, axis_name):
             f"{name} is not sharded over the mesh axis {axis_name!r} (it is the same on every "
             f"device of the ring): give its sequence axis the spec {axis_name!r} in shard_map"
         )
-
-
-def _int32_ids(name, x, shape, unbatched):
-    x = jnp.asarray(x)
-    if unbatched and x.shape == shape[1:]:
-        x = x[None]
-    if x.dtype != jnp.int32:
-        raise TypeError(f"{name} must be int32; got {x.dtype}")
-    if x.shape != shape:
-        raise ValueError(f"{name} must have shape {shape} (the local shard); got {x.shape}")
-    return x
