@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_flash import _partitioning as part
 from jax_flash import _registration
 
 # Bits of the FFI `features` attribute (ffi/common/ffi_decode.h FeatureBits).
@@ -79,6 +80,11 @@ def _flash_attention_bwd(static, residuals, cotangents):
         dbias = _bias_gradient_call(q, k, v, out, lse, dout, feature_ops, static)
     else:
         dbias = jnp.zeros_like(bias)
+    # With explicit sharding a cotangent must have its primal's type; where the
+    # rules ran the call on other shardings (_partitioning.py), reshard back.
+    dq, dk, dv, dbias = (
+        part.like_type(g, x) for g, x in ((dq, q), (dk, k), (dv, v), (dbias, bias))
+    )
     # Integer and bool operands (mask, lengths, segments, seed) get no cotangent.
     return (dq, dk, dv, dbias) + (None,) * (len(feature_ops) - 1)
 
@@ -120,6 +126,13 @@ def _row_stats_type(q: jax.Array):
 
 
 def _forward_call(q, k, v, feature_ops, static):
+    """out [..., T, N, H] and lse [..., N, T]: one forward call, partitioned
+    by the rules of _partitioning.py under jit over a mesh (as is inside
+    shard_map or on one device)."""
+    return _FORWARD(static, q, k, v, *feature_ops)
+
+
+def _ffi_forward(q, k, v, feature_ops, static):
     result_types = (_result_type(q, q.shape, q.dtype), _row_stats_type(q))  # out, lse
     call = jax.ffi.ffi_call(_registration.FWD_TARGET, result_types, vmap_method="broadcast_all")
     return call(q, k, v, *feature_ops, **static.attributes())
@@ -144,6 +157,11 @@ def _uses_dq_accumulator(q, static) -> bool:
 
 
 def _backward_call(q, k, v, out, lse, dout, feature_ops, static):
+    """dq, dk, dv: one backward call (partitioned like _forward_call)."""
+    return _BACKWARD(static, q, k, v, out, lse, dout, *feature_ops)
+
+
+def _ffi_backward(q, k, v, out, lse, dout, feature_ops, static):
     def call(accum_shape):
         result_types = (
             _result_type(q, q.shape, q.dtype),  # dq
@@ -166,8 +184,174 @@ def _backward_call(q, k, v, out, lse, dout, feature_ops, static):
 
 
 def _bias_gradient_call(q, k, v, out, lse, dout, feature_ops, static):
+    """dbias in the bias's shape (partitioned like _forward_call; a bias
+    broadcast along a split dim gets its shards' gradients summed)."""
+    (dbias,) = _BIAS_GRADIENT(static, q, k, v, out, lse, dout, *feature_ops)
+    return dbias
+
+
+def _ffi_bias_gradient(q, k, v, out, lse, dout, feature_ops, static):
     bias = feature_ops[0]
     result_types = (_result_type(bias, bias.shape, bias.dtype), _row_stats_type(q))
     call = jax.ffi.ffi_call(_registration.DBIAS_TARGET, result_types, vmap_method="broadcast_all")
     dbias, _ = call(q, k, v, out, lse, dout, *feature_ops, **static.attributes())
     return dbias
+
+
+# --- partitioning rules (_partitioning.py) -----------------------------------
+# Each dim of each operand gets a role: "b<i>" (leading dim i of q), heads
+# ("n" query, "k" key: split together), or one that is never split ("t", "s",
+# "h", None). Optional operands follow their own broadcast dims.
+
+
+def _q_roles(nl):
+    return tuple(part.lead(i) for i in range(nl)) + (part.SEQ_Q, part.HEADS_Q, part.HEAD_DIM)
+
+
+def _k_roles(nl):
+    return tuple(part.lead(i) for i in range(nl)) + (part.SEQ_K, part.HEADS_K, part.HEAD_DIM)
+
+
+def _stats_roles(nl):
+    return tuple(part.lead(i) for i in range(nl)) + (part.HEADS_Q, part.SEQ_Q)
+
+
+def _matching(shape, roles, sizes):
+    """roles where shape has the full size, None where it is broadcast (1)."""
+    if len(shape) != len(roles):
+        return (None,) * len(shape)
+    return tuple(r if d == size else None for d, r, size in zip(shape, roles, sizes))
+
+
+def _splittable(static) -> bool:
+    # Unshared dropout keys its bits by the global (batch, head) index.
+    return not (static.dropout_rate > 0 and not static.features & DROPOUT_SHARED)
+
+
+def _feature_roles(shapes, q_shape, k_shape, static):
+    """Roles of the 9 feature operands (shapes in order) against q and k."""
+    nl = len(q_shape) - 3
+    lead = tuple(part.lead(i) for i in range(nl))
+    lead_sizes = tuple(q_shape[:nl])
+    t, n = q_shape[nl], q_shape[nl + 1]
+    s = k_shape[nl]
+    f = static.features
+    bias, mask, qlen, kvlen, qseg, kvseg, qrange, kvrange, seed = shapes
+    private = lambda shape: (None,) * len(shape)  # noqa: E731
+    table = lead + (part.HEADS_Q, part.SEQ_Q, part.SEQ_K)
+    table_sizes = lead_sizes + (n, t, s)
+    roles = [
+        _matching(bias, table, table_sizes) if f & HAS_BIAS else private(bias),
+        _matching(mask, table, table_sizes) if f & HAS_MASK else private(mask),
+        _matching(qlen, lead, lead_sizes) if f & HAS_Q_SEQLENS else private(qlen),
+        _matching(kvlen, lead, lead_sizes) if f & HAS_KV_SEQLENS else private(kvlen),
+    ]
+    if f & HAS_SEGMENTS:
+        roles += [
+            _matching(qseg, lead + (part.SEQ_Q,), lead_sizes + (t,)),
+            _matching(kvseg, lead + (part.SEQ_K,), lead_sizes + (s,)),
+        ]
+    else:
+        roles += [private(qseg), private(kvseg)]
+    if f & HAS_SEGMENTS and f & HAS_SEGMENT_RANGES:
+        roles += [
+            _matching(qrange[:-2], lead, lead_sizes) + (None, None),
+            _matching(kvrange[:-2], lead, lead_sizes) + (None, None),
+        ]
+    else:
+        roles += [private(qrange), private(kvrange)]
+    if static.dropout_rate > 0 and f & DROPOUT_SHARED:
+        # One seed per vmapped call: its leading dims are q's outermost ones.
+        k = len(seed) - 1
+        roles.append(_matching(seed[:-1], lead[:k], lead_sizes[:k]) + (None,))
+    else:
+        roles.append(private(seed))
+    return tuple(roles)
+
+
+def _bias_result_roles(bias_shape):
+    nl = len(bias_shape) - 3
+    roles = tuple(part.lead(i) for i in range(nl)) + (part.HEADS_Q, part.SEQ_Q, part.SEQ_K)
+    return tuple(r if d != 1 else None for r, d in zip(roles, bias_shape))
+
+
+def _forward_roles(static, shapes):
+    q, k, v, *features = shapes
+    nl = len(q) - 3
+    qkv = (_q_roles(nl), _k_roles(nl), _k_roles(nl))
+    return part.Roles(
+        operands=qkv + _feature_roles(features, q, k, static),
+        results=(_q_roles(nl), _stats_roles(nl)),
+        splittable=_splittable(static),
+    )
+
+
+def _backward_operand_roles(static, shapes):
+    q, k, v, out, lse, dout, *features = shapes
+    nl = len(q) - 3
+    return (
+        _q_roles(nl), _k_roles(nl), _k_roles(nl), _q_roles(nl), _stats_roles(nl), _q_roles(nl),
+    ) + _feature_roles(features, q, k, static)
+
+
+def _backward_roles(static, shapes):
+    nl = len(shapes[0]) - 3
+    return part.Roles(
+        operands=_backward_operand_roles(static, shapes),
+        results=(_q_roles(nl), _k_roles(nl), _k_roles(nl)),
+        splittable=_splittable(static),
+    )
+
+
+def _bias_gradient_roles(static, shapes):
+    operands = _backward_operand_roles(static, shapes)
+    return part.Roles(
+        operands=operands,
+        results=(operands[6],),  # dbias: the bias's own dims
+        splittable=_splittable(static),
+        sum_missing=True,
+    )
+
+
+def _row_stats_shape(q):
+    *batch, t, n, _ = q.shape
+    return (*batch, n, t)
+
+
+_FORWARD = part.op(
+    "jax_flash_forward",
+    impl=lambda static, q, k, v, *f: _ffi_forward(q, k, v, f, static),
+    result_avals=lambda static, q, *_: (
+        (0, q.shape, q.dtype),
+        (0, _row_stats_shape(q), jnp.promote_types(q.dtype, jnp.float32)),
+    ),
+    roles=_forward_roles,
+    result_roles=lambda static, shapes: (
+        (_q_roles(len(shapes[0]) - 3), _stats_roles(len(shapes[1]) - 2)), _splittable(static)
+    ),
+)
+
+_BACKWARD = part.op(
+    "jax_flash_backward",
+    impl=lambda static, q, k, v, out, lse, dout, *f: _ffi_backward(
+        q, k, v, out, lse, dout, f, static
+    ),
+    result_avals=lambda static, q, k, v, *_: (
+        (0, q.shape, q.dtype), (1, k.shape, k.dtype), (2, v.shape, v.dtype),
+    ),
+    roles=_backward_roles,
+    result_roles=lambda static, shapes: (
+        (_q_roles(len(shapes[0]) - 3),) + (_k_roles(len(shapes[1]) - 3),) * 2,
+        _splittable(static),
+    ),
+)
+
+_BIAS_GRADIENT = part.op(
+    "jax_flash_bias_gradient",
+    impl=lambda static, q, k, v, out, lse, dout, *f: (
+        _ffi_bias_gradient(q, k, v, out, lse, dout, f, static),
+    ),
+    result_avals=lambda static, *avals: ((6, avals[6].shape, avals[6].dtype),),
+    roles=_bias_gradient_roles,
+    result_roles=lambda static, shapes: ((_bias_result_roles(shapes[0]),), _splittable(static)),
+)
