@@ -214,7 +214,11 @@ def segment_block_ranges(ids: jax.Array, block: int = SEGMENT_BLOCK) -> jax.Arra
     """
     *lead, t = ids.shape
     blocks = -(-t // block)
-    padded = jnp.pad(ids, [(0, 0)] * len(lead) + [(0, blocks * block - t)], mode="edge")
+    padded = ids
+    if blocks * block > t:  # the last id repeated (concatenated: jnp.pad's edge mode slices
+        # every axis, which explicit sharding of the batch refuses)
+        tail = jnp.broadcast_to(ids[..., -1:], (*lead, blocks * block - t))
+        padded = jnp.concatenate([ids, tail], axis=-1)
     padded = padded.reshape(*lead, blocks, block)
     return jnp.stack([padded.min(-1), padded.max(-1)], axis=-1)
 

@@ -226,11 +226,6 @@ def test_explicit_sharding(rng, mode, name):
         check_case(rng, name, axis_type="explicit")
 
 
-@pytest.mark.xfail(
-    reason="attention.segment_block_ranges pads the ids with jnp.pad(mode='edge'), which "
-    "explicit sharding cannot slice along a sharded batch (not the partitioning rules)",
-    strict=False,
-)
 def test_explicit_sharding_segments(rng):
     with partitioner("shardy"):
         check_case(rng, "segments", axis_type="explicit")
