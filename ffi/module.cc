@@ -1,5 +1,5 @@
 // The nanobind extension jax_flash._ffi: hands the FFI handlers to Python as
-// capsules (registered with XLA by jax_flash/_ffi.py) and says what was built.
+// capsules (registered with XLA by jax_flash/_registration.py) and says what was built.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -9,6 +9,15 @@
 #endif
 
 namespace nb = nanobind;
+
+// The FFI target names carry the version of the operand/attribute layout
+// (ffi/common/ffi_bindings.h). Bump it whenever that layout changes (an operand
+// added, removed or reordered; an attribute renamed or retyped; a result
+// changed), together with ABI_VERSION in jax_flash/_registration.py: a module
+// exported with jax.export against another layout then fails to compile with
+// "no registered implementation for jax_flash_fwd_v<N>" instead of running
+// with misread operands. "v1" is the unversioned names of earlier releases.
+#define JAX_FLASH_ABI "v2"
 
 namespace {
 
@@ -24,17 +33,17 @@ nb::capsule Capsule(Fn* fn) {
 NB_MODULE(_ffi, m) {
   m.def("cpu_targets", [] {
     nb::dict d;
-    d["jax_flash_fwd"] = Capsule(JaxFlashForwardCpu);
-    d["jax_flash_bwd"] = Capsule(JaxFlashBackwardCpu);
-    d["jax_flash_dbias"] = Capsule(JaxFlashBiasGradientCpu);
+    d["jax_flash_fwd_" JAX_FLASH_ABI] = Capsule(JaxFlashForwardCpu);
+    d["jax_flash_bwd_" JAX_FLASH_ABI] = Capsule(JaxFlashBackwardCpu);
+    d["jax_flash_dbias_" JAX_FLASH_ABI] = Capsule(JaxFlashBiasGradientCpu);
     return d;
   });
   m.def("cuda_targets", [] {
     nb::dict d;
 #ifdef JAX_FLASH_WITH_CUDA
-    d["jax_flash_fwd"] = Capsule(JaxFlashForwardCuda);
-    d["jax_flash_bwd"] = Capsule(JaxFlashBackwardCuda);
-    d["jax_flash_dbias"] = Capsule(JaxFlashBiasGradientCuda);
+    d["jax_flash_fwd_" JAX_FLASH_ABI] = Capsule(JaxFlashForwardCuda);
+    d["jax_flash_bwd_" JAX_FLASH_ABI] = Capsule(JaxFlashBackwardCuda);
+    d["jax_flash_dbias_" JAX_FLASH_ABI] = Capsule(JaxFlashBiasGradientCuda);
 #endif
     return d;
   });

@@ -3,6 +3,12 @@
 The same target names are registered for the "cpu" platform and, when the
 CUDA kernels were built, for "CUDA"; XLA picks the handler of the backend a
 computation runs on.
+
+The names carry the version of the calls' operand and attribute layout
+(``jax_flash_fwd_v2``): a computation serialized with ``jax.export`` against
+another layout then fails to compile, naming the missing target, instead of
+running with misread operands. Bump ABI_VERSION here and JAX_FLASH_ABI in
+ffi/module.cc together whenever the layout changes.
 """
 
 from __future__ import annotations
@@ -21,12 +27,21 @@ except ImportError as e:  # pragma: no cover - depends on how Python was started
         "`pip install --no-build-isolation .`"
     ) from e
 
-FWD_TARGET = "jax_flash_fwd"
-BWD_TARGET = "jax_flash_bwd"
-DBIAS_TARGET = "jax_flash_dbias"
+ABI_VERSION = 2  # v1: the unversioned names ("jax_flash_fwd", ...) of earlier releases
+FWD_TARGET = f"jax_flash_fwd_v{ABI_VERSION}"
+BWD_TARGET = f"jax_flash_bwd_v{ABI_VERSION}"
+DBIAS_TARGET = f"jax_flash_dbias_v{ABI_VERSION}"
+TARGETS = (FWD_TARGET, BWD_TARGET, DBIAS_TARGET)
 
 
 def _register() -> None:
+    built = sorted(_ext.cpu_targets())
+    if built != sorted(TARGETS):
+        # A stale extension (built from other sources than this Python code).
+        raise ImportError(
+            f"jax_flash's compiled extension registers {built}, but this Python package calls "
+            f"{sorted(TARGETS)}: rebuild it (`pip install --no-build-isolation .`)"
+        )
     for name, capsule in _ext.cpu_targets().items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     # "CUDA" is case-sensitive: a lowercase platform name is silently unused.
@@ -49,3 +64,20 @@ def build_info() -> dict:
     info = dict(_ext.build_info())
     info["platforms"] = ["cpu", "cuda"] if info.pop("cuda") else ["cpu"]
     return info
+
+
+def export_safety_checks() -> list:
+    """The ``jax.export`` safety checks to disable for jax_flash's custom calls.
+
+    ``jax.export`` refuses custom calls that are not on its list of stable
+    targets; pass this as ``disabled_checks``::
+
+        exp = jax.export.export(jax.jit(f), disabled_checks=jax_flash.export_safety_checks())(*args)
+
+    Import jax_flash in the process that deserializes and runs the module (it
+    registers the targets). The names carry jax_flash's operand layout version,
+    so a module exported by a jax_flash with another layout fails to compile
+    ("no registered implementation ... jax_flash_fwd_v<N>") rather than
+    computing wrong numbers.
+    """
+    return [jax.export.DisabledSafetyCheck.custom_call(name) for name in TARGETS]

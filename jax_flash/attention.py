@@ -63,7 +63,8 @@ def attention(
 
     Letters as in ``jax.nn.dot_product_attention``: B batch, T query length,
     S key/value length, N query heads, K key/value heads (K divides N: GQA/MQA),
-    H head dim (1 to 256). Logits are ``scale * q.k``, then
+    H head dim (1 to 256); B may be 0 (empty results), T, S, N, K are at least
+    1 (a ValueError otherwise). Logits are ``scale * q.k``, then
     ``logits_soft_cap * tanh(logits / logits_soft_cap)``, then ``+ bias``, then
     every mask below; a query row with no visible key returns zeros (and zero
     gradients) where jax would average over all keys.
@@ -319,7 +320,13 @@ def _check_inputs(query: jax.Array, key: jax.Array, value: jax.Array) -> None:
         raise ValueError(f"head dim must be in [1, {MAX_HEAD_DIM}]; got {h}")
     if t < 1 or s < 1:
         raise ValueError(f"sequence lengths must be >= 1; got query {t}, key {s}")
-    if k < 1 or n % k != 0:
+    # A batch of size 0 is fine (empty results); zero heads is a configuration
+    # error, reported here at trace time rather than as an empty result.
+    if n < 1:
+        raise ValueError(f"query must have at least one head (N >= 1); got shape {query.shape}")
+    if k < 1:
+        raise ValueError(f"key must have at least one head (K >= 1); got shape {key.shape}")
+    if n % k != 0:
         raise ValueError(f"key has {k} heads; it must divide query's {n}")
 
 
