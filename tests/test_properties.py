@@ -26,12 +26,6 @@ HEAD_DIMS = [1, 2, 3, 5, 7, 8, 15, 16, 31, 32, 33, 48, 63, 64, 65, 80, 95, 96]
 BIAS_SHAPES = ["BNTS", "1NTS", "B11S", "TS", "NTS", "BN1S", "11T1"]
 MASK_SHAPES = ["B11S", "BNTS", "TS", "B1T1"]
 ROUNDING_ULPS = 4  # see assert_grad_close
-# Known bug: the kernels keep the dropout scale 1 / (1 - rate) as a float32
-# (ffi/common/mask_policy.h, DropoutPolicy::keep_scale), so float64 outputs
-# with dropout are off by up to 6e-8 relative. Until that is fixed the float64
-# reference uses the same float32-rounded scale; test_float64_dropout_scale
-# (strict xfail) fails once the kernels are exact: then set this False.
-FLOAT32_KEEP_SCALE = True
 
 # Explicit cases, always run: edges and any drawn case that once failed.
 REGRESSIONS = [
@@ -128,8 +122,6 @@ def build(case, seed):
         ours.update(dropout_rate=rate, dropout_rng=key, dropout_broadcast=shared)
         words = np.asarray(jax.random.bits(key, (2,), jnp.uint32))
         factor = reference.dropout_factor(words, b, n, t, s, rate, shared)
-        if FLOAT32_KEEP_SCALE and dtype == jnp.float64:
-            factor = np.where(factor > 0, float(np.float32(1.0 / (1.0 - rate))), 0.0)
         ref["dropout_factor"] = factor
     return q, k, v, bias, dout, ours, ref
 
@@ -293,7 +285,6 @@ def test_draws_cover_the_space():
 
 
 @pytest.mark.skipif(ON_GPU, reason="float64 runs on the CPU only")
-@pytest.mark.xfail(strict=True, reason="dropout scale kept as float32 (ffi/common/mask_policy.h)")
 def test_float64_dropout_scale():
     """float64 with dropout against the exact 1 / (1 - rate): 1e-10, not 6e-8."""
     b, t, s, n, h, rate = 1, 8, 40, 1, 4, 0.3

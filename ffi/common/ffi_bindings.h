@@ -1,11 +1,13 @@
 // The operand and attribute lists of the three FFI targets, shared by the CPU
 // and CUDA registrations so the two platforms cannot drift apart.
+// (registered as jax_flash_{fwd,bwd,dbias}_v<ABI>, module.cc: the suffix
+// changes with these lists)
 //   jax_flash_fwd:   q, k, v, <features>                   -> out, lse
 //   jax_flash_bwd:   q, k, v, out, lse, dout, <features>   -> dq, dk, dv, delta, dq_accum
 //   jax_flash_dbias: q, k, v, out, lse, dout, <features>   -> dbias, delta
 // <features>: bias, mask, q_seqlens, kv_seqlens, q_segment_ids,
-// kv_segment_ids, q_segment_ranges, kv_segment_ranges, dropout_seed operands (placeholders when unused) and the
-// attributes below.
+// kv_segment_ids, q_segment_ranges, kv_segment_ranges, dropout_seed operands
+// (placeholders when unused) and the attributes below.
 #pragma once
 
 #include "xla/ffi/api/ffi.h"

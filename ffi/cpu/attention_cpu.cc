@@ -178,6 +178,7 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
   const int rows = int(std::min<int64_t>(kBlockM, s.seqlen_q - q0));
   const MaskPolicy mask = MaskPolicy::For(p, b, h);
   const DropoutPolicy dropout = DropoutPolicy::For(p, b);
+  const Acc keep_scale = Acc(1.0 / (1.0 - p.features.dropout_rate));  // dropout's, in Acc
   const LogitTransform<Acc> logits(p, mask, b, h);
 
   const Element* q = static_cast<const Element*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head;
@@ -231,7 +232,9 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
       if (dropout.active) {
         float factors[kBlockN];
         DropoutRow(dropout, b, h, q0 + r, k0, factors);
-        for (int c = 0; c < kBlockN; ++c) srow[c] *= Acc(factors[c]);  // past `cols` P is 0
+        // The kept ones scaled in Acc (1 / (1 - rate) rounded to float32
+        // would cost float64 its exactness).
+        for (int c = 0; c < kBlockN; ++c) srow[c] = factors[c] != 0.0f ? srow[c] * keep_scale : Acc(0);
       }
       Acc* orow = o_acc + r * dp;
       for (int c = 0; c < dp; ++c) orow[c] *= alpha;
@@ -329,8 +332,9 @@ void ComputeBackwardTile(const AttentionParams& p, const LogitTransform<Acc>& lo
     if (dropout.active) {
       float factors[kBlockN];  // the forward's, regenerated
       DropoutRow(dropout, b, h, q0 + r, k0, factors);
+      const Acc keep_scale = Acc(1.0 / (1.0 - p.features.dropout_rate));  // in Acc, as the forward's
       for (int c = 0; c < kBlockN; ++c) {  // past `cols` P is 0
-        const Acc f = Acc(factors[c]);
+        const Acc f = factors[c] != 0.0f ? keep_scale : Acc(0);
         dsrow[c] = prow[c] * (dsrow[c] * f - t.delta[r]);  // dS uses the undropped P
         prow[c] *= f;                                      // dV uses the dropped one
       }
