@@ -63,11 +63,12 @@ def _shard_map():
 
 
 def parse_mesh(text: str, devices) -> Mesh:
-    """'data=D,seq=S' -> a D x S Mesh over the first D * S of `devices`."""
+    """'data=D,seq=S' (either may be left out: size 1) -> a D x S Mesh over
+    the first D * S of `devices`."""
     sizes = dict(part.split("=") for part in text.split(","))
-    if set(sizes) != {"data", "seq"}:
-        raise ValueError(f"--mesh must name data and seq, e.g. data=2,seq=2; got {text!r}")
-    d, s = int(sizes["data"]), int(sizes["seq"])
+    if not sizes or not set(sizes) <= {"data", "seq"}:
+        raise ValueError(f"--mesh takes data=D and/or seq=S, e.g. data=2,seq=2; got {text!r}")
+    d, s = int(sizes.get("data", 1)), int(sizes.get("seq", 1))
     if d * s > len(devices):
         raise ValueError(f"--mesh {text} needs {d * s} devices; {len(devices)} available "
                          "(--host-devices N makes N CPU devices)")
@@ -162,8 +163,8 @@ def main(argv=None):
     add_common_arguments(p)
     p.add_argument("--attention", choices=["flash", "xla", "cudnn"], default="flash")
     p.add_argument("--mesh", default=None,
-                   help="data=D,seq=S: train on a D x S mesh (batch over data, sequence over seq "
-                        "by ring attention; needs --attention flash)")
+                   help="data=D,seq=S (or one of them): train on a D x S mesh (batch over data, "
+                        "sequence over seq by ring attention; needs --attention flash)")
     p.add_argument("--host-devices", type=int, default=0,
                    help="N CPU devices for --mesh (read as the script starts)")
     args = p.parse_args(argv)

@@ -73,3 +73,6 @@ def test_flax_example_on_a_mesh_matches_the_unsharded_run():
 
     with pytest.raises(ValueError, match="needs 8 devices"):
         script.parse_mesh("data=4,seq=2", jax.devices("cpu")[:4])
+    assert dict(script.parse_mesh("seq=2", jax.devices("cpu")).shape) == {"data": 1, "seq": 2}
+    with pytest.raises(ValueError, match="data=D and/or seq=S"):
+        script.parse_mesh("model=2", jax.devices("cpu"))
