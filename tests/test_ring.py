@@ -17,6 +17,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_flash
+from jax_flash import _registration
 from helpers import assert_close, random_qkv
 from jax_flash.ring import schedule, unzigzag, zigzag
 
@@ -291,7 +292,7 @@ def test_causal_steps_skip_empty_blocks(layout):
     q, k = jnp.zeros((b, t, 4, 16), jnp.float32), jnp.zeros((b, t, 2, 16), jnp.float32)
     text = jax.jit(jax.grad(lambda *a: f(*a).sum(), argnums=(0, 1, 2))).lower(q, k, k).as_text()
     tl, c = t // ring, t // ring // 2
-    for target in ("jax_flash_fwd", "jax_flash_bwd"):
+    for target in (_registration.FWD_TARGET, _registration.BWD_TARGET):
         calls = _kernel_calls(text, target)
         assert len(calls) == ring
         assert calls[0] == (f"tensor<{b}x{tl}x4x16xf32>", f"tensor<{b}x{tl}x2x16xf32>", True)
