@@ -2,8 +2,10 @@
 # Shared-memory races, barrier misuse and out-of-bounds or misaligned memory
 # accesses in the tensor-core kernels, on the GPU: runs small forward+backward
 # calls (head dims 64 / 128 / 256, causal and not, lengths with tails, two
-# query heads per key head) under compute-sanitizer's racecheck, synccheck
-# and memcheck, only our kernels instrumented.
+# query heads per key head; then the feature variants: packed documents, a
+# window, a key-padding mask, a bias and its gradient, soft cap, dropout)
+# under compute-sanitizer's racecheck, synccheck, memcheck and initcheck
+# (reads of device memory nothing wrote), only our kernels instrumented.
 # A kernel whose barriers are wrong can pass the numeric tests by timing
 # luck; these tools see the hazard itself. Run from the repository root on
 # the device after the package is installed (gpu_check.sh: SANITIZE=1).
@@ -27,10 +29,31 @@ for head_dim in (64, 128, 256):
         loss = lambda q, k, v: jnp.sum(jax_flash.attention(q, k, v, is_causal=causal).astype(jnp.float32))
         grads = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v)
         assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads)
+# The feature variants (their own instantiations): packed documents, a
+# window, a key-padding mask, a bias with its gradient, soft cap, dropout.
+t, n, h = 197, 2, 128
+q, k, v = (jnp.asarray(rng.standard_normal((1, t, n, h)), jnp.bfloat16) for _ in range(3))
+ids = jnp.asarray(np.repeat(np.arange(3), [70, 64, t - 134])[None], jnp.int32)
+bias = jnp.asarray(rng.standard_normal((1, n, t, t)), jnp.bfloat16)
+mask = jnp.asarray(np.arange(t) < 150)[None, None, None, :]
+cases = {
+    "segments": dict(is_causal=True, q_segment_ids=ids, kv_segment_ids=ids),
+    "window": dict(is_causal=True, local_window_size=(40, 0)),
+    "mask": dict(mask=mask),
+    "softcap": dict(logits_soft_cap=30.0),
+    "dropout": dict(dropout_rate=0.1, dropout_rng=jax.random.key(1)),
+}
+for name, kwargs in cases.items():
+    loss = lambda q, k, v: jnp.sum(jax_flash.attention(q, k, v, **kwargs).astype(jnp.float32))
+    grads = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v)
+    assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads), name
+loss = lambda q, k, v, bias: jnp.sum(jax_flash.attention(q, k, v, bias=bias).astype(jnp.float32))
+grads = jax.jit(jax.grad(loss, (0, 1, 2, 3)))(q, k, v, bias)
+assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads), "bias"
 print("sanitize case done")
 PY
 status=0
-for tool in racecheck synccheck memcheck; do
+for tool in racecheck synccheck memcheck initcheck; do
   log="$OUT/sanitize_$tool.log"
   # Only our kernels (their names hold the namespace): XLA's are not ours to check.
   filter="kns=${SANITIZE_KERNELS:-jax_flash}"
