@@ -77,19 +77,21 @@ def attention(query, key, value, bias=None, *, scale=None, logits_soft_cap=None,
 def dropout_factor(seed, b, n, t, s, rate, shared=False):
     """The [B, N, T, S] dropout multipliers jax_flash's kernels draw (NumPy).
 
-    Philox-4x32-10 keyed by ``seed`` (two uint32); one call serves 4 keys of
-    a query row: key ``j`` of row ``i`` takes output word ``(j % 32) // 8`` of
-    the call with counter ``((j // 32) * 8 + j % 8, i, h, b)`` (so keys
-    ``j0, j0 + 8, j0 + 16, j0 + 24`` share a call). Dropped when its word is
-    below ``rate * 2**32``; kept ones are scaled by ``1 / (1 - rate)``.
-    ``shared`` (broadcast dropout): one mask for every batch entry and head,
-    that of (b, h) = (0, 0).
+    Philox-4x32-10 keyed by ``seed`` (two uint32); 16 bits per pair, so one
+    call serves 8 pairs: pair (i, j) takes the low (``i % 16 < 8``) or high
+    16 bits of output word ``(j % 32) // 8`` of the call with counter
+    ``((j // 32) * 8 + j % 8, (i // 16) * 8 + i % 8, h, b)`` (so rows ``i0,
+    i0 + 8`` and keys ``j0, j0 + 8, j0 + 16, j0 + 24`` share a call).
+    Dropped when its 16 bits are below ``round(rate * 2**16)``; kept ones
+    are scaled by ``1 / (1 - rate)``. ``shared`` (broadcast dropout): one
+    mask for every batch entry and head, that of (b, h) = (0, 0).
     """
     k0, k1 = (np.uint64(x) for x in np.asarray(seed, np.uint32))
     runs = -(-s // 32)
+    row_calls = -(-t // 16) * 8
     gb, gn = (1, 1) if shared else (b, n)
-    # One counter per (b, h, i, run * 8 + lane): every call the kernels make.
-    bb, hh, ii, cc = np.meshgrid(np.arange(gb), np.arange(gn), np.arange(t), np.arange(runs * 8),
+    # One counter per (b, h, row call, run * 8 + lane): every call the kernels make.
+    bb, hh, ii, cc = np.meshgrid(np.arange(gb), np.arange(gn), np.arange(row_calls), np.arange(runs * 8),
                                  indexing="ij")
     c0, c1, c2, c3 = (x.astype(np.uint64) for x in (cc, ii, hh, bb))
     mask32 = np.uint64(0xFFFFFFFF)
@@ -101,8 +103,9 @@ def dropout_factor(seed, b, n, t, s, rate, shared=False):
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
         k0 = (k0 + np.uint64(0x9E3779B9)) & mask32
         k1 = (k1 + np.uint64(0xBB67AE85)) & mask32
-    words = np.stack((c0, c1, c2, c3), axis=-1)  # [gb, gn, t, runs * 8, 4]
-    j = np.arange(s)
-    bits = np.broadcast_to(words[..., j // 32 * 8 + j % 8, j % 32 // 8], (b, n, t, s))
-    threshold = np.uint64(int(rate * 4294967296.0))
-    return np.where(bits < threshold, 0.0, 1.0 / (1.0 - rate))
+    words = np.stack((c0, c1, c2, c3), axis=-1)  # [gb, gn, row_calls, runs * 8, 4]
+    i, j = np.arange(t)[:, None], np.arange(s)[None, :]
+    word = words[..., i // 16 * 8 + i % 8, j // 32 * 8 + j % 8, j % 32 // 8]  # [gb, gn, t, s]
+    bits = (word >> (np.uint64(16) * (i % 16 // 8).astype(np.uint64))) & np.uint64(0xFFFF)
+    threshold = np.uint64(int(rate * 65536.0 + 0.5))
+    return np.where(np.broadcast_to(bits, (b, n, t, s)) < threshold, 0.0, 1.0 / (1.0 - rate))

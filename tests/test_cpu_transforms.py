@@ -1,7 +1,7 @@
 """Dropout's random layout and the CPU's soft cap.
 
-Dropout: one Philox-4x32-10 call serves keys j0, j0 + 8, j0 + 16, j0 + 24 of
-a query row (mask_policy.h). DropoutPolicy (what the CUDA kernels call) is
+Dropout: one Philox-4x32-10 call serves rows i0 and i0 + 8 against keys j0,
+j0 + 8, j0 + 16, j0 + 24, 16 bits per pair (mask_policy.h). DropoutPolicy (what the CUDA kernels call) is
 checked on the host against Random123's known answers and against
 reference.dropout_factor; the CPU kernels' factors are read back exactly
 through jax_flash.attention (forward and backward); the reference's layout
@@ -27,7 +27,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Prints Philox4x32 of Random123's known-answer inputs, then per (shared, b,
 # h, i) one row of DropoutPolicy::Factor over keys 0..S-1 and one of the same
-# keys from Factors4. Under nvcc a kernel (never launched) makes the policy
+# keys from KeepBits8 (the tensor-core kernels' calls). Under nvcc a kernel (never launched) makes the policy
 # compile for the device as well.
 _POLICY_PROGRAM = r"""
 #include <cstdio>
@@ -40,9 +40,8 @@ using namespace jax_flash;
 
 #ifdef __CUDACC__
 __global__ void DeviceBuild(DropoutPolicy d, float* out) {
-  float f[4];
-  d.Factors4(0, 1, threadIdx.x, 32 * blockIdx.x + threadIdx.x % 8, f);
-  out[threadIdx.x] = f[0] + f[1] + f[2] + f[3] + d.Factor(0, 1, threadIdx.x, threadIdx.x);
+  const uint32_t keep = d.KeepBits8(0, 1, threadIdx.x % 8, 32 * blockIdx.x + threadIdx.x % 8);
+  out[threadIdx.x] = float(keep) + d.Factor(0, 1, threadIdx.x, threadIdx.x);
 }
 #endif
 
@@ -72,10 +71,10 @@ int main(int argc, char** argv) {
         for (int i = 0; i < t_n; ++i) {
           for (int j = 0; j < s_n; ++j) std::printf("%.9g ", d.Factor(b, h, i, j));
           std::printf("\n");
+          const int i0 = i / 16 * 16 + i % 8, half = i % 16 / 8;  // the call's first row
           for (int j0 = 0; j0 < int(row.size()); j0 += j0 % 32 == 7 ? 25 : 1) {  // lanes 0-7 of each run
-            float f[4];
-            d.Factors4(b, h, i, j0, f);
-            for (int w = 0; w < 4; ++w) row[j0 + 8 * w] = f[w];
+            const uint32_t keep = d.KeepBits8(b, h, i0, j0);
+            for (int w = 0; w < 4; ++w) row[j0 + 8 * w] = keep >> (w + 4 * half) & 1u ? d.keep_scale : 0.0f;
           }
           for (int j = 0; j < s_n; ++j) std::printf("%.9g ", row[j]);
           std::printf("\n");
@@ -112,10 +111,11 @@ def _build_policy_program(tmp_path):
 
 def test_dropout_policy_matches_reference_on_the_host(tmp_path):
     """Philox4x32 returns all four words (known answers); DropoutPolicy's
-    Factor and Factors4 give reference.dropout_factor's values, with and
-    without sharing over (batch, head), across partial 32-key runs."""
+    Factor and KeepBits8 give reference.dropout_factor's values, with and
+    without sharing over (batch, head), across partial 32-key runs and both
+    row halves of a call (rows 0-7 / 8-15) and a partial 16-row group."""
     exe = _build_policy_program(tmp_path)
-    seed, rate, (b, n, t, s) = (123456789, 987654321), 0.3, (2, 3, 5, 75)
+    seed, rate, (b, n, t, s) = (123456789, 987654321), 0.3, (2, 3, 20, 75)
     lines = subprocess.run([str(exe), *map(str, seed), str(rate), *map(str, (b, n, t, s))],
                            check=True, capture_output=True, text=True).stdout.splitlines()
     assert lines[:3] == _KNOWN_ANSWERS
@@ -123,7 +123,7 @@ def test_dropout_policy_matches_reference_on_the_host(tmp_path):
     for shared in (False, True):
         want = np.float32(reference.dropout_factor(np.array(seed, np.uint32), b, n, t, s, rate, shared))
         np.testing.assert_array_equal(rows[int(shared), ..., 0, :], want, err_msg="Factor")
-        np.testing.assert_array_equal(rows[int(shared), ..., 1, :], want, err_msg="Factors4")
+        np.testing.assert_array_equal(rows[int(shared), ..., 1, :], want, err_msg="KeepBits8")
 
 
 def _seed_words(key):

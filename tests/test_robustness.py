@@ -268,5 +268,8 @@ def test_compiled_memory_is_linear_in_sequence_length(features):
     assert temp.temp_size_in_bytes < t * t * 4 / 1000
 
     if features == "plain":  # the control: memory_analysis does see a T x T buffer
-        xla = step(jax.nn.dot_product_attention).lower(spec, spec, spec, {}).compile()
+        # Compiled for the CPU: a GPU compile would try to allocate the 64 GiB to autotune.
+        on_cpu = jax.ShapeDtypeStruct(spec.shape, spec.dtype,
+                                      sharding=jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0]))
+        xla = step(jax.nn.dot_product_attention).lower(on_cpu, on_cpu, on_cpu, {}).compile()
         assert xla.memory_analysis().temp_size_in_bytes >= t * t * 4

@@ -187,13 +187,17 @@ struct MaskPolicy {
 
 // Dropout's random bits: Philox-4x32-10 keyed by the user's seed, the same
 // bits on every platform and in the forward and backward, nothing stored.
-// One call serves 4 keys of one query row i: for key j, with run = j / 32,
-// lane = j % 8 and word = (j % 32) / 8, the counter is
-// (run * 8 + lane, i, h, b) and the key's bits are output word `word`. So the
-// call of keys j0, j0 + 8, j0 + 16, j0 + 24 (j0 = run * 32 + lane) gives one
-// number to each: the keys the kernels' threads own (the tensor-core
-// forward's 2t + e + 8 * nt of a row, the backward's g, g + 8, g + 16, g + 24
-// of a 32-key run for a query, the CPU's whole rows) use every word.
+// Each pair (query i, key j) takes 16 bits, so one call serves 8 pairs: two
+// rows, i0 and i0 + 8 (i0 % 16 < 8), times four keys, j0 + 8 w (j0 % 32 < 8).
+// With run = j / 32, lane = j % 8, word = (j % 32) / 8 and half = (i % 16) / 8,
+// the counter is (run * 8 + lane, i / 16 * 8 + i % 8, h, b) and the pair's
+// bits are the low (half 0) or high (half 1) 16 bits of output word `word`.
+// That set of pairs is held by one thread in both tensor-core kernels: the
+// forward's fragment rows g and g + 8 against keys 2t + e + 8 nt, the
+// backward's keys g + 8 w of a 32-key group against queries 2t + e + 8 nt
+// and + 8 (nt + 1). A pair is dropped when its 16 bits are below
+// round(rate * 2^16): the drop probability is the rate rounded to a multiple
+// of 2^-16 (kept ones are scaled by 1 / (1 - rate), as in jax).
 
 // Philox-4x32's round multipliers and key increments (Salmon et al., 2011).
 constexpr uint32_t kPhiloxMul0 = 0xD2511F53u, kPhiloxMul1 = 0xCD9E8D57u;
@@ -222,7 +226,7 @@ JAX_FLASH_HOST_DEVICE inline Philox4x32Words Philox4x32(uint32_t k0, uint32_t k1
 
 struct DropoutPolicy {
   uint32_t k0 = 0, k1 = 0;
-  uint32_t threshold = 0;  // drop when bits < threshold
+  uint32_t threshold = 0;  // drop when a pair's 16 bits are below it
   float keep_scale = 1.0f;
   bool active = false;
   bool shared = false;  // counter ignores (batch, head): flax's broadcast_dropout
@@ -235,18 +239,22 @@ struct DropoutPolicy {
     const uint32_t* seed = f.dropout_seed + 2 * (b / per_seed);
     d.k0 = seed[0];
     d.k1 = seed[1];
-    d.threshold = uint32_t(f.dropout_rate * 4294967296.0);
+    d.threshold = Threshold(f.dropout_rate);
     d.keep_scale = float(1.0 / (1.0 - f.dropout_rate));
     d.active = true;
     d.shared = f.dropout_shared;
     return d;
   }
 
-  // The counter of the Philox call that serves key j of row i (see above).
+  // round(rate * 2^16) (rate < 1, so at most 2^16: a rate within 2^-17 of 1
+  // drops everything).
+  JAX_FLASH_HOST_DEVICE static uint32_t Threshold(double rate) { return uint32_t(rate * 65536.0 + 0.5); }
+
+  // The counter of the Philox call that serves pair (i, j) (see above).
   JAX_FLASH_HOST_DEVICE void Counter(int64_t b, int64_t h, int64_t i, int64_t j, uint32_t c[4]) const {
     if (shared) b = h = 0;
     c[0] = uint32_t(j / 32 * 8 + j % 8);
-    c[1] = uint32_t(i);
+    c[1] = uint32_t(i / 16 * 8 + i % 8);
     c[2] = uint32_t(h);
     c[3] = uint32_t(b);
   }
@@ -257,35 +265,31 @@ struct DropoutPolicy {
     return Philox4x32(k0, k1, c[0], c[1], c[2], c[3]);
   }
 
-  JAX_FLASH_HOST_DEVICE float FactorOf(uint32_t bits) const { return bits < threshold ? 0.0f : keep_scale; }
-
-  // Multipliers of P for keys j0, j0 + 8, j0 + 16, j0 + 24 of row i
-  // (j0 % 32 < 8), from one Philox call: out[w] for key j0 + 8 * w, each 0
-  // (dropped) or 1 / (1 - rate).
-  JAX_FLASH_HOST_DEVICE void Factors4(int64_t b, int64_t h, int64_t i, int64_t j0, float out[4]) const {
-    const Philox4x32Words bits = Bits(b, h, i, j0);
-    for (int w = 0; w < 4; ++w) out[w] = FactorOf(bits.w[w]);
+  // Whether the pair whose word is `word` and row half `half` is kept.
+  JAX_FLASH_HOST_DEVICE bool Kept(uint32_t word, int half) const {
+    return (half ? word >> 16 : word & 0xFFFFu) >= threshold;
   }
 
-  // Which of keys j0, j0 + 8, j0 + 16, j0 + 24 of row i are kept, as bit w
-  // for key j0 + 8 * w (j0 % 32 < 8), from one Philox call: the tensor-core
-  // kernels, whose threads each hold such four keys of a row (forward: keys
-  // 8 * nt + c of a 32-key run; backward: a key group's rows g + 8 * w).
-  JAX_FLASH_HOST_DEVICE uint32_t KeepBits4(int64_t b, int64_t h, int64_t i, int64_t j0) const {
-    const Philox4x32Words bits = Bits(b, h, i, j0);
+  // Which of the 8 pairs of one call are kept: rows i0 and i0 + 8
+  // (i0 % 16 < 8) against keys j0 + 8 w (j0 % 32 < 8), as bit w + 4 * half
+  // (half 1: row i0 + 8). The tensor-core kernels take a whole call per use.
+  JAX_FLASH_HOST_DEVICE uint32_t KeepBits8(int64_t b, int64_t h, int64_t i0, int64_t j0) const {
+    const Philox4x32Words bits = Bits(b, h, i0, j0);
     uint32_t keep = 0;
-    for (int w = 0; w < 4; ++w) keep |= uint32_t(bits.w[w] >= threshold) << w;
+    for (int w = 0; w < 4; ++w)
+      keep |= uint32_t(Kept(bits.w[w], 0)) << w | uint32_t(Kept(bits.w[w], 1)) << (w + 4);
     return keep;
   }
 
-  // The multiplier of P for element (b, h, i, j) alone: Factors4's value for
-  // it, at the cost of a whole call. The word is picked by selects, not by
-  // indexing bits.w at run time, which would put the array in a GPU thread's
-  // local memory.
+  // The multiplier of P for element (b, h, i, j) alone, 0 (dropped) or
+  // 1 / (1 - rate), at the cost of a whole call. The word is picked by
+  // selects, not by indexing bits.w at run time, which would put the array
+  // in a GPU thread's local memory.
   JAX_FLASH_HOST_DEVICE float Factor(int64_t b, int64_t h, int64_t i, int64_t j) const {
     const Philox4x32Words bits = Bits(b, h, i, j);
     const int64_t word = j % 32 / 8;
-    return FactorOf(word == 0 ? bits.w[0] : word == 1 ? bits.w[1] : word == 2 ? bits.w[2] : bits.w[3]);
+    const uint32_t w = word == 0 ? bits.w[0] : word == 1 ? bits.w[1] : word == 2 ? bits.w[2] : bits.w[3];
+    return Kept(w, int(i % 16 / 8)) ? keep_scale : 0.0f;
   }
 };
 

@@ -133,8 +133,9 @@ typedef uint64_t PhiloxWide __attribute__((vector_size(sizeof(uint64_t) * kBlock
 // (k0 % 32 == 0): DropoutPolicy's kBlockN / 4 Philox calls that serve them,
 // run side by side as SIMD lanes through Philox4x32's rounds. Lane
 // l = run * 8 + lane serves keys k0 + run * 32 + lane + 8 * w (word w), so
-// its counter is the block's first plus l. (Factors4 lane by lane stays
-// scalar: 5x slower.)
+// its counter is the block's first plus l. (A call lane by lane stays
+// scalar: 5x slower. Each call also serves row i +- 8, whose own DropoutRow
+// draws it again: the CPU keeps one row at a time.)
 void DropoutRow(const DropoutPolicy& d, int64_t b, int64_t h, int64_t i, int64_t k0, float* f) {
   static_assert(kBlockN % 32 == 0);
   constexpr int kLanes = kBlockN / 4;
@@ -156,12 +157,14 @@ void DropoutRow(const DropoutPolicy& d, int64_t b, int64_t h, int64_t i, int64_t
     key0 += kPhiloxKeyStep0;
     key1 += kPhiloxKeyStep1;
   }
-  // DropoutPolicy::FactorOf on every lane, as bit masks: all-ones (kept) and
-  // the scale's bits, or 0. Word w of the calls of one run fills 8 keys.
+  // DropoutPolicy::Kept on every lane, as bit masks: all-ones (kept) and
+  // the scale's bits, or 0. Row i takes the low or high 16 bits of each
+  // word (its half, i % 16 / 8); word w of the calls of one run fills 8 keys.
   const uint32_t scale_bits = __builtin_bit_cast(uint32_t, d.keep_scale);
+  const uint32_t shift = uint32_t(i % 16 / 8) * 16;
   const PhiloxLanes words[4] = {c0, c1, c2, c3};
   for (int w = 0; w < 4; ++w) {
-    const PhiloxLanes factor_bits = (words[w] >= d.threshold) & scale_bits;
+    const PhiloxLanes factor_bits = (((words[w] >> shift) & 0xFFFFu) >= d.threshold) & scale_bits;
     for (int run = 0; run < kBlockN / 32; ++run)
       std::memcpy(f + run * 32 + w * 8, reinterpret_cast<const uint32_t*>(&factor_bits) + run * 8,
                   8 * sizeof(float));

@@ -492,20 +492,23 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       LogitFeatures lf = LogitFeatures::For(p, b, h);
       if (segments_all) lf.mask = lf.mask.WithoutSegments();
       const bool softcap_only = lf.cap > 0.0f && !lf.bias;
-      // Dropout's keep bits of this thread's pairs, one Philox call per query
-      // column: its keys n0 + warp_row + g + 8 w (w = 2 mt + hh, a key
-      // group's 32-key run), bit 4 (2 nt + e) + w.
-      static_assert(kM == 2 && kSN * 8 <= 64, "four keys per call, 64 bits");
+      // Dropout's keep bits of this thread's pairs, bit 4 (2 nt + e) + w for
+      // query column 8 nt + 2t + e and key n0 + warp_row + g + 8 w (w = 2 mt
+      // + hh, a key group's 32-key run): one Philox call serves both query
+      // columns e of n-tiles 2 np and 2 np + 1 (rows i0 and i0 + 8 of
+      // DropoutPolicy) against the four keys.
+      static_assert(kM == 2 && kSN * 8 <= 64 && kSN % 2 == 0, "four keys and two n-tiles per call, 64 bits");
       uint64_t keep = ~uint64_t(0);
       if (lf.dropout.active) {
         keep = 0;
 #pragma unroll
-        for (int nt = 0; nt < kSN; ++nt)
+        for (int np = 0; np < kSN / 2; ++np)
 #pragma unroll
-          for (int e = 0; e < 2; ++e)
-            keep |= uint64_t(lf.dropout.KeepBits4(lf.b, lf.h, m0 + q_col0 + nt * 8 + 2 * t + e,
-                                                  n0 + warp_row + g))
-                    << (4 * (2 * nt + e));
+          for (int e = 0; e < 2; ++e) {
+            const uint64_t bits8 =
+                lf.dropout.KeepBits8(lf.b, lf.h, m0 + q_col0 + np * 16 + 2 * t + e, n0 + warp_row + g);
+            keep |= (bits8 & 0xFu) << (4 * (2 * (2 * np) + e)) | (bits8 >> 4) << (4 * (2 * (2 * np + 1) + e));
+          }
       }
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt)

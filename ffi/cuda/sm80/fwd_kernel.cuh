@@ -43,10 +43,11 @@ __device__ __forceinline__ float RowHalfReduce(const float (&frag)[kN][4], int h
 // kFeatures: the variant for calls with attention features (p.features.Any());
 // kTransforms: with the logit transforms and dropout (else masks alone, see
 // FwdTraits).
-template <typename Element, int kHeadDim, bool kFeatures, bool kTransforms = kFeatures>
-__global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms>::kThreads, 1)
+template <typename Element, int kHeadDim, bool kFeatures, bool kTransforms = kFeatures,
+          bool kDropout = kTransforms>
+__global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kDropout>::kThreads, 1)
     ForwardKernel(const AttentionParams p, const BlockOrder order) {
-  using Tr = FwdTraits<kHeadDim, kFeatures, kTransforms>;
+  using Tr = FwdTraits<kHeadDim, kFeatures, kTransforms, kDropout>;
   constexpr int kM = Tr::kMTiles, kN = Tr::kNTiles, kD = Tr::kDTiles;
   // The soft cap's tanh on the special-function unit for bfloat16 (FastTanh for float16).
   constexpr bool kApproxTanh = std::is_same_v<Element, __nv_bfloat16>;
@@ -104,7 +105,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms>::k
   // With features, the shared MaskPolicy bounds the key blocks (lengths,
   // causal, window) and says which ones need per-element work; a bias, soft
   // cap or dropout puts every block on the per-element path.
-  const bool elementwise = Tr::kTransforms && LogitFeatures::ElementwiseLogits(p);
+  // (The masks-only variant sees the soft cap, never a bias or dropout: LaunchForward.)
+  const bool elementwise = kFeatures && LogitFeatures::ElementwiseLogits(p);
   int n_lo = 0, n_hi = n_blocks;
   if constexpr (kFeatures) {
     int64_t lo, hi;
@@ -144,6 +146,34 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms>::k
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt)
     for (int hh = 0; hh < 2; ++hh) row_max[mt][hh] = -CUDART_INF_F, row_sum[mt][hh] = 0.0f;
+  // The bias of the next key block to run, read a block ahead (FwdTraits::
+  // kBiasAhead): its loads land under this block's P V and the next QK^T
+  // instead of stalling the per-element pass on a memory latency per row.
+  // [2 mt + hh][nt][e] for block bias_ahead_nb; rows and keys clamped into
+  // the bias's bounds (the values of hidden pairs go unused).
+  constexpr int kBiasRows = Tr::kBiasAhead ? 2 * kM : 1;
+  float bias_ahead[kBiasRows][kN][2];
+  int bias_ahead_nb = -1;
+  auto load_bias = [&](int nb) {
+    if constexpr (Tr::kBiasAhead) {
+      const AttentionFeatures& f = p.features;
+      const float* bias = static_cast<const float*>(f.bias) + f.BroadcastOffset(f.bias_stride, b, h);
+      const int64_t n0 = int64_t(nb) * Tr::kBlockN;
+#pragma unroll
+      for (int r = 0; r < kBiasRows; ++r) {
+        const int64_t row = min(m0 + warp_row + r / 2 * 16 + g + r % 2 * 8, s.seqlen_q - 1);
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            bias_ahead[r][nt][e] =
+                bias[row * f.bias_stride.row + min(n0 + 8 * nt + 2 * t + e, s.seqlen_k - 1) * f.bias_stride.col];
+      }
+      bias_ahead_nb = nb;
+    }
+  };
+  if (Tr::kBiasAhead && p.features.bias && n_hi > n_lo) load_bias(n_hi - 1);
+
   // The sm80 dispatch requires scale > 0, so max(scale * s) = scale * max(s)
   // and each probability is one FFMA and one ex2.
   const float scale_log2 = float(p.scale) * kLog2e;
@@ -223,8 +253,10 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms>::k
         LogitFeatures lf = LogitFeatures::For(p, b, h);
         if (segments_all) lf.mask = lf.mask.WithoutSegments();
         const bool transform = Tr::kTransforms && lf.NeedsTransform();
-        const bool softcap_only = Tr::kTransforms && lf.cap > 0.0f && !lf.bias;
+        const bool softcap_only = lf.cap > 0.0f && !(Tr::kTransforms && lf.bias);
         const float inv_scale_log2 = 1.0f / scale_log2;
+        // (Only when a skipped block broke the prediction: loaded now.)
+        if (Tr::kBiasAhead && lf.bias && bias_ahead_nb != nb) load_bias(nb);
 #pragma unroll
         for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
@@ -233,17 +265,21 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms>::k
             constexpr uint32_t kAllBits = 2 * kN == 32 ? ~0u : (1u << (2 * kN)) - 1;
             const uint32_t visible =
                 check_visibility ? VisibleBits<kN, true, Tr::kMaskReadChunk>(lf.mask, row, n0 + 2 * t) : kAllBits;
-            // The row's bias values, read before any is used (clamped columns,
-            // see LastVisibleColumn), so the reads overlap.
             float bias_values[kN][2] = {};
-            if (Tr::kTransforms && lf.bias && visible) {
+            if (Tr::kBiasAhead && lf.bias) {
+#pragma unroll
+              for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) bias_values[nt][e] = bias_ahead[Tr::kBiasAhead ? 2 * mt + hh : 0][nt][e];
+            } else if (Tr::kTransforms && lf.bias && visible) {
+              // The row's values, read before any is used (clamped columns,
+              // see LastVisibleColumn), so the reads overlap.
               const float* bias = lf.BiasRow(row, n0 + 2 * t);
               const int last = LastVisibleColumn(visible);
 #pragma unroll
               for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
-                for (int e = 0; e < 2; ++e)
-                  bias_values[nt][e] = bias[min(8 * nt + e, last) * lf.bias_col];
+                for (int e = 0; e < 2; ++e) bias_values[nt][e] = bias[min(8 * nt + e, last) * lf.bias_col];
             }
 #pragma unroll
             for (int nt = 0; nt < kN; ++nt)
@@ -262,6 +298,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms>::k
                 }
               }
           }
+        // The next block's bias, in flight from here on.
+        if (Tr::kBiasAhead && lf.bias && nb > n_lo) load_bias(nb - 1);
       }
     }
 
@@ -339,27 +377,33 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms>::k
             sum += e;
           }
         row_sum[mt][hh] += sum;  // the normalizer ignores dropout
-        if constexpr (kMasked && Tr::kTransforms) {
-          if (elementwise && p.features.dropout_rate > 0.0) {
-            // This thread's keys of the row are n0 + 8 nt + 2t + j: for each j
-            // and 32-key run, one Philox call serves n-tiles 4 r .. 4 r + 3.
-            static_assert(kN % 4 == 0 && !(kPair && kMasked), "whole 32-key runs per thread");
-            const DropoutPolicy dropout = DropoutPolicy::For(p, b);
-            const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;
+      }
+    if constexpr (kMasked && Tr::kDropout) {
+      if (elementwise && p.features.dropout_rate > 0.0) {
+        // This thread's pairs of an m-tile: rows g and g + 8 against keys
+        // n0 + 8 nt + 2t + j. For each j and 32-key run, one Philox call
+        // serves both rows and n-tiles 4 r .. 4 r + 3 (DropoutPolicy).
+        static_assert(kN % 4 == 0 && !(kPair && kMasked), "whole 32-key runs per thread");
+        const DropoutPolicy dropout = DropoutPolicy::For(p, b);
 #pragma unroll
-            for (int run = 0; run < kN / 4; ++run)
+        for (int mt = 0; mt < kM; ++mt) {
+          const int64_t row0 = m0 + warp_row + mt * 16 + g;
 #pragma unroll
-              for (int j = 0; j < 2; ++j) {
-                const uint32_t keep = dropout.KeepBits4(b, h, row, n0 + 32 * run + 2 * t + j);
+          for (int run = 0; run < kN / 4; ++run)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const uint32_t keep = dropout.KeepBits8(b, h, row0, n0 + 32 * run + 2 * t + j);
+#pragma unroll
+              for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
                   float& x = acc[mt][4 * run + w][2 * hh + j];
-                  x = keep >> w & 1u ? x * dropout.keep_scale : 0.0f;
+                  x = keep >> (w + 4 * hh) & 1u ? x * dropout.keep_scale : 0.0f;
                 }
-              }
-          }
+            }
         }
       }
+    }
 
     if constexpr (kPair) {
       // This warp's P for its partner, then its own keys' share of O (the

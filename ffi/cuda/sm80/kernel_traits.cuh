@@ -5,12 +5,12 @@
 
 namespace jax_flash::cuda::sm80 {
 
-// kFeatures_: the variant for calls with attention features; kTransforms_
-// (with kFeatures_): it also serves the logit transforms (bias, soft cap) and
-// dropout, element by element; without, masks alone (causal, window,
-// lengths, segment ids, a mask array), which leave the registers of a second
-// m-tile at 128.
-template <int kHeadDim_, bool kFeatures_ = false, bool kTransforms_ = kFeatures_>
+// kFeatures_: the variant for calls with attention features: masks (causal,
+// window, lengths, segment ids, a mask array) and the soft cap; kTransforms_
+// (with kFeatures_): it also serves a bias and dropout, element by element,
+// which at 128 take the registers of a second m-tile. kDropout_: dropout
+// (with kFeatures_; every transforms variant has it).
+template <int kHeadDim_, bool kFeatures_ = false, bool kTransforms_ = kFeatures_, bool kDropout_ = kTransforms_>
 struct FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;  // 64, 128 or 256
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
@@ -25,6 +25,7 @@ struct FwdTraits {
   // warps had all warps of the SM in the same phase.)
   static constexpr bool kFeatures = kFeatures_;
   static constexpr bool kTransforms = kFeatures_ && kTransforms_;
+  static constexpr bool kDropout = kFeatures_ && (kTransforms_ || kDropout_);
   static constexpr int kWarps = 4;
   // Key-split warp pairs (the plain kernel at 256): with one m-tile per warp
   // every K / V fragment read from shared memory fed one MMA, and the
@@ -62,6 +63,10 @@ struct FwdTraits {
   // (VisibleBits): all of them, except in the masks-only variant with two
   // m-tiles at 128, whose registers hold a quarter of them (all at once: 224
   // B of spills, 59 LDL in the main loop; a quarter: 16 B, 3).
+  // The bias read a key block ahead into registers (ForwardKernel): at 128
+  // with one m-tile, where its 32 registers fit (254 in all, no spills); at
+  // 64 (two m-tiles: 64) it spilled 776 B and at 256 292 B.
+  static constexpr bool kBiasAhead = kTransforms && kHeadDim == 128;
   static constexpr int kMaskReadChunk = kFeatures && !kTransforms && kHeadDim == 128 ? 2 : kNTiles;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   // QK^T k steps unrolled: fully (no spills since the swizzle left the k

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "cuda/generic/launch.cuh"  // CheckLaunch, PrepareSmem, CheckGrid, CeilDiv
 #include "cuda/sm80/bwd_kernels.cuh"
@@ -32,11 +33,12 @@ std::string OrderBlocks(const AttentionParams& p, Kernel kernel, int threads, in
   return {};
 }
 
-template <typename Element, int kHeadDim, bool kFeatures, bool kTransforms = kFeatures>
+template <typename Element, int kHeadDim, bool kFeatures, bool kTransforms = kFeatures,
+          bool kDropout = kTransforms>
 std::string LaunchForwardVariant(const AttentionParams& p, cudaStream_t stream) {
-  using Tr = FwdTraits<kHeadDim, kFeatures, kTransforms>;
+  using Tr = FwdTraits<kHeadDim, kFeatures, kTransforms, kDropout>;
   if (auto e = CheckGrid(p.shape); !e.empty()) return e;
-  auto kernel = ForwardKernel<Element, kHeadDim, kFeatures, kTransforms>;
+  auto kernel = ForwardKernel<Element, kHeadDim, kFeatures, kTransforms, kDropout>;
   if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm80 forward kernel"); !e.empty()) return e;
   BlockOrder order;
   dim3 grid;
@@ -60,13 +62,16 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
     features = limit < FwdTraits<kHeadDim, false>::kSmemBytes;
   }
   if (!features) return LaunchForwardVariant<Element, kHeadDim, false>(p, stream);
-  // At 128, calls with masks alone (no bias, soft cap or dropout) run the
-  // masks-only variant: two m-tiles (FwdTraits). Its shared memory is the
+  // At 128, calls with masks and the soft cap alone (no bias or dropout) run
+  // the masks-only variant: two m-tiles (FwdTraits). Its shared memory is the
   // plain kernel's, which fits wherever the 128 kernels run at all.
   if constexpr (kHeadDim == 128) {
-    if (!LogitFeatures::ElementwiseLogits(p) &&
-        FwdTraits<kHeadDim, true, false>::kSmemBytes <= FwdTraits<kHeadDim, false>::kSmemBytes)
-      return LaunchForwardVariant<Element, kHeadDim, true, false>(p, stream);
+    const bool dropout = p.features.dropout_rate > 0.0 && p.features.dropout_seed;
+    static_assert(FwdTraits<kHeadDim, true, false>::kSmemBytes <= FwdTraits<kHeadDim, false>::kSmemBytes);
+    if (!p.features.bias && !dropout) return LaunchForwardVariant<Element, kHeadDim, true, false>(p, stream);
+    // EXPERIMENT (A/B on the H200, not for main): dropout in two m-tiles.
+    if (!p.features.bias && getenv("JAX_FLASH_AB_DROPOUT2"))
+      return LaunchForwardVariant<Element, kHeadDim, true, false, true>(p, stream);
   }
   return LaunchForwardVariant<Element, kHeadDim, true>(p, stream);
 }
