@@ -105,7 +105,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kD
   // With features, the shared MaskPolicy bounds the key blocks (lengths,
   // causal, window) and says which ones need per-element work; a bias, soft
   // cap or dropout puts every block on the per-element path.
-  // (The masks-only variant sees the soft cap, never a bias or dropout: LaunchForward.)
+  // (The two-m-tile feature variants at 128 see the soft cap and, with
+  // Tr::kDropout, dropout; never a bias: LaunchForward.)
   const bool elementwise = kFeatures && LogitFeatures::ElementwiseLogits(p);
   int n_lo = 0, n_hi = n_blocks;
   if constexpr (kFeatures) {
@@ -146,34 +147,6 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kD
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt)
     for (int hh = 0; hh < 2; ++hh) row_max[mt][hh] = -CUDART_INF_F, row_sum[mt][hh] = 0.0f;
-  // The bias of the next key block to run, read a block ahead (FwdTraits::
-  // kBiasAhead): its loads land under this block's P V and the next QK^T
-  // instead of stalling the per-element pass on a memory latency per row.
-  // [2 mt + hh][nt][e] for block bias_ahead_nb; rows and keys clamped into
-  // the bias's bounds (the values of hidden pairs go unused).
-  constexpr int kBiasRows = Tr::kBiasAhead ? 2 * kM : 1;
-  float bias_ahead[kBiasRows][kN][2];
-  int bias_ahead_nb = -1;
-  auto load_bias = [&](int nb) {
-    if constexpr (Tr::kBiasAhead) {
-      const AttentionFeatures& f = p.features;
-      const float* bias = static_cast<const float*>(f.bias) + f.BroadcastOffset(f.bias_stride, b, h);
-      const int64_t n0 = int64_t(nb) * Tr::kBlockN;
-#pragma unroll
-      for (int r = 0; r < kBiasRows; ++r) {
-        const int64_t row = min(m0 + warp_row + r / 2 * 16 + g + r % 2 * 8, s.seqlen_q - 1);
-#pragma unroll
-        for (int nt = 0; nt < kN; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            bias_ahead[r][nt][e] =
-                bias[row * f.bias_stride.row + min(n0 + 8 * nt + 2 * t + e, s.seqlen_k - 1) * f.bias_stride.col];
-      }
-      bias_ahead_nb = nb;
-    }
-  };
-  if (Tr::kBiasAhead && p.features.bias && n_hi > n_lo) load_bias(n_hi - 1);
-
   // The sm80 dispatch requires scale > 0, so max(scale * s) = scale * max(s)
   // and each probability is one FFMA and one ex2.
   const float scale_log2 = float(p.scale) * kLog2e;
@@ -255,8 +228,6 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kD
         const bool transform = Tr::kTransforms && lf.NeedsTransform();
         const bool softcap_only = lf.cap > 0.0f && !(Tr::kTransforms && lf.bias);
         const float inv_scale_log2 = 1.0f / scale_log2;
-        // (Only when a skipped block broke the prediction: loaded now.)
-        if (Tr::kBiasAhead && lf.bias && bias_ahead_nb != nb) load_bias(nb);
 #pragma unroll
         for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
@@ -265,15 +236,10 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kD
             constexpr uint32_t kAllBits = 2 * kN == 32 ? ~0u : (1u << (2 * kN)) - 1;
             const uint32_t visible =
                 check_visibility ? VisibleBits<kN, true, Tr::kMaskReadChunk>(lf.mask, row, n0 + 2 * t) : kAllBits;
+            // The row's bias values, read before any is used (clamped columns,
+            // see LastVisibleColumn), so the reads overlap.
             float bias_values[kN][2] = {};
-            if (Tr::kBiasAhead && lf.bias) {
-#pragma unroll
-              for (int nt = 0; nt < kN; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) bias_values[nt][e] = bias_ahead[Tr::kBiasAhead ? 2 * mt + hh : 0][nt][e];
-            } else if (Tr::kTransforms && lf.bias && visible) {
-              // The row's values, read before any is used (clamped columns,
-              // see LastVisibleColumn), so the reads overlap.
+            if (Tr::kTransforms && lf.bias && visible) {
               const float* bias = lf.BiasRow(row, n0 + 2 * t);
               const int last = LastVisibleColumn(visible);
 #pragma unroll
@@ -298,8 +264,6 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kD
                 }
               }
           }
-        // The next block's bias, in flight from here on.
-        if (Tr::kBiasAhead && lf.bias && nb > n_lo) load_bias(nb - 1);
       }
     }
 

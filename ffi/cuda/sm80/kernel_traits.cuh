@@ -63,10 +63,6 @@ struct FwdTraits {
   // (VisibleBits): all of them, except in the masks-only variant with two
   // m-tiles at 128, whose registers hold a quarter of them (all at once: 224
   // B of spills, 59 LDL in the main loop; a quarter: 16 B, 3).
-  // The bias read a key block ahead into registers (ForwardKernel): at 128
-  // with one m-tile, where its 32 registers fit (254 in all, no spills); at
-  // 64 (two m-tiles: 64) it spilled 776 B and at 256 292 B.
-  static constexpr bool kBiasAhead = kTransforms && kHeadDim == 128;
   static constexpr int kMaskReadChunk = kFeatures && !kTransforms && kHeadDim == 128 ? 2 : kNTiles;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   // QK^T k steps unrolled: fully (no spills since the swizzle left the k

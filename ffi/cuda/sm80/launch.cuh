@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 
 #include "cuda/generic/launch.cuh"  // CheckLaunch, PrepareSmem, CheckGrid, CeilDiv
 #include "cuda/sm80/bwd_kernels.cuh"
@@ -69,9 +68,11 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
     const bool dropout = p.features.dropout_rate > 0.0 && p.features.dropout_seed;
     static_assert(FwdTraits<kHeadDim, true, false>::kSmemBytes <= FwdTraits<kHeadDim, false>::kSmemBytes);
     if (!p.features.bias && !dropout) return LaunchForwardVariant<Element, kHeadDim, true, false>(p, stream);
-    // EXPERIMENT (A/B on the H200, not for main): dropout in two m-tiles.
-    if (!p.features.bias && getenv("JAX_FLASH_AB_DROPOUT2"))
-      return LaunchForwardVariant<Element, kHeadDim, true, false, true>(p, stream);
+    // Dropout without a bias: two m-tiles as well, in a variant of its own.
+    // Its Philox calls spill 376 B there, yet it ran 1.6x the one-m-tile
+    // variant's speed (docs/PERF.md, v17); the masks-only variant keeps its
+    // registers (20 B of spills).
+    if (!p.features.bias) return LaunchForwardVariant<Element, kHeadDim, true, false, true>(p, stream);
   }
   return LaunchForwardVariant<Element, kHeadDim, true>(p, stream);
 }
