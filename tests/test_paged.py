@@ -323,3 +323,15 @@ def test_readme_decode_step(rng):
     want = reference.attention(to_f64_cpu(q), to_f64_cpu(keys), to_f64_cpu(values),
                                key_value_seq_lengths=jax.device_put(lengths2, CPU))
     assert_close("out", out, np.asarray(want), "bfloat16")
+
+
+def test_two_platform_export_runs_on_the_cpu(rng):
+    """An export for cpu and cuda carries both branches (the CPU kernel and
+    the gather fallback's attention call) and runs here like the jitted call."""
+    args = _args(rng)
+    fn = jax.jit(lambda a: jax_flash.paged_attention(**a))
+    exp = jax.export.export(fn, platforms=("cpu", "cuda"),
+                            disabled_checks=jax_flash.export_safety_checks())(args)
+    text = exp.mlir_module()
+    assert "jax_flash_paged_fwd_v" in text and "jax_flash_fwd_v" in text
+    np.testing.assert_array_equal(np.asarray(exp.call(args)), np.asarray(fn(args)))
