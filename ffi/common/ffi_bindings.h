@@ -1,7 +1,7 @@
 // The operand and attribute lists of the FFI targets, shared by the CPU
 // and CUDA registrations so the two platforms cannot drift apart.
-// (registered as jax_flash_{fwd,bwd,dbias}_v<ABI>, module.cc: the suffix
-// changes with these lists)
+// (registered as jax_flash_{fwd,bwd,dbias,paged_fwd}_v<ABI>, module.cc: the
+// suffix changes with these lists; paged_fwd is CPU-only so far)
 //   jax_flash_fwd:   q, k, v, <features>                   -> out, lse
 //   jax_flash_bwd:   q, k, v, out, lse, dout, <features>   -> dq, dk, dv, delta, dq_accum
 //   jax_flash_dbias: q, k, v, out, lse, dout, <features>   -> dbias, delta
