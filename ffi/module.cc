@@ -36,6 +36,9 @@ NB_MODULE(_ffi, m) {
     d["jax_flash_fwd_" JAX_FLASH_ABI] = Capsule(JaxFlashForwardCpu);
     d["jax_flash_bwd_" JAX_FLASH_ABI] = Capsule(JaxFlashBackwardCpu);
     d["jax_flash_dbias_" JAX_FLASH_ABI] = Capsule(JaxFlashBiasGradientCpu);
+    // Paged attention: CPU only so far; on CUDA jax_flash/paged.py gathers the
+    // blocks and runs jax_flash_fwd until a native paged kernel exists.
+    d["jax_flash_paged_fwd_" JAX_FLASH_ABI] = Capsule(JaxFlashPagedForwardCpu);
     return d;
   });
   m.def("cuda_targets", [] {

@@ -31,7 +31,12 @@ ABI_VERSION = 2  # v1: the unversioned names ("jax_flash_fwd", ...) of earlier r
 FWD_TARGET = f"jax_flash_fwd_v{ABI_VERSION}"
 BWD_TARGET = f"jax_flash_bwd_v{ABI_VERSION}"
 DBIAS_TARGET = f"jax_flash_dbias_v{ABI_VERSION}"
-TARGETS = (FWD_TARGET, BWD_TARGET, DBIAS_TARGET)
+PAGED_FWD_TARGET = f"jax_flash_paged_fwd_v{ABI_VERSION}"
+ATTENTION_TARGETS = (FWD_TARGET, BWD_TARGET, DBIAS_TARGET)
+TARGETS = ATTENTION_TARGETS + (PAGED_FWD_TARGET,)
+# The paged forward has a CPU handler only: on CUDA, jax_flash/paged.py gathers
+# the cache's blocks and calls the attention forward until a native kernel exists.
+CUDA_TARGETS = ATTENTION_TARGETS
 
 
 def _register() -> None:
@@ -41,6 +46,12 @@ def _register() -> None:
         raise ImportError(
             f"jax_flash's compiled extension registers {built}, but this Python package calls "
             f"{sorted(TARGETS)}: rebuild it (`pip install --no-build-isolation .`)"
+        )
+    cuda_built = sorted(_ext.cuda_targets())
+    if cuda_built and cuda_built != sorted(CUDA_TARGETS):
+        raise ImportError(
+            f"jax_flash's compiled extension registers CUDA targets {cuda_built}, but this Python "
+            f"package expects {sorted(CUDA_TARGETS)}: rebuild it (`pip install --no-build-isolation .`)"
         )
     for name, capsule in _ext.cpu_targets().items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")

@@ -109,3 +109,34 @@ def dropout_factor(seed, b, n, t, s, rate, shared=False):
     bits = (word >> (np.uint64(16) * (i % 16 // 8).astype(np.uint64))) & np.uint64(0xFFFF)
     threshold = np.uint64(int(rate * 65536.0 + 0.5))
     return np.where(np.broadcast_to(bits, (b, n, t, s)) < threshold, 0.0, 1.0 / (1.0 - rate))
+
+
+def paged_attention(query, key_cache, value_cache, block_tables, key_value_seq_lengths, *,
+                    scale=None, logits_soft_cap=None, local_window_size=None,
+                    return_residual=False):
+    """Reference ``jax_flash.paged_attention``: gathers every sequence's whole
+    table into ``[B, M * bs, K, H]`` in position order and masks by position.
+
+    Same clamping as the kernels (lengths into ``[0, M * bs]``, block ids into
+    ``[0, P)``). ``local_window_size`` is ``w`` or ``(w, 0)``. Returns ``out``
+    or ``(out, lse)`` with ``lse`` ``[B, Tq, N]`` in the compute dtype.
+    """
+    b, tq = query.shape[:2]
+    num_blocks, block_size = key_cache.shape[:2]
+    capacity = block_tables.shape[1] * block_size
+    j = jnp.arange(capacity)
+    blocks = jnp.clip(block_tables[:, j // block_size], 0, num_blocks - 1)  # [B, S]
+    keys = key_cache[blocks, j % block_size]
+    values = value_cache[blocks, j % block_size]
+    lengths = jnp.clip(key_value_seq_lengths, 0, capacity)
+    pos = lengths[:, None] - tq + jnp.arange(tq)[None, :]  # [B, Tq] query positions
+    vis = (j[None, None, :] <= pos[:, :, None]) & (j[None, None, :] < lengths[:, None, None])
+    if local_window_size is not None:
+        left = local_window_size if isinstance(local_window_size, int) else local_window_size[0]
+        vis = vis & (j[None, None, :] >= pos[:, :, None] - left)
+    result = attention(query, keys, values, scale=scale, logits_soft_cap=logits_soft_cap,
+                       mask=vis[:, None], return_residual=return_residual)
+    if return_residual:
+        out, lse = result
+        return out, jnp.swapaxes(lse, -1, -2)
+    return result

@@ -87,7 +87,7 @@ def test_exported_step_runs_bitwise_in_a_fresh_process(rng, tmp_path):
     want = STEP(*args)
     exp = _export(STEP, *args)
     text = exp.mlir_module()
-    for target in _registration.TARGETS:  # forward, backward and the bias gradient
+    for target in _registration.ATTENTION_TARGETS:  # forward, backward and the bias gradient
         assert f"@{target}(" in text, target
 
     # In process: the deserialized module gives the jitted function's bits.
@@ -130,10 +130,10 @@ def test_export_without_disabled_checks_names_the_target(rng):
 def test_target_names_carry_the_abi_version():
     version = f"_v{_registration.ABI_VERSION}"
     assert _registration.TARGETS == tuple(
-        f"jax_flash_{op}{version}" for op in ("fwd", "bwd", "dbias"))
+        f"jax_flash_{op}{version}" for op in ("fwd", "bwd", "dbias", "paged_fwd"))
     assert sorted(_registration._ext.cpu_targets()) == sorted(_registration.TARGETS)
-    cuda = _registration._ext.cuda_targets()
-    assert not cuda or sorted(cuda) == sorted(_registration.TARGETS)
+    cuda = _registration._ext.cuda_targets()  # no native paged kernel on CUDA yet
+    assert not cuda or sorted(cuda) == sorted(_registration.ATTENTION_TARGETS)
 
 
 def _grad_of_attention_with_bias(rng):
@@ -143,7 +143,7 @@ def _grad_of_attention_with_bias(rng):
     return fn, (q, bias)
 
 
-@pytest.mark.parametrize("target", _registration.TARGETS)
+@pytest.mark.parametrize("target", _registration.ATTENTION_TARGETS)
 def test_module_of_another_layout_version_fails_naming_the_target(rng, target):
     """A module exported against another layout (here: this one's bytes with
     one target renamed to the previous version) must not run: the error names

@@ -1,7 +1,7 @@
-// The operand and attribute lists of the three FFI targets, shared by the CPU
+// The operand and attribute lists of the FFI targets, shared by the CPU
 // and CUDA registrations so the two platforms cannot drift apart.
-// (registered as jax_flash_{fwd,bwd,dbias}_v<ABI>, module.cc: the suffix
-// changes with these lists)
+// (registered as jax_flash_{fwd,bwd,dbias,paged_fwd}_v<ABI>, module.cc: the
+// suffix changes with these lists; paged_fwd is CPU-only so far)
 //   jax_flash_fwd:   q, k, v, <features>                   -> out, lse
 //   jax_flash_bwd:   q, k, v, out, lse, dout, <features>   -> dq, dk, dv, delta, dq_accum
 //   jax_flash_dbias: q, k, v, out, lse, dout, <features>   -> dbias, delta
@@ -74,3 +74,17 @@
   JAX_FLASH_BWD_ARGS(ctx)                                  \
       .Ret<xla::ffi::AnyBuffer>()  /* dbias */             \
       .Ret<xla::ffi::AnyBuffer>()  /* delta (scratch) */
+
+// jax_flash_paged_fwd: q, k_cache, v_cache, block_tables, seq_lengths -> out, lse
+// (forward only; ffi/common/paged_params.h has the shapes).
+#define JAX_FLASH_PAGED_FWD_BINDING(ctx)                          \
+  ctx.Arg<xla::ffi::AnyBuffer>()      /* q */                     \
+      .Arg<xla::ffi::AnyBuffer>()     /* k_cache */               \
+      .Arg<xla::ffi::AnyBuffer>()     /* v_cache */               \
+      .Arg<xla::ffi::AnyBuffer>()     /* block_tables */          \
+      .Arg<xla::ffi::AnyBuffer>()     /* seq_lengths */           \
+      .Attr<double>("scale")                                      \
+      .Attr<double>("softcap")                                    \
+      .Attr<int64_t>("window_left")                               \
+      .Ret<xla::ffi::AnyBuffer>()     /* out */                   \
+      .Ret<xla::ffi::AnyBuffer>()     /* lse */

@@ -9,121 +9,10 @@
 #include "cpu/block_math.h"
 #include "cpu/element.h"
 #include "cpu/parallel.h"
+#include "cpu/tiles.h"
 
 namespace jax_flash::cpu {
 namespace {
-
-// Query and key block sizes. 64 x 64 float blocks (16 KB each) keep the
-// working set of one task (S, P, a few Q/K/V tiles) inside L2.
-constexpr int kBlockM = 64;
-constexpr int kBlockN = 64;
-static_assert(kBlockN % kColTile == 0);
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t FloorTo(int64_t a, int64_t b) { return a / b * b; }
-int PaddedHeadDim(int64_t d) { return int(CeilDiv(d, kColTile) * kColTile); }
-
-// Loads rows [row0, row0 + rows) of one head into dst[rows][ld] as Acc,
-// multiplied by `mul`; columns past head_dim are zero.
-template <typename Element, typename Acc>
-void LoadRows(const Element* src, int64_t row_stride, int64_t row0, int rows,
-              int head_dim, Acc mul, Acc* dst, int ld) {
-  for (int r = 0; r < rows; ++r) {
-    const Element* s = src + (row0 + r) * row_stride;
-    Acc* d = dst + r * ld;
-    for (int c = 0; c < head_dim; ++c) d[c] = Acc(ToFloat(s[c])) * mul;
-    for (int c = head_dim; c < ld; ++c) d[c] = Acc(0);
-  }
-}
-
-// Loads rows [row0, row0 + rows) transposed: dst[c][r], zero-padded to
-// [padded_dim][kBlockN] (rows past `rows` and columns past head_dim are zero).
-template <typename Element, typename Acc>
-void LoadRowsTransposed(const Element* src, int64_t row_stride, int64_t row0,
-                        int rows, int head_dim, int padded_dim, Acc* dst) {
-  std::fill(dst, dst + int64_t(padded_dim) * kBlockN, Acc(0));
-  for (int r = 0; r < rows; ++r) {
-    const Element* s = src + (row0 + r) * row_stride;
-    for (int c = 0; c < head_dim; ++c) dst[c * kBlockN + r] = Acc(ToFloat(s[c]));
-  }
-}
-
-// Turns a block of raw dot products q.k into logits in log2 units, in place:
-// x = log2(e) * (softcap(scale * q.k) + bias), -inf where the policy hides the
-// pair. With a soft cap, tanh_out (unless null: the forward has no use for
-// it) receives tanh(scale * q.k / cap) for the backward's chain rule.
-// Everything past `rows` x `cols` of the block is -inf.
-template <typename Acc>
-struct LogitTransform {
-  const AttentionParams& p;
-  const MaskPolicy& mask;
-  const Acc* bias = nullptr;  // this (batch, head) slice, or null
-  int64_t bias_row = 0, bias_col = 0;
-  Acc scale, cap;
-
-  LogitTransform(const AttentionParams& params, const MaskPolicy& m, int64_t b, int64_t h)
-      : p(params), mask(m), scale(Acc(params.scale)), cap(Acc(params.features.softcap)) {
-    const AttentionFeatures& f = params.features;
-    if (f.bias) {
-      bias = static_cast<const Acc*>(f.bias) + f.BroadcastOffset(f.bias_stride, b, h);
-      bias_row = f.bias_stride.row;
-      bias_col = f.bias_stride.col;
-    }
-  }
-
-  void Apply(Acc* s, int64_t q0, int rows, int64_t k0, int cols, Acc* tanh_out) const {
-    const Acc log2e = Acc(kLog2eF64);
-    // One pass per block row: the multipliers fold scale, cap and log2(e)
-    // (log2(e) after the bias when there is one).
-    const Acc out_mul = bias ? Acc(1) : log2e;
-    if (cap > 0) {
-      const Acc in_mul = scale / cap, cap_mul = cap * out_mul;
-      for (int r = 0; r < rows; ++r) {
-        Acc* srow = s + r * kBlockN;
-        if (tanh_out) {
-          Acc* trow = tanh_out + r * kBlockN;
-          for (int c = 0; c < kBlockN; ++c) {
-            trow[c] = Tanh(srow[c] * in_mul);
-            srow[c] = trow[c] * cap_mul;
-          }
-        } else {
-          for (int c = 0; c < kBlockN; ++c) srow[c] = Tanh(srow[c] * in_mul) * cap_mul;
-        }
-      }
-    } else {
-      const Acc mul = scale * out_mul;
-      for (int i = 0; i < rows * kBlockN; ++i) s[i] *= mul;
-    }
-    if (bias) {
-      // Columns past `cols` are masked below.
-      for (int r = 0; r < rows; ++r) {
-        Acc* srow = s + r * kBlockN;
-        const Acc* brow = bias + (q0 + r) * bias_row + k0 * bias_col;
-        for (int c = 0; c < cols; ++c) srow[c] = (srow[c] + brow[c * bias_col]) * log2e;
-      }
-    }
-    // Segment ids that are one and the same id over the whole block (their
-    // block summaries say so) need no per-element check.
-    const MaskPolicy block_mask =
-        mask.Segments(q0, q0 + rows, k0, k0 + kBlockN) == SegmentMeet::kAll ? mask.WithoutSegments() : mask;
-    if (block_mask.NeedsCheck(q0, q0 + rows, k0, k0 + kBlockN)) {
-      // Per row: the structural bounds as a column range, then the mask array
-      // and segment ids element by element only where they exist.
-      for (int r = 0; r < rows; ++r) {
-        Acc* srow = s + r * kBlockN;
-        int64_t lo, hi;
-        block_mask.RowKeyBounds(q0 + r, &lo, &hi);
-        const int c_lo = int(std::clamp<int64_t>(lo - k0, 0, kBlockN));
-        const int c_hi = int(std::clamp<int64_t>(std::min<int64_t>(hi, k0 + cols) - k0, c_lo, kBlockN));
-        for (int c = 0; c < c_lo; ++c) srow[c] = NegInf<Acc>();
-        for (int c = c_hi; c < kBlockN; ++c) srow[c] = NegInf<Acc>();
-        if (block_mask.HasElementMasks())
-          for (int c = c_lo; c < c_hi; ++c)
-            if (!block_mask.ElementVisible(q0 + r, k0 + c)) srow[c] = NegInf<Acc>();
-      }
-    }
-  }
-};
 
 // Lanes of 32-bit words and their 64-bit products: one Philox call per lane.
 typedef uint32_t PhiloxLanes __attribute__((vector_size(sizeof(uint32_t) * kBlockN / 4)));
@@ -220,18 +109,8 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
 
     for (int r = 0; r < rows; ++r) {
       Acc* srow = s_blk + r * kBlockN;
-      Acc mx = row_max[r];
-      for (int c = 0; c < kBlockN; ++c) mx = std::max(mx, srow[c]);
-      // A row with nothing visible yet keeps P = 0 (exp2(-inf - 0)).
-      const Acc m_use = mx == NegInf<Acc>() ? Acc(0) : mx;
-      const Acc alpha = Exp2(row_max[r] - m_use);
-      Acc sum = 0;
-      for (int c = 0; c < kBlockN; ++c) {
-        srow[c] = Exp2(srow[c] - m_use);
-        sum += srow[c];
-      }
-      row_sum[r] = row_sum[r] * alpha + sum;  // the softmax normalizer ignores dropout
-      row_max[r] = mx;
+      // The softmax normalizer ignores dropout.
+      const Acc alpha = OnlineSoftmaxRow(srow, &row_max[r], &row_sum[r]);
       if (dropout.active) {
         float factors[kBlockN];
         DropoutRow(dropout, b, h, q0 + r, k0, factors);

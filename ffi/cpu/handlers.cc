@@ -12,6 +12,8 @@
 #include "common/ffi_decode.h"
 #include "cpu/attention_cpu.h"
 #include "cpu/element.h"
+#include "common/paged_decode.h"
+#include "cpu/paged_cpu.h"
 
 namespace jax_flash::cpu {
 namespace {
@@ -122,6 +124,26 @@ ffi::Error BiasGradientImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v
   });
 }
 
+ffi::Error PagedForwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache,
+                            ffi::AnyBuffer block_tables, ffi::AnyBuffer seq_lengths, double scale,
+                            double softcap, int64_t window_left, ffi::Result<ffi::AnyBuffer> out,
+                            ffi::Result<ffi::AnyBuffer> lse) {
+  PagedParams p;
+  if (auto e = BuildPagedParams(q, k_cache, v_cache, block_tables, seq_lengths, *out, *lse, scale,
+                                softcap, window_left, &p);
+      e.failure())
+    return e;
+  if (PoisonOutputsRequested()) {
+    Poison(*out);
+    Poison(*lse);
+  }
+  return Guarded([&] {
+    return DispatchDtype(q.element_type(), [&](auto element) {
+      PagedAttentionForward<decltype(element)>(p);
+    });
+  });
+}
+
 }  // namespace
 }  // namespace jax_flash::cpu
 
@@ -131,3 +153,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBackwardCpu, jax_flash::cpu::BackwardImpl,
                               JAX_FLASH_BWD_BINDING(xla::ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBiasGradientCpu, jax_flash::cpu::BiasGradientImpl,
                               JAX_FLASH_DBIAS_BINDING(xla::ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashPagedForwardCpu, jax_flash::cpu::PagedForwardImpl,
+                              JAX_FLASH_PAGED_FWD_BINDING(xla::ffi::Ffi::Bind()));
