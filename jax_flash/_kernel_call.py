@@ -16,6 +16,7 @@ from jax_flash import _registration
 HAS_BIAS, HAS_MASK, HAS_Q_SEQLENS, HAS_KV_SEQLENS, HAS_SEGMENTS = 1, 2, 4, 8, 16
 DROPOUT_SHARED = 32
 HAS_SEGMENT_RANGES = 64
+HAS_POSITION_OFFSETS = 128  # query positions shifted against the keys (ring attention)
 # Positions per entry of the segment-id block summaries (ffi/common/params.h kSegmentBlock).
 SEGMENT_BLOCK = 64
 
@@ -52,9 +53,9 @@ class KernelConfig:
 # --- custom VJP -----------------------------------------------------------
 # Primal arguments: q, k, v, then the feature operands (bias, mask, q_seqlens,
 # kv_seqlens, q_segment_ids, kv_segment_ids, q_segment_ranges,
-# kv_segment_ranges, dropout_seed; placeholders when unused), then the
-# KernelConfig.
-NUM_FEATURE_OPERANDS = 9
+# kv_segment_ranges, dropout_seed, position_offsets; placeholders when
+# unused), then the KernelConfig.
+NUM_FEATURE_OPERANDS = 10
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3 + NUM_FEATURE_OPERANDS,))
@@ -229,14 +230,14 @@ def _splittable(static) -> bool:
 
 
 def _feature_roles(shapes, q_shape, k_shape, static):
-    """Roles of the 9 feature operands (shapes in order) against q and k."""
+    """Roles of the NUM_FEATURE_OPERANDS feature operands (shapes in order) against q and k."""
     nl = len(q_shape) - 3
     lead = tuple(part.lead(i) for i in range(nl))
     lead_sizes = tuple(q_shape[:nl])
     t, n = q_shape[nl], q_shape[nl + 1]
     s = k_shape[nl]
     f = static.features
-    bias, mask, qlen, kvlen, qseg, kvseg, qrange, kvrange, seed = shapes
+    bias, mask, qlen, kvlen, qseg, kvseg, qrange, kvrange, seed, offsets = shapes
     private = lambda shape: (None,) * len(shape)  # noqa: E731
     table = lead + (part.HEADS_Q, part.SEQ_Q, part.SEQ_K)
     table_sizes = lead_sizes + (n, t, s)
@@ -266,6 +267,7 @@ def _feature_roles(shapes, q_shape, k_shape, static):
         roles.append(_matching(seed[:-1], lead[:k], lead_sizes[:k]) + (None,))
     else:
         roles.append(private(seed))
+    roles.append(_matching(offsets, lead, lead_sizes) if f & HAS_POSITION_OFFSETS else private(offsets))
     return tuple(roles)
 
 

@@ -5,7 +5,7 @@ CUDA kernels were built, for "CUDA"; XLA picks the handler of the backend a
 computation runs on.
 
 The names carry the version of the calls' operand and attribute layout
-(``jax_flash_fwd_v2``): a computation serialized with ``jax.export`` against
+(``jax_flash_fwd_v3``): a computation serialized with ``jax.export`` against
 another layout then fails to compile, naming the missing target, instead of
 running with misread operands. Bump ABI_VERSION here and JAX_FLASH_ABI in
 ffi/module.cc together whenever the layout changes.
@@ -27,7 +27,7 @@ except ImportError as e:  # pragma: no cover - depends on how Python was started
         "`pip install --no-build-isolation .`"
     ) from e
 
-ABI_VERSION = 2  # v1: the unversioned names ("jax_flash_fwd", ...) of earlier releases
+ABI_VERSION = 3  # v1: the unversioned names ("jax_flash_fwd", ...) of earlier releases; v3: position offsets
 FWD_TARGET = f"jax_flash_fwd_v{ABI_VERSION}"
 BWD_TARGET = f"jax_flash_bwd_v{ABI_VERSION}"
 DBIAS_TARGET = f"jax_flash_dbias_v{ABI_VERSION}"

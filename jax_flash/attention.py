@@ -182,6 +182,7 @@ def attention(
         # One element, like the other placeholders: XLA keeps it a literal
         # (a [2] of zeros compiled to a broadcast, one more GPU launch a call).
         operands.append(jnp.zeros((1,), jnp.uint32))
+    operands.append(jnp.zeros((1,), jnp.int32))  # position offsets: none (top-left aligned)
 
     static = KernelConfig(
         scale=_static_scale(scale, h),

@@ -19,6 +19,14 @@ and a key chunk of the global sequence the mask is full (key chunk entirely
 before), empty (entirely after: no kernel call) or the diagonal (the same
 chunk: ``is_causal`` top-left aligned, exact since both start at the same
 global position). See ``schedule`` for the per-step work of each layout.
+
+A window is not block-structured that way: it crosses chunks at any offset.
+With ``local_window_size`` every step instead runs one kernel call over all
+(query chunk, key chunk) pairs of the two shards, stacked along the batch
+axis, each with its global position offset (the kernels' ``position_offsets``
+operand: query row i sits at key position i + offset), so causal and window
+are exact; the kernels skip the blocks outside the band, so a pair the
+window misses costs a launch's share and no compute.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import numpy as np
 from jax import lax
 
 from jax_flash._kernel_call import (
+    HAS_POSITION_OFFSETS,
     HAS_SEGMENT_RANGES,
     HAS_SEGMENTS,
     NUM_FEATURE_OPERANDS,
@@ -46,6 +55,7 @@ from jax_flash.attention import (
     _int32_array,
     _soft_cap,
     _static_scale,
+    _window,
     segment_block_ranges,
 )
 
@@ -82,7 +92,8 @@ def ring_attention(
 
     Arguments as in ``jax_flash.attention``, plus:
       axis_name: the mesh axis the sequence is sharded over (the ring).
-      layout: which global positions a device holds, for ``is_causal=True``.
+      layout: which global positions a device holds (for ``is_causal=True``
+        and for ``local_window_size``).
         ``"zigzag"`` (default): the global sequence is cut into ``2 D`` equal
         chunks and device ``d`` holds chunks ``d`` and ``2 D - 1 - d`` (its
         local ``T`` must be even); every device then does the same causal
@@ -90,23 +101,21 @@ def ring_attention(
         sharding and restore the output with ``jax_flash.ring.unzigzag``.
         ``"contiguous"``: device ``d`` holds chunk ``d`` of ``D``; simpler,
         but under a causal mask device ``d`` has work in only ``d + 1`` of
-        the ``D`` steps. Without ``is_causal`` the layout changes nothing.
+        the ``D`` steps. Without ``is_causal`` or a window the layout changes
+        nothing.
       return_residual: also return the global logsumexp ``[B, T, N]`` in the
         output dtype (no gradient), as ``jax_flash.attention`` does.
 
-    ``local_window_size`` is not supported yet (a window crosses shards at
-    offsets the kernels cannot express); bias, mask, sequence lengths and
-    dropout are not arguments of the ring (segment ids cover packing and
-    padding: give padding its own id).
+    ``local_window_size`` is relative to global positions, as in
+    ``jax_flash.attention`` on the whole sequence (every ring step still
+    passes K/V on; the steps a window leaves empty cost a kernel launch and
+    no compute). Bias, mask, sequence lengths and dropout are not arguments
+    of the ring (segment ids cover packing and padding: give padding its own
+    id).
     """
     query, key, value = (jnp.asarray(x) for x in (query, key, value))
     _check_inputs(query, key, value)
-    if local_window_size is not None:
-        raise NotImplementedError(
-            "ring_attention does not support local_window_size yet: a window between a "
-            "query shard and a key shard of other global positions needs position offsets "
-            "the kernels do not have. Use jax_flash.attention on an unsharded sequence."
-        )
+    window = _window(local_window_size)
     for name, flag in (("is_causal", is_causal), ("deterministic", deterministic),
                        ("return_residual", return_residual)):
         if not isinstance(flag, (bool, np.bool_)):
@@ -131,9 +140,15 @@ def ring_attention(
             f"is_causal=True needs equal query and key shards (the same global positions); "
             f"got query length {t}, key length {s}"
         )
-    if is_causal and layout == "zigzag" and axis_size > 1 and t % 2:
+    windowed = local_window_size is not None
+    if (is_causal or windowed) and layout == "zigzag" and axis_size > 1 and t % 2:
         raise ValueError(
             f"layout='zigzag' needs an even local sequence length (two chunks per device); got {t}"
+        )
+    if windowed and s != t:
+        raise ValueError(
+            f"local_window_size needs equal query and key shards (the same global positions); "
+            f"got query length {t}, key length {s}"
         )
 
     if (q_segment_ids is None) != (kv_segment_ids is None):
@@ -151,9 +166,9 @@ def ring_attention(
         scale=_static_scale(scale, h),
         is_causal=False,  # per call: the diagonal step sets it
         implementation=IMPLEMENTATIONS[implementation],
-        features=features,
-        window_left=-1,
-        window_right=-1,
+        features=features | (HAS_POSITION_OFFSETS if windowed else 0),
+        window_left=window[0],
+        window_right=window[1],
         softcap=_soft_cap(logits_soft_cap),
         dropout_rate=0.0,
         deterministic=bool(deterministic),
@@ -164,6 +179,8 @@ def ring_attention(
         is_causal=bool(is_causal),
         zigzag=bool(is_causal) and layout == "zigzag",
         kernel=kernel,
+        windowed=windowed,
+        chunks=2 if windowed and layout == "zigzag" and axis_size > 1 else 1,
     )
     out, lse = _ring(query, key, value, q_segment_ids, kv_segment_ids, cfg)
     if unbatched:
@@ -259,7 +276,9 @@ class _RingConfig:
     axis_size: int
     is_causal: bool
     zigzag: bool  # causal with the zigzag layout (two half-shard blocks per step)
-    kernel: KernelConfig  # is_causal=False; the diagonal call replaces it
+    kernel: KernelConfig  # is_causal=False; the diagonal call replaces it (but with a window)
+    windowed: bool = False  # a window: every step one call over all chunk pairs, with offsets
+    chunks: int = 1  # chunks per shard (zigzag: 2) where positions matter to the window
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -292,6 +311,8 @@ def _send(tree, cfg):
 
 
 def _ring_forward(q, k, v, q_ids, kv_ids, cfg):
+    if cfg.windowed:
+        return _ring_forward_windowed(q, k, v, q_ids, kv_ids, cfg)
     D = cfg.axis_size
     me = lax.axis_index(cfg.axis_name)
     acc_dtype = jnp.promote_types(q.dtype, jnp.float32)
@@ -341,6 +362,8 @@ def _ring_forward(q, k, v, q_ids, kv_ids, cfg):
 
 
 def _ring_backward(q, k, v, q_ids, kv_ids, out, lse, dout, cfg):
+    if cfg.windowed:
+        return _ring_backward_windowed(q, k, v, q_ids, kv_ids, out, lse, dout, cfg)
     D = cfg.axis_size
     me = lax.axis_index(cfg.axis_name)
     acc_dtype = jnp.promote_types(q.dtype, jnp.float32)
@@ -404,11 +427,95 @@ def _ring_backward(q, k, v, q_ids, kv_ids, out, lse, dout, cfg):
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
+# --- windows: every chunk pair with its position offset ---------------------
+
+
+def _chunk_starts(device, cfg, length):
+    """Global start positions of the shard's chunks (``length`` positions each)."""
+    if cfg.chunks == 1:
+        return (device * length,)
+    return (device * length, (2 * cfg.axis_size - 1 - device) * length)
+
+
+def _chunk_pairs(me, src, cfg, c):
+    """(query chunk, key chunk, offset) of every pair of the two shards: the
+    offset is the query chunk's global start minus the key chunk's (traced)."""
+    q_starts, k_starts = _chunk_starts(me, cfg, c), _chunk_starts(src, cfg, c)
+    return [(a, b, q_starts[a] - k_starts[b]) for a in range(cfg.chunks) for b in range(cfg.chunks)]
+
+
+def _stack_chunks(x, picks, c, axis=1):
+    """Chunks ``picks`` of x (``c`` rows each along ``axis``) stacked along the batch axis."""
+    if x is None:
+        return None
+    return jnp.concatenate([lax.slice_in_dim(x, i * c, (i + 1) * c, axis=axis) for i in picks], axis=0)
+
+
+def _pair_offsets(pairs, b):
+    """The [len(pairs) * b] int32 position offsets of a stacked call."""
+    return jnp.concatenate([jnp.full((b,), off, jnp.int32) for _, _, off in pairs])
+
+
+def _ring_forward_windowed(q, k, v, q_ids, kv_ids, cfg):
+    D = cfg.axis_size
+    me = lax.axis_index(cfg.axis_name)
+    acc_dtype = jnp.promote_types(q.dtype, jnp.float32)
+    b, c = q.shape[0], q.shape[1] // cfg.chunks
+    # Rows start empty (0, -inf): _merge keeps a row no pair reached that way.
+    acc = (jnp.zeros(q.shape, acc_dtype), jnp.full((b, q.shape[2], q.shape[1]), -jnp.inf, acc_dtype))
+    kv = (k, v, kv_ids)
+    for step in range(D):
+        kv_next = _send(kv, cfg) if step < D - 1 else None
+        k_s, v_s, ids_s = kv
+        pairs = _chunk_pairs(me, (me - step) % D, cfg, c)
+        qa, kb = [a for a, _, _ in pairs], [b_ for _, b_, _ in pairs]
+        out, lse = _fwd(_stack_chunks(q, qa, c), _stack_chunks(k_s, kb, c), _stack_chunks(v_s, kb, c),
+                        _stack_chunks(q_ids, qa, c), _stack_chunks(ids_s, kb, c), cfg,
+                        causal=cfg.is_causal, offsets=_pair_offsets(pairs, b))
+        for i, (a, _, _) in enumerate(pairs):
+            acc = _merge_rows(acc, out[i * b:(i + 1) * b], lse[i * b:(i + 1) * b], a * c)
+        if kv_next is not None:
+            kv = kv_next
+    out, lse = acc
+    return out.astype(q.dtype), lse
+
+
+def _ring_backward_windowed(q, k, v, q_ids, kv_ids, out, lse, dout, cfg):
+    D = cfg.axis_size
+    me = lax.axis_index(cfg.axis_name)
+    acc_dtype = jnp.promote_types(q.dtype, jnp.float32)
+    b, c = q.shape[0], q.shape[1] // cfg.chunks
+    dq = jnp.zeros_like(q, acc_dtype)
+    dkv = (jnp.zeros_like(k, acc_dtype), jnp.zeros_like(v, acc_dtype))
+    kv = (k, v, kv_ids)
+    for step in range(D):
+        kv_next = _send(kv, cfg) if step < D - 1 else None
+        k_s, v_s, ids_s = kv
+        pairs = _chunk_pairs(me, (me - step) % D, cfg, c)
+        qa, kb = [a for a, _, _ in pairs], [b_ for _, b_, _ in pairs]
+        dq_p, dk_p, dv_p = _bwd(
+            _stack_chunks(q, qa, c), _stack_chunks(k_s, kb, c), _stack_chunks(v_s, kb, c),
+            _stack_chunks(out, qa, c), _stack_chunks(lse, qa, c, axis=2), _stack_chunks(dout, qa, c),
+            _stack_chunks(q_ids, qa, c), _stack_chunks(ids_s, kb, c), cfg, cfg.is_causal,
+            offsets=_pair_offsets(pairs, b))
+        for i, (a, b_, _) in enumerate(pairs):
+            rows = slice(i * b, (i + 1) * b)
+            dq = _add_rows(dq, dq_p[rows], a * c)
+            dkv = (_add_rows(dkv[0], dk_p[rows], b_ * c), _add_rows(dkv[1], dv_p[rows], b_ * c))
+        if kv_next is not None:
+            kv = kv_next
+        if D > 1:  # the sums travel with their K/V shard (see _ring_backward)
+            dkv = _send(dkv, cfg)
+    dk, dv = dkv
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
 # --- per-call helpers ---------------------------------------------------------
 
 
-def _feature_operands(q_ids, kv_ids, acc_dtype):
-    """The NUM_FEATURE_OPERANDS kernel operands: placeholders but for segment ids."""
+def _feature_operands(q_ids, kv_ids, acc_dtype, offsets=None):
+    """The NUM_FEATURE_OPERANDS kernel operands: placeholders but for segment
+    ids and (with a window) the position offsets."""
     operands = [
         jnp.zeros((1, 1, 1, 1), acc_dtype),  # bias
         jnp.ones((1, 1, 1, 1), jnp.bool_),  # mask
@@ -420,6 +527,7 @@ def _feature_operands(q_ids, kv_ids, acc_dtype):
     else:
         operands += [jnp.zeros((1, 1), jnp.int32)] * 4
     operands.append(jnp.zeros((1,), jnp.uint32))  # dropout seed
+    operands.append(jnp.zeros((1,), jnp.int32) if offsets is None else offsets)
     assert len(operands) == NUM_FEATURE_OPERANDS
     return operands
 
@@ -428,13 +536,13 @@ def _static(cfg, causal):
     return dataclasses.replace(cfg.kernel, is_causal=bool(causal))
 
 
-def _fwd(q, k, v, q_ids, kv_ids, cfg, causal):
-    ops = _feature_operands(q_ids, kv_ids, jnp.promote_types(q.dtype, jnp.float32))
+def _fwd(q, k, v, q_ids, kv_ids, cfg, causal, offsets=None):
+    ops = _feature_operands(q_ids, kv_ids, jnp.promote_types(q.dtype, jnp.float32), offsets)
     return _forward_call(q, k, v, ops, _static(cfg, causal))
 
 
-def _bwd(q, k, v, out, lse, dout, q_ids, kv_ids, cfg, causal):
-    ops = _feature_operands(q_ids, kv_ids, jnp.promote_types(q.dtype, jnp.float32))
+def _bwd(q, k, v, out, lse, dout, q_ids, kv_ids, cfg, causal, offsets=None):
+    ops = _feature_operands(q_ids, kv_ids, jnp.promote_types(q.dtype, jnp.float32), offsets)
     return _backward_call(q, k, v, out, lse, dout, ops, _static(cfg, causal))
 
 

@@ -139,6 +139,31 @@ def test_soft_cap(rng):
     _compare(rng, q, k, v, 2, is_causal=True, logits_soft_cap=5.0)
 
 
+@pytest.mark.parametrize("ring", [2, 4])
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("causal,window", [(True, (20, 0)), (True, (5, 0)), (False, (9, 23)),
+                                           (False, (40, 3)), (True, (100, 0))],
+                         ids=["causal_20", "causal_5", "two_sided", "left_wider", "past_every_shard"])
+def test_window_crosses_shards(rng, ring, layout, causal, window):
+    """Windows smaller than a chunk, wider than a shard, two-sided and
+    lopsided: the global window, whatever layout places the chunks."""
+    q, k, v = random_qkv(rng, 2, 64, 64, 4, 2, 16, "float64")
+    _compare(rng, q, k, v, ring, layout=layout, is_causal=causal, local_window_size=window)
+
+
+def test_window_with_segments_and_soft_cap(rng):
+    lengths = [[37, 5, 50, 36], [1, 90, 30, 7]]
+    ids = jnp.asarray([np.repeat(np.arange(len(l)), l) for l in lengths], jnp.int32)
+    q, k, v = random_qkv(rng, 2, 128, 128, 2, 1, 32, "float64")
+    _compare(rng, 3 * q, k, v, 4, ids=(ids, ids), is_causal=True, local_window_size=(24, 0),
+             logits_soft_cap=5.0)
+
+
+def test_window_low_precision(rng):
+    q, k, v = random_qkv(rng, 1, 128, 128, 2, 2, 32, "bfloat16")
+    _compare(rng, q, k, v, 4, is_causal=True, local_window_size=(40, 0))
+
+
 def test_ring_of_one_is_plain_attention(rng):
     q, k, v = random_qkv(rng, 2, 48, 48, 2, 2, 32, "float32")
     dout = jnp.asarray(rng.standard_normal(q.shape), q.dtype)
@@ -334,8 +359,8 @@ def test_errors(rng):
         run(P(), SPEC, SPEC)
     with pytest.raises(ValueError, match="key is not sharded over the mesh axis 'sp'"):
         run(SPEC, P(), P())
-    with pytest.raises(NotImplementedError, match="local_window_size"):
-        run(local_window_size=4)
+    with pytest.raises(ValueError, match="local_window_size must be non-negative"):
+        run(local_window_size=(-1, 0))
     with pytest.raises(ValueError, match="layout must be one of"):
         run(layout="striped")
     with pytest.raises(TypeError, match="is_causal must be a Python bool"):

@@ -298,7 +298,7 @@ def test_direct_calls_inside_shard_map(rng, jit):
                              window_left=-1, window_right=-1, softcap=0.0, dropout_rate=0.0)
     features = [jnp.zeros((1, 1, 1, 1), jnp.float32), jnp.ones((1, 1, 1, 1), jnp.bool_),
                 jnp.zeros((1,), jnp.int32), jnp.zeros((1,), jnp.int32)]
-    features += [jnp.zeros((1, 1), jnp.int32)] * 4 + [jnp.zeros((1,), jnp.uint32)]
+    features += [jnp.zeros((1, 1), jnp.int32)] * 4 + [jnp.zeros((1,), jnp.uint32), jnp.zeros((1,), jnp.int32)]
 
     def body(q, k, v, dout):
         out, lse = kc._forward_call(q, k, v, features, static)

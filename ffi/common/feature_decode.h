@@ -20,6 +20,7 @@ enum FeatureBits : int32_t {
   kHasSegments = 16,
   kDropoutShared = 32,  // one dropout mask for every batch entry and head
   kHasSegmentRanges = 64,  // block summaries of the segment ids (with kHasSegments)
+  kHasPositionOffsets = 128,  // query positions shifted against the keys, per batch entry
 };
 
 // The optional operands and attributes, as the FFI delivers them.
@@ -33,6 +34,7 @@ struct FeatureOperands {
   const ffi::AnyBuffer& q_segment_ranges;   // [batch, ceil(seqlen_q / kSegmentBlock), 2]
   const ffi::AnyBuffer& kv_segment_ranges;  // [batch, ceil(seqlen_k / kSegmentBlock), 2]
   const ffi::AnyBuffer& dropout_seed;
+  const ffi::AnyBuffer& position_offsets;  // [batch] int32
   int32_t features;
   int64_t window_left, window_right;
   double softcap, dropout_rate;
@@ -142,6 +144,10 @@ inline ffi::Error DecodeFeatures(const ffi::AnyBuffer& q, const FeatureOperands&
         return e;
     }
   }
+  if (o.features & kHasPositionOffsets)
+    if (auto e = int32_operand("position_offsets", o.position_offsets, s.batch, &f.position_offsets);
+        e.failure())
+      return e;
   f.window_left = o.window_left;
   f.window_right = o.window_right;
   if (o.softcap < 0) return ffi::Error::InvalidArgument("jax_flash: logits_soft_cap must be > 0");

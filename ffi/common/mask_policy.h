@@ -61,6 +61,10 @@ struct MaskPolicy {
   int64_t seqlen_q = 0, seqlen_k = 0;  // effective lengths (seq lengths applied)
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
+  // Query row i sits at key position i + diagonal (the batch entry's position
+  // offset): causal sees keys j <= i + diagonal, the window
+  // i + diagonal - left <= j <= i + diagonal + right.
+  int64_t diagonal = 0;
   const int32_t* q_segments = nullptr;   // this batch row's ids, or null
   const int32_t* kv_segments = nullptr;
   SegmentRanges q_ranges, kv_ranges;  // their block summaries (ranges null: unknown)
@@ -77,6 +81,7 @@ struct MaskPolicy {
     m.causal = p.is_causal;
     m.window_left = f.window_left;
     m.window_right = f.window_right;
+    if (f.position_offsets) m.diagonal = f.position_offsets[b];
     if (f.q_segment_ids && f.kv_segment_ids) {
       m.q_segments = f.q_segment_ids + b * p.shape.seqlen_q;
       m.kv_segments = f.kv_segment_ids + b * p.shape.seqlen_k;
@@ -100,18 +105,18 @@ struct MaskPolicy {
   JAX_FLASH_HOST_DEVICE void KeyRange(int64_t i0, int64_t i1, int64_t* lo, int64_t* hi) const {
     *lo = 0;
     *hi = i0 < seqlen_q ? seqlen_k : 0;
-    if (causal) *hi = Min(*hi, i1);
-    if (window_right >= 0) *hi = Min(*hi, i1 + window_right);
-    if (window_left >= 0) *lo = Max(*lo, i0 - window_left);
+    if (causal) *hi = Min(*hi, i1 + diagonal);
+    if (window_right >= 0) *hi = Min(*hi, i1 + diagonal + window_right);
+    if (window_left >= 0) *lo = Max(*lo, i0 + diagonal - window_left);
   }
 
   // Query rows [*lo, *hi) that may see keys [j0, j1).
   JAX_FLASH_HOST_DEVICE void QueryRange(int64_t j0, int64_t j1, int64_t* lo, int64_t* hi) const {
     *lo = 0;
     *hi = j0 < seqlen_k ? seqlen_q : 0;
-    if (causal) *lo = Max(*lo, j0);
-    if (window_right >= 0) *lo = Max(*lo, j0 - window_right);
-    if (window_left >= 0) *hi = Min(*hi, j1 + window_left);
+    if (causal) *lo = Max(*lo, j0 - diagonal);
+    if (window_right >= 0) *lo = Max(*lo, j0 - diagonal - window_right);
+    if (window_left >= 0) *hi = Min(*hi, j1 - diagonal + window_left);
   }
 
   // False when every pair of rows [i0, i1) x keys [j0, j1) is visible.
@@ -122,9 +127,9 @@ struct MaskPolicy {
 
   // Whether lengths, causal or the window hide any pair of the block.
   JAX_FLASH_HOST_DEVICE bool NeedsBoundsCheck(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
-    return i1 > seqlen_q || j1 > seqlen_k || (causal && j1 - 1 > i0) ||
-           (window_right >= 0 && j1 - 1 > i0 + window_right) ||
-           (window_left >= 0 && j0 < i1 - 1 - window_left);
+    return i1 > seqlen_q || j1 > seqlen_k || (causal && j1 - 1 > i0 + diagonal) ||
+           (window_right >= 0 && j1 - 1 > i0 + diagonal + window_right) ||
+           (window_left >= 0 && j0 < i1 - 1 + diagonal - window_left);
   }
 
   // Segment ids of rows [i0, i1) against keys [j0, j1) (kSome when there are
@@ -171,8 +176,9 @@ struct MaskPolicy {
   }
 
   JAX_FLASH_HOST_DEVICE bool Visible(int64_t i, int64_t j) const {
-    return i < seqlen_q && j < seqlen_k && (!causal || j <= i) &&
-           (window_left < 0 || j >= i - window_left) && (window_right < 0 || j <= i + window_right) &&
+    return i < seqlen_q && j < seqlen_k && (!causal || j <= i + diagonal) &&
+           (window_left < 0 || j >= i + diagonal - window_left) &&
+           (window_right < 0 || j <= i + diagonal + window_right) &&
            (!q_segments || q_segments[i] == kv_segments[j]) &&
            (!mask || mask[i * mask_row + j * mask_col] != 0);
   }

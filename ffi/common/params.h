@@ -75,6 +75,10 @@ struct AttentionFeatures {
   const int32_t* q_segment_ranges = nullptr;
   const int32_t* kv_segment_ranges = nullptr;
   int64_t window_left = -1, window_right = -1;  // key j visible iff i - left <= j <= i + right
+  // [batch]: query row i sits at key position i + offset for causal and the
+  // window (a shard of a ring, new tokens over a cache); null: offset 0
+  // (top-left aligned, as jax.nn.dot_product_attention).
+  const int32_t* position_offsets = nullptr;
   double softcap = 0.0;                         // > 0: logits = c * tanh(logits / c)
   double dropout_rate = 0.0;
   const uint32_t* dropout_seed = nullptr;  // [seed_count, 2]
@@ -84,8 +88,8 @@ struct AttentionFeatures {
   // Whether anything beyond scale/causal is on (the CUDA dispatch and kernels
   // branch on it; feature_decode.h's UsesFeatures is the same question).
   JAX_FLASH_HOST_DEVICE bool Any() const {
-    return bias || mask || q_seqlens || kv_seqlens || q_segment_ids || window_left >= 0 ||
-           window_right >= 0 || softcap > 0 || dropout_rate > 0;
+    return bias || mask || q_seqlens || kv_seqlens || q_segment_ids || position_offsets ||
+           window_left >= 0 || window_right >= 0 || softcap > 0 || dropout_rate > 0;
   }
 
   // Offset of a broadcast operand for flat batch b and head h.

@@ -1,12 +1,14 @@
 // Host check of the block classification in MaskPolicy (common/mask_policy.h)
 // against per-element visibility (MaskPolicy::Visible): random lengths,
-// causal, windows, masks and segment ids (sorted packed documents, unsorted,
+// causal, windows, position offsets (diagonals of either sign), masks and
+// segment ids (sorted packed documents, unsorted,
 // non-contiguous), with the segment ids' block summaries built as
 // jax_flash.attention builds them (segment_block_ranges), and blocks of the
 // kernels' sizes (64, 128) and of sizes that are not multiples of the
 // summaries' (48, 96, 200), at any offset, tails past the lengths included.
 // For every block it checks:
 //   BlockEmpty          => no pair of the block is visible;
+//   KeyRange, QueryRange of the block's rows / keys hold every visible pair;
 //   !NeedsCheck         => every pair of the block is visible;
 //   Segments == kAll    => every pair's ids are equal, and WithoutSegments()
 //                          gives every pair the same visibility;
@@ -90,6 +92,8 @@ int main() {
       m.causal = rng() % 2;
       m.window_left = rng() % 2 ? int(rng() % 120) : -1;
       m.window_right = rng() % 2 ? int(rng() % 120) : -1;
+      // Position offsets (a ring shard, new tokens over a cache), either sign.
+      m.diagonal = rng() % 3 == 0 ? int(rng() % 400) - 200 : 0;
     }
     const bool with_ids = packed_only || rng() % 4 != 0;
     if (with_ids) {
@@ -108,6 +112,10 @@ int main() {
       for (int64_t j0 = 0; j0 < tk; j0 += bn) {
         const int64_t i1 = i0 + bm, j1 = j0 + bn;  // may pass the arrays' ends (tails)
         bool any_visible = false, all_visible = true, ids_equal = true, same_without = true;
+        bool in_ranges = true;  // every visible pair inside KeyRange / QueryRange of its block
+        int64_t k_lo, k_hi, q_lo, q_hi;
+        m.KeyRange(i0, i1, &k_lo, &k_hi);
+        m.QueryRange(j0, j1, &q_lo, &q_hi);
         const MaskPolicy without = m.WithoutSegments();
         for (int64_t i = i0; i < i1; ++i)
           for (int64_t j = j0; j < j1; ++j) {
@@ -115,13 +123,14 @@ int main() {
             const bool v = in && m.Visible(i, j);
             any_visible |= v;
             all_visible &= v;
+            if (v) in_ranges &= k_lo <= j && j < k_hi && q_lo <= i && i < q_hi;
             if (in && with_ids) ids_equal &= q_ids[i] == kv_ids[j];
             same_without &= v == (in && without.Visible(i, j));
           }
         const bool empty = m.BlockEmpty(i0, i1, j0, j1);
         const bool needs_check = m.NeedsCheck(i0, i1, j0, j1);
         const bool all_meet = with_ids && m.Segments(i0, i1, j0, j1) == SegmentMeet::kAll;
-        bool ok = !(empty && any_visible) && !(!needs_check && !all_visible);
+        bool ok = !(empty && any_visible) && !(!needs_check && !all_visible) && in_ranges;
         if (all_meet) ok &= ids_equal && same_without;
         if (packed_only && bm % kSegmentBlock == 0 && bn % kSegmentBlock == 0)
           ok &= empty == !any_visible;
