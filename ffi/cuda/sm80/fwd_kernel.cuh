@@ -41,13 +41,13 @@ __device__ __forceinline__ float RowHalfReduce(const float (&frag)[kN][4], int h
 }
 
 // kFeatures: the variant for calls with attention features (p.features.Any());
-// kTransforms: with the logit transforms and dropout (else masks alone, see
-// FwdTraits).
+// kTransforms: with the bias, dropout and soft cap; kDropout, kSoftcap: those
+// alone beside the masks (FwdTraits).
 template <typename Element, int kHeadDim, bool kFeatures, bool kTransforms = kFeatures,
-          bool kDropout = kTransforms>
-__global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kDropout>::kThreads, 1)
+          bool kDropout = kTransforms, bool kSoftcap = kTransforms || kDropout>
+__global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kDropout, kSoftcap>::kThreads, 1)
     ForwardKernel(const AttentionParams p, const BlockOrder order) {
-  using Tr = FwdTraits<kHeadDim, kFeatures, kTransforms, kDropout>;
+  using Tr = FwdTraits<kHeadDim, kFeatures, kTransforms, kDropout, kSoftcap>;
   constexpr int kM = Tr::kMTiles, kN = Tr::kNTiles, kD = Tr::kDTiles;
   // The soft cap's tanh on the special-function unit for bfloat16 (FastTanh for float16).
   constexpr bool kApproxTanh = std::is_same_v<Element, __nv_bfloat16>;
@@ -105,8 +105,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kD
   // With features, the shared MaskPolicy bounds the key blocks (lengths,
   // causal, window) and says which ones need per-element work; a bias, soft
   // cap or dropout puts every block on the per-element path.
-  // (The two-m-tile feature variants at 128 see the soft cap and, with
-  // Tr::kDropout, dropout; never a bias: LaunchForward.)
+  // (Each variant sees only the features it has: LaunchForward.)
   const bool elementwise = kFeatures && LogitFeatures::ElementwiseLogits(p);
   int n_lo = 0, n_hi = n_blocks;
   if constexpr (kFeatures) {
@@ -226,7 +225,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kD
         LogitFeatures lf = LogitFeatures::For(p, b, h);
         if (segments_all) lf.mask = lf.mask.WithoutSegments();
         const bool transform = Tr::kTransforms && lf.NeedsTransform();
-        const bool softcap_only = lf.cap > 0.0f && !(Tr::kTransforms && lf.bias);
+        const bool softcap_only = Tr::kSoftcap && lf.cap > 0.0f && !(Tr::kTransforms && lf.bias);
         const float inv_scale_log2 = 1.0f / scale_log2;
 #pragma unroll
         for (int mt = 0; mt < kM; ++mt)

@@ -6,11 +6,14 @@
 namespace jax_flash::cuda::sm80 {
 
 // kFeatures_: the variant for calls with attention features: masks (causal,
-// window, lengths, segment ids, a mask array) and the soft cap; kTransforms_
-// (with kFeatures_): it also serves a bias and dropout, element by element,
-// which at 128 take the registers of a second m-tile. kDropout_: dropout
-// (with kFeatures_; every transforms variant has it).
-template <int kHeadDim_, bool kFeatures_ = false, bool kTransforms_ = kFeatures_, bool kDropout_ = kTransforms_>
+// window, lengths, segment ids, a mask array, position offsets); with
+// kTransforms_ it also serves a bias, dropout and the soft cap, element by
+// element, which at 128 take the registers of a second m-tile. Without it,
+// at 128: kDropout_ adds dropout and the soft cap, kSoftcap_ the soft cap
+// alone, each a variant of its own (the masks-only one ran packed documents
+// and windows ~10% slower with the soft cap's code in it; docs/PERF.md, v17).
+template <int kHeadDim_, bool kFeatures_ = false, bool kTransforms_ = kFeatures_, bool kDropout_ = kTransforms_,
+          bool kSoftcap_ = kTransforms_ || kDropout_>
 struct FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;  // 64, 128 or 256
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
@@ -26,6 +29,7 @@ struct FwdTraits {
   static constexpr bool kFeatures = kFeatures_;
   static constexpr bool kTransforms = kFeatures_ && kTransforms_;
   static constexpr bool kDropout = kFeatures_ && (kTransforms_ || kDropout_);
+  static constexpr bool kSoftcap = kFeatures_ && (kTransforms_ || kDropout_ || kSoftcap_);
   static constexpr int kWarps = 4;
   // Key-split warp pairs (the plain kernel at 256): with one m-tile per warp
   // every K / V fragment read from shared memory fed one MMA, and the

@@ -33,11 +33,11 @@ std::string OrderBlocks(const AttentionParams& p, Kernel kernel, int threads, in
 }
 
 template <typename Element, int kHeadDim, bool kFeatures, bool kTransforms = kFeatures,
-          bool kDropout = kTransforms>
+          bool kDropout = kTransforms, bool kSoftcap = kTransforms || kDropout>
 std::string LaunchForwardVariant(const AttentionParams& p, cudaStream_t stream) {
-  using Tr = FwdTraits<kHeadDim, kFeatures, kTransforms, kDropout>;
+  using Tr = FwdTraits<kHeadDim, kFeatures, kTransforms, kDropout, kSoftcap>;
   if (auto e = CheckGrid(p.shape); !e.empty()) return e;
-  auto kernel = ForwardKernel<Element, kHeadDim, kFeatures, kTransforms, kDropout>;
+  auto kernel = ForwardKernel<Element, kHeadDim, kFeatures, kTransforms, kDropout, kSoftcap>;
   if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm80 forward kernel"); !e.empty()) return e;
   BlockOrder order;
   dim3 grid;
@@ -61,18 +61,19 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
     features = limit < FwdTraits<kHeadDim, false>::kSmemBytes;
   }
   if (!features) return LaunchForwardVariant<Element, kHeadDim, false>(p, stream);
-  // At 128, calls with masks and the soft cap alone (no bias or dropout) run
-  // the masks-only variant: two m-tiles (FwdTraits). Its shared memory is the
-  // plain kernel's, which fits wherever the 128 kernels run at all.
+  // At 128, calls without a bias run a two-m-tile variant (FwdTraits): masks
+  // alone, masks and the soft cap, or those and dropout (whose Philox calls
+  // spill 376 B there, yet it ran 1.6x the one-m-tile variant's speed;
+  // docs/PERF.md, v17). Their shared memory is the plain kernel's, which
+  // fits wherever the 128 kernels run at all.
   if constexpr (kHeadDim == 128) {
-    const bool dropout = p.features.dropout_rate > 0.0 && p.features.dropout_seed;
     static_assert(FwdTraits<kHeadDim, true, false>::kSmemBytes <= FwdTraits<kHeadDim, false>::kSmemBytes);
-    if (!p.features.bias && !dropout) return LaunchForwardVariant<Element, kHeadDim, true, false>(p, stream);
-    // Dropout without a bias: two m-tiles as well, in a variant of its own.
-    // Its Philox calls spill 376 B there, yet it ran 1.6x the one-m-tile
-    // variant's speed (docs/PERF.md, v17); the masks-only variant keeps its
-    // registers (20 B of spills).
-    if (!p.features.bias) return LaunchForwardVariant<Element, kHeadDim, true, false, true>(p, stream);
+    const bool dropout = p.features.dropout_rate > 0.0 && p.features.dropout_seed;
+    if (!p.features.bias) {
+      if (dropout) return LaunchForwardVariant<Element, kHeadDim, true, false, true>(p, stream);
+      if (p.features.softcap > 0.0) return LaunchForwardVariant<Element, kHeadDim, true, false, false, true>(p, stream);
+      return LaunchForwardVariant<Element, kHeadDim, true, false>(p, stream);
+    }
   }
   return LaunchForwardVariant<Element, kHeadDim, true>(p, stream);
 }
