@@ -1,0 +1,59 @@
+// Tile sizes, warpgroup roles and the shared-memory map of the Hopper
+// forward, per padded head dim, in this one place.
+#pragma once
+
+namespace jax_flash::cuda::sm90 {
+
+template <int kHeadDim_>
+struct FwdTraits {
+  static constexpr int kHeadDim = kHeadDim_;  // 64, 128 or 256
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
+
+  // Warpgroup 0 produces (one thread issues every TMA copy), warpgroups 1
+  // and 2 consume, each owning 64 query rows (one wgmma M) of the block.
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
+  static constexpr int kBlockM = 64 * kConsumerWarpgroups;
+  // Keys per block. Per consumer thread: O is kHeadDim / 2 floats, S
+  // kBlockN / 2 and P kBlockN / 4 registers. 128 keys at 64 and 128 (at
+  // 128: 64 + 64 + 32 of the 240 registers); at 256 O alone is 128, and 80
+  // keys (40 + 20) keep the whole thread within 240 (FlashAttention-3's
+  // choice; its n80 wgmma is as fast per FLOP as n128).
+  static constexpr int kBlockN = kHeadDim == 256 ? 80 : 128;
+  static_assert(kBlockN % 16 == 0, "P V steps over 16 keys");
+  // K/V ring depth: two stages let the copy of block n - 1 run under block
+  // n's products; at 256 two are all that fit (Q 64 KiB + 2 x (40 + 40) KiB
+  // = 224 of the 227 KiB). 64 has room for a third.
+  static constexpr int kStages = kHeadDim == 64 ? 3 : 2;
+
+  // setmaxnreg: 24 + 2 x 240 per warpgroup lane = 64512 of the SM's 65536
+  // registers (the launch cap is 65536 / 384 = 168).
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+
+  // Every tile is stored as TMA's 128-byte swizzle writes it: column chunks
+  // of 64 elements (128 bytes per row), each [rows][128 B], 1024-byte atoms
+  // of 8 rows (wgmma.cuh).
+  static constexpr int kChunkCols = 64;
+  static constexpr int kChunks = kHeadDim / kChunkCols;
+  static constexpr int kQChunkBytes = kBlockM * 128;   // one column chunk of Q
+  static constexpr int kKvChunkBytes = kBlockN * 128;  // one column chunk of K or V
+  static_assert(kKvChunkBytes % 1024 == 0, "chunks must start on 1024-byte atoms");
+  static constexpr int kQBytes = kQChunkBytes * kChunks;
+  static constexpr int kKvTileBytes = kKvChunkBytes * kChunks;
+
+  // Shared memory: Q (reused as each warpgroup's output staging), the K
+  // stages, the V stages, then the mbarriers. The base is rounded up to
+  // 1024 bytes inside the kernel, hence the extra 1024 requested.
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kQOffset + kQBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kKvTileBytes;
+  static constexpr int kBarrierOffset = kVOffset + kStages * kKvTileBytes;
+  // q_full, then per stage k_full, v_full, k_empty, v_empty.
+  static constexpr int kBarriers = 1 + 4 * kStages;
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KiB per block");
+};
+
+}  // namespace jax_flash::cuda::sm90

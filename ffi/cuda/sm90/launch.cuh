@@ -1,0 +1,93 @@
+// Launch template of the sm90 forward; instantiated per dtype in launch_<dtype>.cu.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "cuda/generic/launch.cuh"  // CheckLaunch, PrepareSmem, CeilDiv
+#include "cuda/sm90/fwd_kernel.cuh"
+#include "cuda/sm90/launch.h"
+#include "cuda/sm90/tensor_map.h"
+
+namespace jax_flash::cuda::sm90 {
+
+// "sm90 forward kernel (B=.., Tq=.., Tk=.., N=.., K=.., H=.. in kHeadDim ..)" for errors.
+inline std::string DescribeForward(const AttentionShape& s, int head_dim_padded) {
+  return "sm90 forward kernel (B=" + std::to_string(s.batch) + ", Tq=" + std::to_string(s.seqlen_q) +
+         ", Tk=" + std::to_string(s.seqlen_k) + ", N=" + std::to_string(s.num_heads) +
+         ", K=" + std::to_string(s.num_heads_k) + ", H=" + std::to_string(s.head_dim) + " in " +
+         std::to_string(head_dim_padded) + ")";
+}
+
+template <typename Element, int kHeadDim>
+std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
+  using Tr = FwdTraits<kHeadDim>;
+  static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
+  const auto& s = p.shape;
+  const std::string what = DescribeForward(s, kHeadDim);
+  auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
+  if (p.features.Any()) return fail("attention features are not supported yet");
+  if (!(p.scale > 0.0)) return fail("needs scale > 0 (the row maxima are taken before scaling)");
+  if (s.head_dim < 1 || s.head_dim > kHeadDim) return fail("head_dim must be in [1, kHeadDim]");
+  if (s.num_heads_k < 1 || s.num_heads % s.num_heads_k != 0)
+    return fail("key heads must divide query heads");
+  if (s.seqlen_q == 0 || s.batch == 0 || s.num_heads == 0) return {};  // nothing to write
+  // Block coordinates and positions are int32 inside the kernel.
+  if (s.seqlen_q > INT32_MAX - Tr::kBlockM || s.seqlen_k > INT32_MAX - Tr::kBlockN ||
+      s.num_heads > 65535 || s.batch > 65535)
+    return fail("seqlen below 2^31 and batch, heads at most 65535");
+  for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return fail("q, k, v and out must be 16-byte aligned");
+  // The epilogue's 16-byte stores use q's strides for out.
+  if ((p.q_stride.row * 2) % 16 || (p.q_stride.head * 2) % 16 || (p.q_stride.batch * 2) % 16)
+    return fail("q's (and out's) strides in bytes must be multiples of 16");
+
+  constexpr CUtensorMapDataType kType = std::is_same_v<Element, __nv_bfloat16>
+                                            ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  // seqlen_k = 0 still needs a valid map; the kernel then loads no key block.
+  const int64_t seqlen_k_map = s.seqlen_k > 0 ? s.seqlen_k : 1;
+  alignas(64) CUtensorMap q_map, k_map, v_map;
+  if (auto e = EncodeBtnhMap(&q_map, kType, p.q, s.batch, s.seqlen_q, s.num_heads, s.head_dim,
+                             p.q_stride, Tr::kBlockM, "q");
+      !e.empty())
+    return e + " (" + what + ")";
+  if (auto e = EncodeBtnhMap(&k_map, kType, p.k, s.batch, seqlen_k_map, s.num_heads_k, s.head_dim,
+                             p.k_stride, Tr::kBlockN, "k");
+      !e.empty())
+    return e + " (" + what + ")";
+  if (auto e = EncodeBtnhMap(&v_map, kType, p.v, s.batch, seqlen_k_map, s.num_heads_k, s.head_dim,
+                             p.k_stride, Tr::kBlockN, "v");
+      !e.empty())
+    return e + " (" + what + ")";
+
+  ForwardArgs args;
+  args.out = p.out;
+  args.lse = static_cast<float*>(p.lse);
+  args.out_stride = p.q_stride;
+  args.seqlen_q = int(s.seqlen_q);
+  args.seqlen_k = int(s.seqlen_k);
+  args.num_heads = int(s.num_heads);
+  args.group = int(s.group());
+  args.head_dim = int(s.head_dim);
+  args.scale_log2 = float(p.scale) * kLog2e;
+  args.is_causal = p.is_causal;
+
+  auto kernel = ForwardKernel<Element, kHeadDim>;
+  if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 forward kernel"); !e.empty())
+    return e + " (" + what + ")";
+  const dim3 grid(unsigned(CeilDiv(s.seqlen_q, Tr::kBlockM)), unsigned(s.num_heads), unsigned(s.batch));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, args);
+  if (auto e = CheckLaunch("sm90 forward kernel"); !e.empty()) return e + " (" + what + ")";
+  return {};
+}
+
+#define JAX_FLASH_INSTANTIATE_SM90(Element)                                                 \
+  template std::string LaunchForward<Element, 64>(const AttentionParams&, cudaStream_t);  \
+  template std::string LaunchForward<Element, 128>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchForward<Element, 256>(const AttentionParams&, cudaStream_t);
+
+}  // namespace jax_flash::cuda::sm90
