@@ -4,20 +4,23 @@
 // One block per (128 query rows, head, batch), three warpgroups:
 //
 //   warpgroup 0 (producer, 24 registers): one thread issues TMA copies
-//     Q once                      -> q_full
-//     for each key block (last to first), into ring stage i % kStages:
-//       wait k_empty[s]; K tile   -> k_full[s]
-//       wait v_empty[s]; V tile   -> v_full[s]
+//     (pipeline.cuh) of Q once -> q_full, then for each key block i (last to
+//     first) into ring stage s = i % kStages:
+//       wait k_empty[s]; K tile -> k_full[s];  wait v_empty[s]; V tile -> v_full[s]
 //   warpgroups 1, 2 (consumers, 240 registers), 64 query rows each:
-//     wait q_full
-//     for each key block:
-//       wait k_full[s]; S = Q K^T (wgmma, smem x smem); arrive k_empty[s]
-//       mask, online softmax in registers, P to 16 bits (the A fragments)
-//       wait v_full[s]; O += P V (wgmma, registers x smem); arrive v_empty[s]
-//     normalize O, stage it in the warpgroup's own Q rows, 16-byte stores
+//     wait q_full; for each key block: wait k_full[s], S = Q K^T (wgmma,
+//     smem x smem), arrive k_empty[s]; mask, online softmax in registers,
+//     P to 16 bits (the A fragments); wait v_full[s], O += P V (wgmma,
+//     registers x smem), arrive v_empty[s]; then the epilogue (epilogue.cuh).
 //
-// Every barrier is an mbarrier whose phase parity is (i / kStages) & 1 for
-// the i-th key block; empties take one arrival per consumer warp.
+// Schedules of the consumer loop (Schedule below):
+//   kSerial:   S_i, softmax_i, PV_i, one product in flight at a time.
+//   kOverlap:  S_{i+1} and PV_i issued together; softmax of S_{i+1} runs
+//              while PV_i is still on the tensor cores (O's rescale waits
+//              for it), so the tensor cores idle only for the row maxima.
+//   kPingPong: kOverlap, and the two consumer warpgroups take turns to
+//              issue their products (named barriers 3 and 4), so that one
+//              warpgroup's softmax runs under the other's products.
 // Key blocks run last to first so the ones needing masks (the causal
 // diagonal, the seqlen_k tail) come first and the rest skip mask arithmetic.
 #pragma once
@@ -29,109 +32,52 @@
 #include <type_traits>
 
 #include "common/params.h"
-#include "cuda/row_stats.cuh"
+#include "cuda/sm90/epilogue.cuh"
 #include "cuda/sm90/kernel_traits.cuh"
+#include "cuda/sm90/pipeline.cuh"
+#include "cuda/sm90/softmax.cuh"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace jax_flash::cuda::sm90 {
 
-// What the kernel reads besides the tensor maps (AttentionParams' features
-// would only cost parameter space).
-struct ForwardArgs {
-  void* out;       // [B, Tq, N, H] strided like q
-  float* lse;      // [B, N, Tq]
-  Strides out_stride;
-  int seqlen_q, seqlen_k, num_heads, group, head_dim;
-  float scale_log2;  // scale * log2(e), scale > 0
-  bool is_causal;
-};
+// Named barrier ids: 0 is __syncthreads; 1, 2 each consumer warpgroup's
+// epilogue; 3, 4 the ping-pong turns of consumer warpgroup 0, 1.
+constexpr int kEpilogueBarrier = 1;
+constexpr int kTurnBarrier = 3;
 
-// The mbarriers of the block (kernel_traits.cuh: q_full, then per stage).
-template <typename Tr>
-struct Barriers {
-  uint32_t base;
-  __device__ uint32_t q_full() const { return base; }
-  __device__ uint32_t k_full(int s) const { return base + 8 * (1 + s); }
-  __device__ uint32_t v_full(int s) const { return base + 8 * (1 + Tr::kStages + s); }
-  __device__ uint32_t k_empty(int s) const { return base + 8 * (1 + 2 * Tr::kStages + s); }
-  __device__ uint32_t v_empty(int s) const { return base + 8 * (1 + 3 * Tr::kStages + s); }
-};
-
-template <typename Tr>
-__device__ __forceinline__ void ProduceTiles(const CUtensorMap* q_map, const CUtensorMap* k_map,
-                                             const CUtensorMap* v_map, Barriers<Tr> bars,
-                                             uint32_t smem, int m0, int h, int hk, int b,
-                                             int n_blocks) {
-  PrefetchTensorMap(q_map);
-  PrefetchTensorMap(k_map);
-  PrefetchTensorMap(v_map);
-  MbarrierArriveExpectTx(bars.q_full(), Tr::kQBytes);
-#pragma unroll
-  for (int c = 0; c < Tr::kChunks; ++c)
-    TmaLoad4d(smem + Tr::kQOffset + c * Tr::kQChunkBytes, q_map, bars.q_full(), c * Tr::kChunkCols,
-              m0, h, b);
-  for (int i = 0; i < n_blocks; ++i) {
-    const int nb = n_blocks - 1 - i, stage = i % Tr::kStages;
-    const uint32_t parity = (i / Tr::kStages) & 1;
-    const uint32_t k_tile = smem + Tr::kKOffset + stage * Tr::kKvTileBytes;
-    const uint32_t v_tile = smem + Tr::kVOffset + stage * Tr::kKvTileBytes;
-    // The first round finds the empties in their "previous" phase (parity 1).
-    MbarrierWait(bars.k_empty(stage), parity ^ 1);
-    MbarrierArriveExpectTx(bars.k_full(stage), Tr::kKvTileBytes);
-#pragma unroll
-    for (int c = 0; c < Tr::kChunks; ++c)
-      TmaLoad4d(k_tile + c * Tr::kKvChunkBytes, k_map, bars.k_full(stage), c * Tr::kChunkCols,
-                nb * Tr::kBlockN, hk, b);
-    MbarrierWait(bars.v_empty(stage), parity ^ 1);
-    MbarrierArriveExpectTx(bars.v_full(stage), Tr::kKvTileBytes);
-#pragma unroll
-    for (int c = 0; c < Tr::kChunks; ++c)
-      TmaLoad4d(v_tile + c * Tr::kKvChunkBytes, v_map, bars.v_full(stage), c * Tr::kChunkCols,
-                nb * Tr::kBlockN, hk, b);
-  }
-}
-
-// One consumer warpgroup: 64 query rows from m0 + 64 * warpgroup.
-template <typename Element, typename Tr>
-__device__ __forceinline__ void ConsumeTiles(const ForwardArgs& a, Barriers<Tr> bars, uint32_t smem,
-                                             int warpgroup, int m0, int h, int b, int n_blocks) {
+// One consumer warpgroup's whole tile: 64 query rows from m0 + 64 * warpgroup.
+template <typename Element, typename Tr, Schedule kSchedule>
+__device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> bars, uint32_t smem,
+                                            int warpgroup, int m0, int h, int b, int n_blocks) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockN = Tr::kBlockN;
-  constexpr int kSRegs = kBlockN / 2, kORegs = kHeadDim / 2;
-  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  const int g = lane / 4, t = lane % 4;
-  // This thread's rows inside the block: row0 and row0 + 8.
-  const int row0 = warpgroup * 64 + warp * 16 + g;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, t = lane % 4;
+  const int row0 = warp * 16 + lane / 4;  // this thread's rows in the warpgroup: row0, row0 + 8
+  const int wg_m0 = m0 + 64 * warpgroup;
   const uint32_t q_rows = smem + Tr::kQOffset + warpgroup * 64 * 128;
 
-  float o[kORegs];
+  float o[kHeadDim / 2];
 #pragma unroll
-  for (int i = 0; i < kORegs; ++i) o[i] = 0.0f;
-  // Running row maxima (log2 units, scale folded in) and this thread's share
-  // of the row sums, for rows row0 + 8 hh.
-  float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F}, row_sum[2] = {0.0f, 0.0f};
-  // How far a row's exponent offset may lag its running maximum (sm80's
-  // forward: P <= 2^8 stays exact, and O is rescaled only when a row of the
-  // warp outgrows it, rare past the first blocks).
-  constexpr float kRescaleSlack = 8.0f;
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+  OnlineSoftmax<kBlockN, kHeadDim> softmax(a.scale_log2);
 
-  // Key blocks from first_masked on need masks (see the file comment).
+  // Key blocks from first_masked on need masks; block i of the loop is key
+  // block n_blocks - 1 - i.
   const int limit = a.is_causal ? min(a.seqlen_k, m0 + 1) : a.seqlen_k;
   const int first_masked = limit / kBlockN;
+  auto is_masked = [&](int i) { return n_blocks - 1 - i >= first_masked; };
+  auto mask = [&](float (&s)[kBlockN / 2], int i) {
+    const int n0 = (n_blocks - 1 - i) * kBlockN;
+    MaskLogits<kBlockN>(s, 64 * warpgroup + row0, t, min(kBlockN, a.seqlen_k - n0), m0 - n0, a.is_causal);
+  };
 
-  MbarrierWait(bars.q_full(), 0);
-
-  auto process_block = [&](int i, auto masked) {
-    constexpr bool kMasked = decltype(masked)::value;
-    const int nb = n_blocks - 1 - i, stage = i % Tr::kStages;
-    const uint32_t parity = (i / Tr::kStages) & 1;
-    const uint32_t k_tile = smem + Tr::kKOffset + stage * Tr::kKvTileBytes;
-    const uint32_t v_tile = smem + Tr::kVOffset + stage * Tr::kKvTileBytes;
-
-    // S = Q K^T  [64 rows][kBlockN], raw logits. k16 step kk reads 32 bytes
-    // into the 128-byte rows of column chunk kk / 4 of both tiles.
-    float s[kSRegs];
-    MbarrierWait(bars.k_full(stage), parity);
+  // S = Q K^T [64 rows][kBlockN] for block i, issued and committed (raw
+  // logits). k16 step kk reads 32 bytes into the 128-byte rows of column
+  // chunk kk / 4 of both tiles.
+  auto issue_qk = [&](float (&s)[kBlockN / 2], int i) {
+    const int stage = i % Tr::kStages;
+    MbarrierWait(bars.k_full(stage), (i / Tr::kStages) & 1);
+    const uint32_t k_tile = KTile<Tr>(smem, stage);
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -141,150 +87,135 @@ __device__ __forceinline__ void ConsumeTiles(const ForwardArgs& a, Barriers<Tr> 
       WgmmaSS<Element, kBlockN>(s, q_desc, k_desc, kk > 0 ? 1 : 0);
     }
     WgmmaCommit();
-    WgmmaWait<0>();
-    FenceRegisters(s);
-    if (lane == 0) MbarrierArrive(bars.k_empty(stage));
-
-    if constexpr (kMasked) {
-      // Block-relative: column c is visible to row r when c < col_limit and
-      // (not causal or c <= r + diagonal).
-      const int n0 = nb * kBlockN;
-      const int col_limit = min(kBlockN, a.seqlen_k - n0);
-      const int diagonal = m0 - n0;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = 8 * j + 2 * t + e;
-            if (col >= col_limit || (a.is_causal && col > row0 + 8 * hh + diagonal))
-              s[4 * j + 2 * hh + e] = -CUDART_INF_F;
-          }
-    }
-
-    // Online softmax: a row's 4 owners (lanes 4g .. 4g + 3) combine by shuffles.
-    float blk_max[2];
-    bool grow = false;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float mx = -CUDART_INF_F;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j)
-        mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      blk_max[hh] = mx * a.scale_log2;
-      grow |= blk_max[hh] > row_max[hh] + kRescaleSlack;  // false while both are -inf
-    }
-    if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const float new_max = fmaxf(row_max[hh], blk_max[hh]);
-        const float alpha = new_max == -CUDART_INF_F ? 1.0f : FastExp2(row_max[hh] - new_max);
-        row_max[hh] = new_max;
-        row_sum[hh] *= alpha;
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) o[4 * j + 2 * hh] *= alpha, o[4 * j + 2 * hh + 1] *= alpha;
-      }
-    }
-    // P in 16 bits as wgmma A fragments: k16 step kk covers n8 tiles 2kk, 2kk + 1.
-    uint32_t p[kBlockN / 16][4];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      // Nothing visible yet in this row (masked blocks only): P = 0.
-      const float m_use = (kMasked && row_max[hh] == -CUDART_INF_F) ? 0.0f : row_max[hh];
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        const float e0 = FastExp2(fmaf(s[4 * j + 2 * hh], a.scale_log2, -m_use));
-        const float e1 = FastExp2(fmaf(s[4 * j + 2 * hh + 1], a.scale_log2, -m_use));
-        sum += e0 + e1;
-        p[j / 2][(j % 2) * 2 + hh] = PackPair<Element>(e0, e1);
-      }
-      row_sum[hh] += sum;
-    }
-
-    // O += P V  [64 rows][kHeadDim]: V's tile is [keys][kHeadDim] row-major,
-    // i.e. B with N (head dim) contiguous, MN-major: 8-key atoms 1024 bytes
-    // apart, 64-column chunks kKvChunkBytes apart; a k16 step is 16 keys.
-    MbarrierWait(bars.v_full(stage), parity);
+  };
+  // O += P V for block i, issued and committed. V's tile is [keys][kHeadDim]
+  // row-major: B with N (head dim) contiguous, MN-major, 8-key atoms 1024
+  // bytes apart (stride), 64-column chunks kKvChunkBytes apart (leading); a
+  // k16 step is 16 keys, 2048 bytes.
+  auto issue_pv = [&](uint32_t (&p)[kBlockN / 16][4], int i) {
+    const int stage = i % Tr::kStages;
+    MbarrierWait(bars.v_full(stage), (i / Tr::kStages) & 1);
+    const uint32_t v_tile = VTile<Tr>(smem, stage);
     FenceRegisters(o);
     WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint64_t v_desc = SmemDescriptor(v_tile + kk * 16 * 128, Tr::kKvChunkBytes, 1024);
-      WgmmaRS<Element, kHeadDim>(o, p[kk], v_desc, 1);
-    }
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      WgmmaRS<Element, kHeadDim>(o, p[kk], SmemDescriptor(v_tile + kk * 2048, Tr::kKvChunkBytes, 1024), 1);
     WgmmaCommit();
-    WgmmaWait<0>();
+  };
+  auto release_k = [&](int i) {
+    if (lane == 0) MbarrierArrive(bars.k_empty(i % Tr::kStages));
+  };
+  auto release_v = [&](int i) {
+    if (lane == 0) MbarrierArrive(bars.v_empty(i % Tr::kStages));
+  };
+  // After a wait: the results are in registers, and the A fragments free.
+  auto settle = [&](float (&s)[kBlockN / 2], uint32_t (&p)[kBlockN / 16][4]) {
+    FenceRegisters(s);
     FenceRegisters(o);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) FenceRegisters(p[kk]);  // read until the wait
-    if (lane == 0) MbarrierArrive(bars.v_empty(stage));
+    for (int kk = 0; kk < kBlockN / 16; ++kk) FenceRegisters(p[kk]);
   };
 
-  int i = 0;
-  for (; i < n_blocks && n_blocks - 1 - i >= first_masked; ++i) process_block(i, std::true_type{});
-  for (; i < n_blocks; ++i) process_block(i, std::false_type{});
+  // Ping-pong turns: warpgroup w waits on barrier kTurnBarrier + w before
+  // issuing its products and then opens the other's. Each warpgroup issues
+  // n_blocks + 1 times (S_0, then S_{i+1} with PV_i, then the last PV);
+  // warpgroup 1 opens warpgroup 0's first turn and skips opening a turn
+  // after its last, so every barrier sees as many arrivals as waits.
+  constexpr bool kTurns = kSchedule == Schedule::kPingPong;
+  auto begin_turn = [&]() {
+    if constexpr (kTurns) NamedBarrierSync(kTurnBarrier + warpgroup, 256);
+  };
+  auto end_turn = [&](bool last) {
+    if constexpr (kTurns)
+      if (!(last && warpgroup == 1)) NamedBarrierArrive(kTurnBarrier + (1 - warpgroup), 256);
+  };
+  if constexpr (kTurns)
+    if (warpgroup == 1 && n_blocks > 0) NamedBarrierArrive(kTurnBarrier, 256);
 
-  // Epilogue: normalize, lse, then O through shared memory. The staging
-  // area is this warpgroup's own Q rows (no other warpgroup reads them), in
-  // Q's layout: row r's 16-byte chunk k of column chunk c at chunk k ^ (r % 8),
-  // so a warp's fragment writes (8 rows x 4 pairs) hit 32 distinct banks.
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    float l = row_sum[hh];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: zeros
-#pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) o[4 * j + 2 * hh] *= inv, o[4 * j + 2 * hh + 1] *= inv;
-    const int row = m0 + row0 + 8 * hh;
-    if (t == 0 && row < a.seqlen_q)
-      a.lse[(int64_t(b) * a.num_heads + h) * a.seqlen_q + row] =
-          l > 0.0f ? (row_max[hh] + log2f(l)) * kLn2 : -CUDART_INF_F;
-  }
-  // Every warp of the warpgroup is past its last read of Q (its wgmma waits).
-  NamedBarrierSync(1 + warpgroup, 128);
-#pragma unroll
-  for (int j = 0; j < kHeadDim / 8; ++j)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = row0 - warpgroup * 64 + 8 * hh;  // row within the warpgroup
-      const uint32_t addr = q_rows + (j / 8) * Tr::kQChunkBytes + r * 128 + (((j % 8) ^ (r % 8)) * 16) + 4 * t;
-      const uint32_t v = PackPair<Element>(o[4 * j + 2 * hh], o[4 * j + 2 * hh + 1]);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-    }
-  NamedBarrierSync(1 + warpgroup, 128);
-  constexpr int kRowChunks = kHeadDim / 8;  // 16-byte chunks per output row
-  Element* out = static_cast<Element*>(a.out) + int64_t(b) * a.out_stride.batch + int64_t(h) * a.out_stride.head;
-#pragma unroll
-  for (int idx = tid; idx < 64 * kRowChunks; idx += 128) {
-    const int r = idx / kRowChunks, k = idx % kRowChunks;
-    const int row = m0 + warpgroup * 64 + r, col = 8 * k;
-    if (row >= a.seqlen_q || col >= a.head_dim) continue;
-    const uint32_t addr = q_rows + (k / 8) * Tr::kQChunkBytes + r * 128 + (((k % 8) ^ (r % 8)) * 16);
-    uint4 v;
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(addr));
-    Element* dst = out + int64_t(row) * a.out_stride.row + col;
-    if (col + 8 <= a.head_dim) {
-      *reinterpret_cast<uint4*>(dst) = v;  // 16-byte aligned: the launch checks the strides
+  MbarrierWait(bars.q_full(), 0);
+
+  if constexpr (kSchedule == Schedule::kSerial) {
+    auto process_block = [&](int i, auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      float s[kBlockN / 2];
+      uint32_t p[kBlockN / 16][4];
+      issue_qk(s, i);
+      WgmmaWait<0>();
+      FenceRegisters(s);
+      release_k(i);
+      if constexpr (kMasked) mask(s, i);
+      float alpha[2];
+      if (softmax.UpdateMax(s, alpha)) softmax.Rescale(o, alpha);
+      softmax.template Exponentiate<Element, kMasked>(s, p);
+      issue_pv(p, i);
+      WgmmaWait<0>();
+      settle(s, p);
+      release_v(i);
+    };
+    int i = 0;
+    for (; i < n_blocks && is_masked(i); ++i) process_block(i, std::true_type{});
+    for (; i < n_blocks; ++i) process_block(i, std::false_type{});
+  } else if (n_blocks > 0) {
+    float s[kBlockN / 2];
+    uint32_t p[kBlockN / 16][4];
+    // Block 0: S alone (nothing to overlap with yet); O is still zero.
+    begin_turn();
+    issue_qk(s, 0);
+    end_turn(false);
+    WgmmaWait<0>();
+    FenceRegisters(s);
+    release_k(0);
+    float alpha[2];
+    if (is_masked(0)) {
+      mask(s, 0);
+      softmax.UpdateMax(s, alpha);
+      softmax.template Exponentiate<Element, true>(s, p);
     } else {
-      // A head dim that is not a multiple of 8: the row's last partial chunk,
-      // element by element (constant indices keep v in registers).
-      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-      uint16_t* dst16 = reinterpret_cast<uint16_t*>(dst);
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        if (e < a.head_dim - col) dst16[e] = uint16_t(words[e / 2] >> (16 * (e % 2)));
+      softmax.UpdateMax(s, alpha);
+      softmax.template Exponentiate<Element, false>(s, p);
     }
+    // Block i >= 1: S_i issued first, then PV_{i-1}; S_i completes first
+    // (groups retire in order), its softmax statistics run under PV_{i-1},
+    // and O's rescale and P_i (which overwrites P_{i-1}) wait for PV_{i-1}.
+    auto step = [&](int i, auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      begin_turn();
+      issue_qk(s, i);
+      issue_pv(p, i - 1);
+      end_turn(false);
+      WgmmaWait<1>();
+      FenceRegisters(s);
+      release_k(i);
+      if constexpr (kMasked) mask(s, i);
+      float alpha[2] = {1.0f, 1.0f};
+      uint32_t rescale = softmax.UpdateMax(s, alpha);
+      // Pins the statistics before the wait: without these the compiler
+      // sinks them to their uses after it, and nothing overlaps PV_{i-1}.
+      FenceRegisters(softmax.row_max);
+      FenceRegisters(alpha);
+      asm volatile("" : "+r"(rescale)::"memory");
+      WgmmaWait<0>();
+      settle(s, p);
+      release_v(i - 1);
+      if (rescale) softmax.Rescale(o, alpha);
+      softmax.template Exponentiate<Element, kMasked>(s, p);
+    };
+    int i = 1;
+    for (; i < n_blocks && is_masked(i); ++i) step(i, std::true_type{});
+    for (; i < n_blocks; ++i) step(i, std::false_type{});
+    begin_turn();
+    issue_pv(p, n_blocks - 1);
+    end_turn(true);
+    WgmmaWait<0>();
+    settle(s, p);
+    release_v(n_blocks - 1);
   }
+
+  StoreOutput<Element, Tr>(a, softmax, o, q_rows, kEpilogueBarrier + warpgroup, row0, wg_m0, h, b);
 }
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, Schedule kSchedule>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
     ForwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const ForwardArgs a) {
@@ -300,26 +231,18 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
   const int kv_end = a.is_causal ? min(a.seqlen_k, m0 + Tr::kBlockM) : a.seqlen_k;
   const int n_blocks = (kv_end + Tr::kBlockN - 1) / Tr::kBlockN;
 
-  const int warpgroup = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
-    MbarrierInit(bars.q_full(), 1);
-    for (int s = 0; s < Tr::kStages; ++s) {
-      MbarrierInit(bars.k_full(s), 1);
-      MbarrierInit(bars.v_full(s), 1);
-      MbarrierInit(bars.k_empty(s), Tr::kConsumerWarps);
-      MbarrierInit(bars.v_empty(s), Tr::kConsumerWarps);
-    }
-    FenceBarrierInit();
-  }
+  if (threadIdx.x == 0) bars.Init();
   __syncthreads();
 
+  // setmaxnreg needs each warpgroup's role as one branch of a single if/else.
+  const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     RegistersDecrease<Tr::kProducerRegisters>();
     if (threadIdx.x == 0)
       ProduceTiles<Tr>(&q_map, &k_map, &v_map, bars, smem, m0, h, h / a.group, b, n_blocks);
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
-    ConsumeTiles<Element, Tr>(a, bars, smem, warpgroup - 1, m0, h, b, n_blocks);
+    ConsumeTile<Element, Tr, kSchedule>(a, bars, smem, warpgroup - 1, m0, h, b, n_blocks);
   }
 }
 

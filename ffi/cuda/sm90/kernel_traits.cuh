@@ -4,6 +4,9 @@
 
 namespace jax_flash::cuda::sm90 {
 
+// How the consumer warpgroups order their products and softmax (fwd_kernel.cuh).
+enum class Schedule { kSerial, kOverlap, kPingPong };
+
 template <int kHeadDim_>
 struct FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;  // 64, 128 or 256
@@ -26,6 +29,11 @@ struct FwdTraits {
   // n's products; at 256 two are all that fit (Q 64 KiB + 2 x (40 + 40) KiB
   // = 224 of the 227 KiB). 64 has room for a third.
   static constexpr int kStages = kHeadDim == 64 ? 3 : 2;
+
+  // FlashAttention-3's choice for 16-bit inputs: ping-pong up to 128; at 256
+  // each warpgroup's products are long enough to cover the other's softmax
+  // without turns. To be confirmed by the timings of sm90_fwd_check.
+  static constexpr Schedule kDefaultSchedule = kHeadDim <= 128 ? Schedule::kPingPong : Schedule::kOverlap;
 
   // setmaxnreg: 24 + 2 x 240 per warpgroup lane = 64512 of the SM's 65536
   // registers (the launch cap is 65536 / 384 = 168).

@@ -22,8 +22,8 @@ inline std::string DescribeForward(const AttentionShape& s, int head_dim_padded)
          std::to_string(head_dim_padded) + ")";
 }
 
-template <typename Element, int kHeadDim>
-std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
+template <typename Element, int kHeadDim, Schedule kSchedule>
+std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream) {
   using Tr = FwdTraits<kHeadDim>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   const auto& s = p.shape;
@@ -76,13 +76,18 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
   args.scale_log2 = float(p.scale) * kLog2e;
   args.is_causal = p.is_causal;
 
-  auto kernel = ForwardKernel<Element, kHeadDim>;
+  auto kernel = ForwardKernel<Element, kHeadDim, kSchedule>;
   if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 forward kernel"); !e.empty())
     return e + " (" + what + ")";
   const dim3 grid(unsigned(CeilDiv(s.seqlen_q, Tr::kBlockM)), unsigned(s.num_heads), unsigned(s.batch));
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, args);
   if (auto e = CheckLaunch("sm90 forward kernel"); !e.empty()) return e + " (" + what + ")";
   return {};
+}
+
+template <typename Element, int kHeadDim>
+std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
+  return LaunchForwardScheduled<Element, kHeadDim, FwdTraits<kHeadDim>::kDefaultSchedule>(p, stream);
 }
 
 #define JAX_FLASH_INSTANTIATE_SM90(Element)                                                 \

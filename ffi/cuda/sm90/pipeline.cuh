@@ -1,0 +1,95 @@
+// The producer side of the forward: the block's mbarriers and the TMA copies
+// of Q and of the K/V ring (one thread issues them all).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "common/params.h"
+#include "cuda/sm90/kernel_traits.cuh"
+#include "cuda/sm90/tma.cuh"
+
+namespace jax_flash::cuda::sm90 {
+
+// What the kernel reads besides the tensor maps (AttentionParams' features
+// would only cost parameter space).
+struct ForwardArgs {
+  void* out;   // [B, Tq, N, H] strided like q
+  float* lse;  // [B, N, Tq]
+  Strides out_stride;
+  int seqlen_q, seqlen_k, num_heads, group, head_dim;
+  float scale_log2;  // scale * log2(e), scale > 0
+  bool is_causal;
+};
+
+// The mbarriers of the block (kernel_traits.cuh: q_full, then per stage).
+// Key block i of a tile (i counts from 0 in processing order) uses stage
+// i % kStages in phase parity (i / kStages) & 1 on all four of its barriers.
+template <typename Tr>
+struct Barriers {
+  uint32_t base;
+  __device__ uint32_t q_full() const { return base; }
+  __device__ uint32_t k_full(int s) const { return base + 8 * (1 + s); }
+  __device__ uint32_t v_full(int s) const { return base + 8 * (1 + Tr::kStages + s); }
+  __device__ uint32_t k_empty(int s) const { return base + 8 * (1 + 2 * Tr::kStages + s); }
+  __device__ uint32_t v_empty(int s) const { return base + 8 * (1 + 3 * Tr::kStages + s); }
+
+  // By one thread, before the __syncthreads that publishes them. Empties
+  // take one arrival per consumer warp (its lane 0, after its wgmma wait).
+  __device__ void Init() const {
+    MbarrierInit(q_full(), 1);
+    for (int s = 0; s < Tr::kStages; ++s) {
+      MbarrierInit(k_full(s), 1);
+      MbarrierInit(v_full(s), 1);
+      MbarrierInit(k_empty(s), Tr::kConsumerWarps);
+      MbarrierInit(v_empty(s), Tr::kConsumerWarps);
+    }
+    FenceBarrierInit();
+  }
+};
+
+template <typename Tr>
+__device__ __forceinline__ uint32_t KTile(uint32_t smem, int stage) {
+  return smem + Tr::kKOffset + stage * Tr::kKvTileBytes;
+}
+template <typename Tr>
+__device__ __forceinline__ uint32_t VTile(uint32_t smem, int stage) {
+  return smem + Tr::kVOffset + stage * Tr::kKvTileBytes;
+}
+
+// Copies one [rows][kHeadDim] tile as kChunks boxes of 64 columns.
+template <typename Tr>
+__device__ __forceinline__ void LoadTile(uint32_t dst, int chunk_bytes, const CUtensorMap* map,
+                                         uint32_t bar, int row, int head, int batch) {
+#pragma unroll
+  for (int c = 0; c < Tr::kChunks; ++c)
+    TmaLoad4d(dst + c * chunk_bytes, map, bar, c * Tr::kChunkCols, row, head, batch);
+}
+
+// Issued by one thread: Q, then K and V of key blocks n_blocks - 1 down to
+// 0 into the ring, each stage as soon as all consumer warps released it.
+template <typename Tr>
+__device__ __forceinline__ void ProduceTiles(const CUtensorMap* q_map, const CUtensorMap* k_map,
+                                             const CUtensorMap* v_map, Barriers<Tr> bars,
+                                             uint32_t smem, int m0, int h, int hk, int b,
+                                             int n_blocks) {
+  PrefetchTensorMap(q_map);
+  PrefetchTensorMap(k_map);
+  PrefetchTensorMap(v_map);
+  MbarrierArriveExpectTx(bars.q_full(), Tr::kQBytes);
+  LoadTile<Tr>(smem + Tr::kQOffset, Tr::kQChunkBytes, q_map, bars.q_full(), m0, h, b);
+  for (int i = 0; i < n_blocks; ++i) {
+    const int n0 = (n_blocks - 1 - i) * Tr::kBlockN, stage = i % Tr::kStages;
+    const uint32_t parity = (i / Tr::kStages) & 1;
+    // The first round finds the empties in their "previous" phase (parity 1).
+    MbarrierWait(bars.k_empty(stage), parity ^ 1);
+    MbarrierArriveExpectTx(bars.k_full(stage), Tr::kKvTileBytes);
+    LoadTile<Tr>(KTile<Tr>(smem, stage), Tr::kKvChunkBytes, k_map, bars.k_full(stage), n0, hk, b);
+    MbarrierWait(bars.v_empty(stage), parity ^ 1);
+    MbarrierArriveExpectTx(bars.v_full(stage), Tr::kKvTileBytes);
+    LoadTile<Tr>(VTile<Tr>(smem, stage), Tr::kKvChunkBytes, v_map, bars.v_full(stage), n0, hk, b);
+  }
+}
+
+}  // namespace jax_flash::cuda::sm90
