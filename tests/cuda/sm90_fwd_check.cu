@@ -155,12 +155,12 @@ const char* ScheduleName(jax_flash::cuda::sm90::Schedule s) {
 // Every schedule of the kernel (kernel_traits.cuh), so that a failure of one
 // points at its schedule rather than at the shared parts.
 template <typename Element, int kHeadDim>
-std::string LaunchScheduled(jax_flash::cuda::sm90::Schedule schedule, const AttentionParams& p) {
+std::string LaunchScheduled(jax_flash::cuda::sm90::Schedule schedule, const AttentionParams& p, int max_blocks) {
   using namespace jax_flash::cuda::sm90;
   switch (schedule) {
-    case Schedule::kSerial: return LaunchForwardScheduled<Element, kHeadDim, Schedule::kSerial>(p, 0);
-    case Schedule::kOverlap: return LaunchForwardScheduled<Element, kHeadDim, Schedule::kOverlap>(p, 0);
-    default: return LaunchForwardScheduled<Element, kHeadDim, Schedule::kPingPong>(p, 0);
+    case Schedule::kSerial: return LaunchForwardScheduled<Element, kHeadDim, Schedule::kSerial>(p, 0, max_blocks);
+    case Schedule::kOverlap: return LaunchForwardScheduled<Element, kHeadDim, Schedule::kOverlap>(p, 0, max_blocks);
+    default: return LaunchForwardScheduled<Element, kHeadDim, Schedule::kPingPong>(p, 0, max_blocks);
   }
 }
 
@@ -203,13 +203,20 @@ bool RunCase(const Case& c) {
   bool all_ok = true;
   float best_ms = 0.0f;
   using jax_flash::cuda::sm90::Schedule;
-  for (Schedule schedule : {Schedule::kSerial, Schedule::kOverlap, Schedule::kPingPong}) {
-    auto launch = [&] { return LaunchScheduled<Element, kHeadDim>(schedule, p); };
-    const bool is_default = schedule == jax_flash::cuda::sm90::FwdTraits<kHeadDim>::kDefaultSchedule;
-    char name[200];
-    std::snprintf(name, sizeof name, "%s H=%d (kHeadDim %d) B=%d T=%d S=%d N=%d K=%d causal=%d scale=%.3g %s%s",
+  // Every schedule on the full persistent grid, then the default one on 7
+  // blocks, so that each block runs several tiles (phases across tiles).
+  constexpr Schedule kDefault = jax_flash::cuda::sm90::FwdTraits<kHeadDim>::kDefaultSchedule;
+  const struct { Schedule schedule; int max_blocks; } runs[] = {
+      {Schedule::kSerial, 0}, {Schedule::kOverlap, 0}, {Schedule::kPingPong, 0}, {kDefault, 7}};
+  for (const auto& run : runs) {
+    const Schedule schedule = run.schedule;
+    auto launch = [&] { return LaunchScheduled<Element, kHeadDim>(schedule, p, run.max_blocks); };
+    const bool is_default = schedule == kDefault && run.max_blocks == 0;
+    if (run.max_blocks > 0 && c.timed) continue;  // the full-grid runs cover these sizes
+    char name[220];
+    std::snprintf(name, sizeof name, "%s H=%d (kHeadDim %d) B=%d T=%d S=%d N=%d K=%d causal=%d scale=%.3g %s%s%s",
                   TypeName<Element>(), c.H, kHeadDim, c.B, c.T, c.S, c.N, c.K, int(c.causal), p.scale,
-                  ScheduleName(schedule), is_default ? " (default)" : "");
+                  ScheduleName(schedule), is_default ? " (default)" : "", run.max_blocks ? " on 7 blocks" : "");
     Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(out), q_elems);
     Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(lse), lse_elems * 2);
     CHECK_CUDA(cudaGetLastError());

@@ -1,7 +1,8 @@
 // FlashAttention forward for Hopper (sm_90a), float16/bfloat16, no attention
 // features beyond causal: FlashAttention-3's design in our own code.
 //
-// One block per (128 query rows, head, batch), three warpgroups:
+// A persistent grid (one block per SM) walks tiles of (128 query rows, head,
+// batch) in tile_scheduler.cuh's order; each block has three warpgroups:
 //
 //   warpgroup 0 (producer, 24 registers): one thread issues TMA copies
 //     (pipeline.cuh) of Q once -> q_full, then for each key block i (last to
@@ -11,7 +12,9 @@
 //     wait q_full; for each key block: wait k_full[s], S = Q K^T (wgmma,
 //     smem x smem), arrive k_empty[s]; mask, online softmax in registers,
 //     P to 16 bits (the A fragments); wait v_full[s], O += P V (wgmma,
-//     registers x smem), arrive v_empty[s]; then the epilogue (epilogue.cuh).
+//     registers x smem), arrive v_empty[s]; then the epilogue (epilogue.cuh)
+//     through the warpgroup's Q rows, and arrive q_empty: the next tile's Q
+//     may land (its K/V stages already load during the epilogue).
 //
 // Schedules of the consumer loop (Schedule below):
 //   kSerial:   S_i, softmax_i, PV_i, one product in flight at a time.
@@ -36,6 +39,7 @@
 #include "cuda/sm90/kernel_traits.cuh"
 #include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/softmax.cuh"
+#include "cuda/sm90/tile_scheduler.cuh"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
@@ -47,9 +51,12 @@ constexpr int kEpilogueBarrier = 1;
 constexpr int kTurnBarrier = 3;
 
 // One consumer warpgroup's whole tile: 64 query rows from m0 + 64 * warpgroup.
+// `pipe`: the ring position of the tile's first key block, `tile_iter`: the
+// block's count of earlier tiles (pipeline.cuh).
 template <typename Element, typename Tr, Schedule kSchedule>
 __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> bars, uint32_t smem,
-                                            int warpgroup, int m0, int h, int b, int n_blocks) {
+                                            int warpgroup, int m0, int h, int b, int n_blocks, int pipe,
+                                            int tile_iter) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockN = Tr::kBlockN;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, t = lane % 4;
   const int row0 = warp * 16 + lane / 4;  // this thread's rows in the warpgroup: row0, row0 + 8
@@ -75,8 +82,8 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> b
   // logits). k16 step kk reads 32 bytes into the 128-byte rows of column
   // chunk kk / 4 of both tiles.
   auto issue_qk = [&](float (&s)[kBlockN / 2], int i) {
-    const int stage = i % Tr::kStages;
-    MbarrierWait(bars.k_full(stage), (i / Tr::kStages) & 1);
+    const int stage = (pipe + i) % Tr::kStages;
+    MbarrierWait(bars.k_full(stage), ((pipe + i) / Tr::kStages) & 1);
     const uint32_t k_tile = KTile<Tr>(smem, stage);
     WgmmaFence();
 #pragma unroll
@@ -93,8 +100,8 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> b
   // bytes apart (stride), 64-column chunks kKvChunkBytes apart (leading); a
   // k16 step is 16 keys, 2048 bytes.
   auto issue_pv = [&](uint32_t (&p)[kBlockN / 16][4], int i) {
-    const int stage = i % Tr::kStages;
-    MbarrierWait(bars.v_full(stage), (i / Tr::kStages) & 1);
+    const int stage = (pipe + i) % Tr::kStages;
+    MbarrierWait(bars.v_full(stage), ((pipe + i) / Tr::kStages) & 1);
     const uint32_t v_tile = VTile<Tr>(smem, stage);
     FenceRegisters(o);
     WgmmaFence();
@@ -104,10 +111,10 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> b
     WgmmaCommit();
   };
   auto release_k = [&](int i) {
-    if (lane == 0) MbarrierArrive(bars.k_empty(i % Tr::kStages));
+    if (lane == 0) MbarrierArrive(bars.k_empty((pipe + i) % Tr::kStages));
   };
   auto release_v = [&](int i) {
-    if (lane == 0) MbarrierArrive(bars.v_empty(i % Tr::kStages));
+    if (lane == 0) MbarrierArrive(bars.v_empty((pipe + i) % Tr::kStages));
   };
   // After a wait: the results are in registers, and the A fragments free.
   auto settle = [&](float (&s)[kBlockN / 2], uint32_t (&p)[kBlockN / 16][4]) {
@@ -133,7 +140,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> b
   if constexpr (kTurns)
     if (warpgroup == 1 && n_blocks > 0) NamedBarrierArrive(kTurnBarrier, 256);
 
-  MbarrierWait(bars.q_full(), 0);
+  MbarrierWait(bars.q_full(), tile_iter & 1);
 
   if constexpr (kSchedule == Schedule::kSerial) {
     auto process_block = [&](int i, auto masked) {
@@ -213,36 +220,56 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> b
   }
 
   StoreOutput<Element, Tr>(a, softmax, o, q_rows, kEpilogueBarrier + warpgroup, row0, wg_m0, h, b);
+  // The warp's reads of the staging area are done: the next tile's Q may
+  // land there (the fence orders them before the copy engine's writes).
+  __syncwarp();
+  FenceProxyAsync();
+  if (lane == 0) MbarrierArrive(bars.q_empty());
 }
 
 template <typename Element, int kHeadDim, Schedule kSchedule>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
     ForwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                  const __grid_constant__ CUtensorMap v_map, const ForwardArgs a) {
+                  const __grid_constant__ CUtensorMap v_map, const ForwardArgs a,
+                  const TileScheduler scheduler) {
   using Tr = FwdTraits<kHeadDim>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte aligned atoms (kSmemBytes includes the slack).
   const uint32_t smem = (SmemAddress(smem_raw) + 1023u) & ~1023u;
   const Barriers<Tr> bars{smem + Tr::kBarrierOffset};
 
-  // Causal: the last query blocks see the most keys; launch them first.
-  const int m_block = a.is_causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int m0 = m_block * Tr::kBlockM, h = blockIdx.y, b = blockIdx.z;
-  const int kv_end = a.is_causal ? min(a.seqlen_k, m0 + Tr::kBlockM) : a.seqlen_k;
-  const int n_blocks = (kv_end + Tr::kBlockN - 1) / Tr::kBlockN;
-
   if (threadIdx.x == 0) bars.Init();
   __syncthreads();
+
+  // Both roles walk the same tiles and count the same key blocks, so their
+  // barrier phases agree without any other exchange.
+  auto for_each_tile = [&](auto&& body) {
+    int pipe = 0, tile_iter = 0;
+    for (int64_t tile = blockIdx.x; tile < scheduler.Tiles(); tile += gridDim.x, ++tile_iter) {
+      const TileCoord c = scheduler.Decode(tile);
+      const int m0 = c.m_block * Tr::kBlockM;
+      const int kv_end = a.is_causal ? min(a.seqlen_k, m0 + Tr::kBlockM) : a.seqlen_k;
+      const int n_blocks = (kv_end + Tr::kBlockN - 1) / Tr::kBlockN;
+      body(m0, c.h, c.b, n_blocks, pipe, tile_iter);
+      pipe += n_blocks;
+    }
+  };
 
   // setmaxnreg needs each warpgroup's role as one branch of a single if/else.
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     RegistersDecrease<Tr::kProducerRegisters>();
-    if (threadIdx.x == 0)
-      ProduceTiles<Tr>(&q_map, &k_map, &v_map, bars, smem, m0, h, h / a.group, b, n_blocks);
+    if (threadIdx.x == 0) {
+      PrefetchTensorMaps(&q_map, &k_map, &v_map);
+      for_each_tile([&](int m0, int h, int b, int n_blocks, int pipe, int tile_iter) {
+        ProduceTile<Tr>(&q_map, &k_map, &v_map, bars, smem, m0, h, h / a.group, b, n_blocks, pipe, tile_iter);
+      });
+    }
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
-    ConsumeTile<Element, Tr, kSchedule>(a, bars, smem, warpgroup - 1, m0, h, b, n_blocks);
+    for_each_tile([&](int m0, int h, int b, int n_blocks, int pipe, int tile_iter) {
+      ConsumeTile<Element, Tr, kSchedule>(a, bars, smem, warpgroup - 1, m0, h, b, n_blocks, pipe, tile_iter);
+    });
   }
 }
 

@@ -58,8 +58,8 @@ struct FwdTraits {
   static constexpr int kKOffset = kQOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKvTileBytes;
   static constexpr int kBarrierOffset = kVOffset + kStages * kKvTileBytes;
-  // q_full, then per stage k_full, v_full, k_empty, v_empty.
-  static constexpr int kBarriers = 1 + 4 * kStages;
+  // q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty.
+  static constexpr int kBarriers = 2 + 4 * kStages;
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KiB per block");
 };

@@ -3,6 +3,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -22,8 +23,9 @@ inline std::string DescribeForward(const AttentionShape& s, int head_dim_padded)
          std::to_string(head_dim_padded) + ")";
 }
 
+// max_blocks > 0 caps the persistent grid (tests: several tiles per block).
 template <typename Element, int kHeadDim, Schedule kSchedule>
-std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream) {
+std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream, int max_blocks = 0) {
   using Tr = FwdTraits<kHeadDim>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   const auto& s = p.shape;
@@ -79,8 +81,17 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   auto kernel = ForwardKernel<Element, kHeadDim, kSchedule>;
   if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 forward kernel"); !e.empty())
     return e + " (" + what + ")";
-  const dim3 grid(unsigned(CeilDiv(s.seqlen_q, Tr::kBlockM)), unsigned(s.num_heads), unsigned(s.batch));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, args);
+  // One block per SM (its shared memory and 384 threads allow no second),
+  // looping over the tiles.
+  const TileScheduler scheduler{int(CeilDiv(s.seqlen_q, Tr::kBlockM)), int(s.num_heads), int(s.batch),
+                                p.is_causal};
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return fail("querying the GPU's multiprocessor count failed");
+  int64_t blocks = std::min<int64_t>(scheduler.Tiles(), sms);
+  if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
+  kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, args, scheduler);
   if (auto e = CheckLaunch("sm90 forward kernel"); !e.empty()) return e + " (" + what + ")";
   return {};
 }

@@ -23,22 +23,27 @@ struct ForwardArgs {
   bool is_causal;
 };
 
-// The mbarriers of the block (kernel_traits.cuh: q_full, then per stage).
-// Key block i of a tile (i counts from 0 in processing order) uses stage
-// i % kStages in phase parity (i / kStages) & 1 on all four of its barriers.
+// The mbarriers of the block (kernel_traits.cuh). The block's k-th tile
+// uses the Q pair in parity k & 1; the key blocks of all its tiles, counted
+// in processing order across tiles (`pipe`), use stage pipe % kStages in
+// parity (pipe / kStages) & 1 on all four of their barriers.
 template <typename Tr>
 struct Barriers {
   uint32_t base;
   __device__ uint32_t q_full() const { return base; }
-  __device__ uint32_t k_full(int s) const { return base + 8 * (1 + s); }
-  __device__ uint32_t v_full(int s) const { return base + 8 * (1 + Tr::kStages + s); }
-  __device__ uint32_t k_empty(int s) const { return base + 8 * (1 + 2 * Tr::kStages + s); }
-  __device__ uint32_t v_empty(int s) const { return base + 8 * (1 + 3 * Tr::kStages + s); }
+  // The Q tile doubles as the output staging: free again once both consumer
+  // warpgroups have read their output rows back.
+  __device__ uint32_t q_empty() const { return base + 8; }
+  __device__ uint32_t k_full(int s) const { return base + 8 * (2 + s); }
+  __device__ uint32_t v_full(int s) const { return base + 8 * (2 + Tr::kStages + s); }
+  __device__ uint32_t k_empty(int s) const { return base + 8 * (2 + 2 * Tr::kStages + s); }
+  __device__ uint32_t v_empty(int s) const { return base + 8 * (2 + 3 * Tr::kStages + s); }
 
   // By one thread, before the __syncthreads that publishes them. Empties
   // take one arrival per consumer warp (its lane 0, after its wgmma wait).
   __device__ void Init() const {
     MbarrierInit(q_full(), 1);
+    MbarrierInit(q_empty(), Tr::kConsumerWarps);
     for (int s = 0; s < Tr::kStages; ++s) {
       MbarrierInit(k_full(s), 1);
       MbarrierInit(v_full(s), 1);
@@ -67,22 +72,29 @@ __device__ __forceinline__ void LoadTile(uint32_t dst, int chunk_bytes, const CU
     TmaLoad4d(dst + c * chunk_bytes, map, bar, c * Tr::kChunkCols, row, head, batch);
 }
 
-// Issued by one thread: Q, then K and V of key blocks n_blocks - 1 down to
-// 0 into the ring, each stage as soon as all consumer warps released it.
-template <typename Tr>
-__device__ __forceinline__ void ProduceTiles(const CUtensorMap* q_map, const CUtensorMap* k_map,
-                                             const CUtensorMap* v_map, Barriers<Tr> bars,
-                                             uint32_t smem, int m0, int h, int hk, int b,
-                                             int n_blocks) {
+__device__ __forceinline__ void PrefetchTensorMaps(const CUtensorMap* q_map, const CUtensorMap* k_map,
+                                                   const CUtensorMap* v_map) {
   PrefetchTensorMap(q_map);
   PrefetchTensorMap(k_map);
   PrefetchTensorMap(v_map);
+}
+
+// Issued by one thread for the block's `tile_iter`-th tile: Q once the
+// previous tile's output left the staging area, then K and V of key blocks
+// n_blocks - 1 down to 0 into the ring (from ring position `pipe`), each
+// stage as soon as all consumer warps released it. Producer waits on empties
+// start from parity 1: a fresh barrier counts its "previous" phase as done.
+template <typename Tr>
+__device__ __forceinline__ void ProduceTile(const CUtensorMap* q_map, const CUtensorMap* k_map,
+                                            const CUtensorMap* v_map, Barriers<Tr> bars, uint32_t smem,
+                                            int m0, int h, int hk, int b, int n_blocks, int pipe,
+                                            int tile_iter) {
+  MbarrierWait(bars.q_empty(), (tile_iter & 1) ^ 1);
   MbarrierArriveExpectTx(bars.q_full(), Tr::kQBytes);
   LoadTile<Tr>(smem + Tr::kQOffset, Tr::kQChunkBytes, q_map, bars.q_full(), m0, h, b);
   for (int i = 0; i < n_blocks; ++i) {
-    const int n0 = (n_blocks - 1 - i) * Tr::kBlockN, stage = i % Tr::kStages;
-    const uint32_t parity = (i / Tr::kStages) & 1;
-    // The first round finds the empties in their "previous" phase (parity 1).
+    const int n0 = (n_blocks - 1 - i) * Tr::kBlockN, stage = (pipe + i) % Tr::kStages;
+    const uint32_t parity = ((pipe + i) / Tr::kStages) & 1;
     MbarrierWait(bars.k_empty(stage), parity ^ 1);
     MbarrierArriveExpectTx(bars.k_full(stage), Tr::kKvTileBytes);
     LoadTile<Tr>(KTile<Tr>(smem, stage), Tr::kKvChunkBytes, k_map, bars.k_full(stage), n0, hk, b);
