@@ -4,6 +4,8 @@
 // and every lse against a float reference computed on the GPU by a
 // one-thread-per-row kernel, then timings (median of 20 launches after
 // warm-up) beside the sm80 forward at the same shapes. Exit code 1 on any FAIL.
+// First the building blocks alone (sm90_building_blocks.cuh), so that a
+// failing kernel comes with the likely culprit.
 //
 //   bash scripts/sm90_check.sh            # builds and runs this
 //   ./sm90_fwd_check --quick              # skip the 4096-long cases
@@ -21,6 +23,7 @@
 
 #include "common/params.h"
 #include "cuda/sm90/launch.cuh"
+#include "sm90_building_blocks.cuh"
 #ifdef JAX_FLASH_CHECK_SM80
 #include "cuda/sm80/launch.cuh"
 #endif
@@ -355,6 +358,10 @@ int main(int argc, char** argv) {
       cases.push_back({4, 4096, 4096, 8, 8, 256, bool(causal), 0, true});
     }
   int failures = 0;
+  failures += !sm90_check::CheckBuildingBlocks<__nv_bfloat16, 64>("bf16");
+  failures += !sm90_check::CheckBuildingBlocks<__nv_bfloat16, 128>("bf16");
+  failures += !sm90_check::CheckBuildingBlocks<__nv_bfloat16, 256>("bf16");
+  failures += !sm90_check::CheckBuildingBlocks<__half, 128>("f16");
   failures += !RejectsMisaligned<__nv_bfloat16>();
   for (const Case& c : cases) {
     failures += !RunCaseAnyHead<__nv_bfloat16>(c);

@@ -78,27 +78,19 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> b
     MaskLogits<kBlockN>(s, 64 * warpgroup + row0, t, min(kBlockN, a.seqlen_k - n0), m0 - n0, a.is_causal);
   };
 
-  // S = Q K^T [64 rows][kBlockN] for block i, issued and committed (raw
-  // logits). k16 step kk reads 32 bytes into the 128-byte rows of column
-  // chunk kk / 4 of both tiles.
+  // S = Q K^T [64 rows][kBlockN] for block i, issued and committed (raw logits).
   auto issue_qk = [&](float (&s)[kBlockN / 2], int i) {
     const int stage = (pipe + i) % Tr::kStages;
     MbarrierWait(bars.k_full(stage), ((pipe + i) / Tr::kStages) & 1);
     const uint32_t k_tile = KTile<Tr>(smem, stage);
     WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t offset = (kk % 4) * 32;
-      const uint64_t q_desc = SmemDescriptor(q_rows + (kk / 4) * Tr::kQChunkBytes + offset, 16, 1024);
-      const uint64_t k_desc = SmemDescriptor(k_tile + (kk / 4) * Tr::kKvChunkBytes + offset, 16, 1024);
-      WgmmaSS<Element, kBlockN>(s, q_desc, k_desc, kk > 0 ? 1 : 0);
-    }
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      WgmmaSS<Element, kBlockN>(s, KMajorDescriptor<Tr>(q_rows, Tr::kQChunkBytes, kk),
+                                KMajorDescriptor<Tr>(k_tile, Tr::kKvChunkBytes, kk), kk > 0 ? 1 : 0);
     WgmmaCommit();
   };
-  // O += P V for block i, issued and committed. V's tile is [keys][kHeadDim]
-  // row-major: B with N (head dim) contiguous, MN-major, 8-key atoms 1024
-  // bytes apart (stride), 64-column chunks kKvChunkBytes apart (leading); a
-  // k16 step is 16 keys, 2048 bytes.
+  // O += P V for block i, issued and committed (V MN-major: VDescriptor).
   auto issue_pv = [&](uint32_t (&p)[kBlockN / 16][4], int i) {
     const int stage = (pipe + i) % Tr::kStages;
     MbarrierWait(bars.v_full(stage), ((pipe + i) / Tr::kStages) & 1);
@@ -107,7 +99,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> b
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      WgmmaRS<Element, kHeadDim>(o, p[kk], SmemDescriptor(v_tile + kk * 2048, Tr::kKvChunkBytes, 1024), 1);
+      WgmmaRS<Element, kHeadDim>(o, p[kk], VDescriptor<Tr>(v_tile, kk), 1);
     WgmmaCommit();
   };
   auto release_k = [&](int i) {

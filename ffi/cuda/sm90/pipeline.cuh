@@ -9,6 +9,7 @@
 #include "common/params.h"
 #include "cuda/sm90/kernel_traits.cuh"
 #include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
 
 namespace jax_flash::cuda::sm90 {
 
@@ -61,6 +62,22 @@ __device__ __forceinline__ uint32_t KTile(uint32_t smem, int stage) {
 template <typename Tr>
 __device__ __forceinline__ uint32_t VTile(uint32_t smem, int stage) {
   return smem + Tr::kVOffset + stage * Tr::kKvTileBytes;
+}
+
+// wgmma descriptors of the tiles as LoadTile leaves them (wgmma.cuh).
+// K-major operand (Q as A, K as B of S = Q K^T), k16 step kk: 32 bytes into
+// the 128-byte rows of column chunk kk / 4; `tile` the tile's (or the
+// warpgroup's first row's) address, `chunk_bytes` its column-chunk stride.
+template <typename Tr>
+__device__ __forceinline__ uint64_t KMajorDescriptor(uint32_t tile, int chunk_bytes, int kk) {
+  return SmemDescriptor(tile + (kk / 4) * chunk_bytes + (kk % 4) * 32, 16, 1024);
+}
+// V as B of O += P V, k16 step kk (16 keys). V's tile is [keys][kHeadDim]
+// row-major: N (head dim) contiguous, so MN-major, with 8-key atoms 1024
+// bytes apart (stride) and 64-column chunks kKvChunkBytes apart (leading).
+template <typename Tr>
+__device__ __forceinline__ uint64_t VDescriptor(uint32_t v_tile, int kk) {
+  return SmemDescriptor(v_tile + kk * 16 * 128, Tr::kKvChunkBytes, 1024);
 }
 
 // Copies one [rows][kHeadDim] tile as kChunks boxes of 64 columns.
