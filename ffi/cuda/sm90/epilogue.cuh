@@ -12,8 +12,8 @@
 
 namespace jax_flash::cuda::sm90 {
 
-// `staging`: the warpgroup's own 64 rows of the Q tile (no other warpgroup
-// reads them), written in Q's layout: row r's 16-byte chunk k of column chunk
+// `staging`: the warpgroup's own 64 rows of a Q-shaped tile (the output
+// staging, or Q itself: no other warpgroup reads them), written in Q's layout: row r's 16-byte chunk k of column chunk
 // c sits at chunk k ^ (r % 8), so a warp's fragment writes (8 rows x 4
 // pairs) hit 32 distinct banks, and each thread then reads whole 16-byte
 // chunks of a row for the global stores. `row0`: the thread's first row
@@ -34,7 +34,8 @@ __device__ __forceinline__ void StoreOutput(const ForwardArgs& a,
     const int row = m0 + row0 + 8 * hh;
     if (t == 0 && row < a.seqlen_q) a.lse[(int64_t(b) * a.num_heads + h) * a.seqlen_q + row] = softmax.Lse(hh, l);
   }
-  // Every warp of the warpgroup is past its last wgmma reading Q.
+  // Every warp of the warpgroup is past its last wgmma reading Q and past
+  // its reads of the previous tile's staging.
   NamedBarrierSync(barrier_id, 128);
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j)

@@ -12,9 +12,10 @@
 //     wait q_full; for each key block: wait k_full[s], S = Q K^T (wgmma,
 //     smem x smem), arrive k_empty[s]; mask, online softmax in registers,
 //     P to 16 bits (the A fragments); wait v_full[s], O += P V (wgmma,
-//     registers x smem), arrive v_empty[s]; then the epilogue (epilogue.cuh)
-//     through the warpgroup's Q rows, and arrive q_empty: the next tile's Q
-//     may land (its K/V stages already load during the epilogue).
+//     registers x smem), arrive v_empty[s]; arrive q_empty after the last S
+//     (or, at 256, where Q doubles as the output staging, after the
+//     epilogue), so the next tile's Q loads early (its K/V stages load
+//     during the epilogue anyway); then the epilogue (epilogue.cuh).
 //
 // Schedules of the consumer loop (Schedule below):
 //   kSerial:   S_i, softmax_i, PV_i, one product in flight at a time.
@@ -102,8 +103,14 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> b
       WgmmaRS<Element, kHeadDim>(o, p[kk], VDescriptor<Tr>(v_tile, kk), 1);
     WgmmaCommit();
   };
+  // Q's last reader is the tile's last S when the output has its own
+  // staging; else the epilogue (below).
+  auto release_q = [&]() {
+    if (lane == 0) MbarrierArrive(bars.q_empty());
+  };
   auto release_k = [&](int i) {
     if (lane == 0) MbarrierArrive(bars.k_empty((pipe + i) % Tr::kStages));
+    if (Tr::kSeparateStaging && i == n_blocks - 1) release_q();
   };
   auto release_v = [&](int i) {
     if (lane == 0) MbarrierArrive(bars.v_empty((pipe + i) % Tr::kStages));
@@ -133,6 +140,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> b
     if (warpgroup == 1 && n_blocks > 0) NamedBarrierArrive(kTurnBarrier, 256);
 
   MbarrierWait(bars.q_full(), tile_iter & 1);
+  if (Tr::kSeparateStaging && n_blocks == 0) release_q();
 
   if constexpr (kSchedule == Schedule::kSerial) {
     auto process_block = [&](int i, auto masked) {
@@ -211,12 +219,16 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> b
     release_v(n_blocks - 1);
   }
 
-  StoreOutput<Element, Tr>(a, softmax, o, q_rows, kEpilogueBarrier + warpgroup, row0, wg_m0, h, b);
-  // The warp's reads of the staging area are done: the next tile's Q may
-  // land there (the fence orders them before the copy engine's writes).
-  __syncwarp();
-  FenceProxyAsync();
-  if (lane == 0) MbarrierArrive(bars.q_empty());
+  const uint32_t staging = smem + Tr::kStagingOffset + warpgroup * 64 * 128;
+  StoreOutput<Element, Tr>(a, softmax, o, staging, kEpilogueBarrier + warpgroup, row0, wg_m0, h, b);
+  if constexpr (!Tr::kSeparateStaging) {
+    // The warp's reads of the staging area (its Q rows) are done: the next
+    // tile's Q may land there (the fence orders them before the copy
+    // engine's writes).
+    __syncwarp();
+    FenceProxyAsync();
+    release_q();
+  }
 }
 
 template <typename Element, int kHeadDim, Schedule kSchedule>

@@ -51,13 +51,21 @@ struct FwdTraits {
   static constexpr int kQBytes = kQChunkBytes * kChunks;
   static constexpr int kKvTileBytes = kKvChunkBytes * kChunks;
 
-  // Shared memory: Q (reused as each warpgroup's output staging), the K
-  // stages, the V stages, then the mbarriers. The base is rounded up to
-  // 1024 bytes inside the kernel, hence the extra 1024 requested.
+  // Output staging of its own (the Q tile's shape) where shared memory
+  // allows (64, 128): Q is then free once a tile's last S = Q K^T is done,
+  // and the next tile's Q loads under the last P V and the epilogue. At 256
+  // the staging reuses Q (each warpgroup its own rows), and the next Q waits
+  // for the epilogue.
+  static constexpr bool kSeparateStaging = kHeadDim <= 128;
+
+  // Shared memory: Q, the K stages, the V stages, the output staging (if
+  // separate), then the mbarriers. The base is rounded up to 1024 bytes
+  // inside the kernel, hence the extra 1024 requested.
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKvTileBytes;
-  static constexpr int kBarrierOffset = kVOffset + kStages * kKvTileBytes;
+  static constexpr int kStagingOffset = kSeparateStaging ? kVOffset + kStages * kKvTileBytes : kQOffset;
+  static constexpr int kBarrierOffset = kVOffset + kStages * kKvTileBytes + (kSeparateStaging ? kQBytes : 0);
   // q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty.
   static constexpr int kBarriers = 2 + 4 * kStages;
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;

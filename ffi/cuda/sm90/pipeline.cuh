@@ -32,8 +32,8 @@ template <typename Tr>
 struct Barriers {
   uint32_t base;
   __device__ uint32_t q_full() const { return base; }
-  // The Q tile doubles as the output staging: free again once both consumer
-  // warpgroups have read their output rows back.
+  // Q free again: both consumer warpgroups are done with it (after their
+  // last S, or, when Q doubles as the output staging, after the epilogue).
   __device__ uint32_t q_empty() const { return base + 8; }
   __device__ uint32_t k_full(int s) const { return base + 8 * (2 + s); }
   __device__ uint32_t v_full(int s) const { return base + 8 * (2 + Tr::kStages + s); }
@@ -97,7 +97,7 @@ __device__ __forceinline__ void PrefetchTensorMaps(const CUtensorMap* q_map, con
 }
 
 // Issued by one thread for the block's `tile_iter`-th tile: Q once the
-// previous tile's output left the staging area, then K and V of key blocks
+// previous tile released it (q_empty), then K and V of key blocks
 // n_blocks - 1 down to 0 into the ring (from ring position `pipe`), each
 // stage as soon as all consumer warps released it. Producer waits on empties
 // start from parity 1: a fresh barrier counts its "previous" phase as done.
