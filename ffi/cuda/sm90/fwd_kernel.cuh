@@ -19,9 +19,9 @@
 //
 // Schedules of the consumer loop (Schedule below):
 //   kSerial:   S_i, softmax_i, PV_i, one product in flight at a time.
-//   kOverlap:  S_{i+1} and PV_i issued together; softmax of S_{i+1} runs
-//              while PV_i is still on the tensor cores (O's rescale waits
-//              for it), so the tensor cores idle only for the row maxima.
+//   kOverlap:  S_{i+1} and PV_i issued together; the softmax of S_{i+1}
+//              runs while PV_i is still on the tensor cores (O's rescale
+//              waits for the next issue, P's conversion for PV_i's end).
 //   kPingPong: kOverlap, and the two consumer warpgroups take turns to
 //              issue their products (named barriers 3 and 4), so that one
 //              warpgroup's softmax runs under the other's products.
@@ -154,7 +154,8 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> b
       if constexpr (kMasked) mask(s, i);
       float alpha[2];
       if (softmax.UpdateMax(s, alpha)) softmax.Rescale(o, alpha);
-      softmax.template Exponentiate<Element, kMasked>(s, p);
+      softmax.template Exponentiate<kMasked>(s);
+      softmax.template ToFragments<Element>(s, p);
       issue_pv(p, i);
       WgmmaWait<0>();
       settle(s, p);
@@ -166,6 +167,11 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> b
   } else if (n_blocks > 0) {
     float s[kBlockN / 2];
     uint32_t p[kBlockN / 16][4];
+    // O's pending rescale: block i's statistics change the row maxima while
+    // PV_{i-1} still accumulates into O, so O is rescaled just before PV_i
+    // is issued (under S_{i+1}, which does not touch O).
+    float alpha[2] = {1.0f, 1.0f};
+    uint32_t rescale = 0;
     // Block 0: S alone (nothing to overlap with yet); O is still zero.
     begin_turn();
     issue_qk(s, 0);
@@ -173,45 +179,53 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> b
     WgmmaWait<0>();
     FenceRegisters(s);
     release_k(0);
-    float alpha[2];
     if (is_masked(0)) {
       mask(s, 0);
       softmax.UpdateMax(s, alpha);
-      softmax.template Exponentiate<Element, true>(s, p);
+      softmax.template Exponentiate<true>(s);
     } else {
       softmax.UpdateMax(s, alpha);
-      softmax.template Exponentiate<Element, false>(s, p);
+      softmax.template Exponentiate<false>(s);
     }
+    softmax.template ToFragments<Element>(s, p);
     // Block i >= 1: S_i issued first, then PV_{i-1}; S_i completes first
-    // (groups retire in order), its softmax statistics run under PV_{i-1},
-    // and O's rescale and P_i (which overwrites P_{i-1}) wait for PV_{i-1}.
+    // (groups retire in order) and its whole softmax runs under PV_{i-1};
+    // only P_i's conversion into the A fragments (which PV_{i-1} reads)
+    // waits for it (FlashAttention-3's intra-warpgroup overlap).
     auto step = [&](int i, auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
       begin_turn();
       issue_qk(s, i);
+      if (rescale) softmax.Rescale(o, alpha);
       issue_pv(p, i - 1);
       end_turn(false);
       WgmmaWait<1>();
       FenceRegisters(s);
       release_k(i);
       if constexpr (kMasked) mask(s, i);
-      float alpha[2] = {1.0f, 1.0f};
-      uint32_t rescale = softmax.UpdateMax(s, alpha);
-      // Pins the statistics before the wait: without these the compiler
-      // sinks them to their uses after it, and nothing overlaps PV_{i-1}.
-      FenceRegisters(softmax.row_max);
+      rescale = softmax.UpdateMax(s, alpha);
+      softmax.template Exponentiate<kMasked>(s);
+      // Pins the softmax before the wait. The register fences keep the
+      // compiler from sinking it to its uses after the wait; ptxas would
+      // still hoist the wait above the exponentials (it cannot know how
+      // long the wait blocks), so a warp-uniform branch on their sums ends
+      // the basic block there: ptxas does not schedule across it. (Taken
+      // only for NaN sums, and then harmless.)
+      FenceRegisters(s);
       FenceRegisters(alpha);
       asm volatile("" : "+r"(rescale)::"memory");
+      if (__any_sync(0xffffffffu, !(softmax.row_sum[0] + softmax.row_sum[1] >= 0.0f)))
+        asm volatile("nanosleep.u32 0;\n" ::: "memory");
       WgmmaWait<0>();
       settle(s, p);
       release_v(i - 1);
-      if (rescale) softmax.Rescale(o, alpha);
-      softmax.template Exponentiate<Element, kMasked>(s, p);
+      softmax.template ToFragments<Element>(s, p);
     };
     int i = 1;
     for (; i < n_blocks && is_masked(i); ++i) step(i, std::true_type{});
     for (; i < n_blocks; ++i) step(i, std::false_type{});
     begin_turn();
+    if (rescale) softmax.Rescale(o, alpha);
     issue_pv(p, n_blocks - 1);
     end_turn(true);
     WgmmaWait<0>();

@@ -103,25 +103,38 @@ struct OnlineSoftmax {
       for (int hh = 0; hh < 2; ++hh) o[4 * j + 2 * hh] *= alpha[hh], o[4 * j + 2 * hh + 1] *= alpha[hh];
   }
 
-  // P = exp2(S scale_log2 - row_max) into 16-bit wgmma A fragments (k16 step
-  // kk covers n8 tiles 2kk and 2kk + 1: p[kk] = {(g, 2kk), (g + 8, 2kk),
-  // (g, 2kk + 1), (g + 8, 2kk + 1)}), adding to the row sums. kMasked: rows
-  // may have seen nothing visible yet (row_max -inf), whose P must be 0.
-  template <typename Element, bool kMasked>
-  __device__ __forceinline__ void Exponentiate(const float (&s)[kBlockN / 2], uint32_t (&p)[kBlockN / 16][4]) {
+  // S = exp2(S scale_log2 - row_max) in place (float P), adding to the row
+  // sums. kMasked: rows may have seen nothing visible yet (row_max -inf),
+  // whose P must be 0.
+  template <bool kMasked>
+  __device__ __forceinline__ void Exponentiate(float (&s)[kBlockN / 2]) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const float m_use = (kMasked && row_max[hh] == -CUDART_INF_F) ? 0.0f : row_max[hh];
       float sum = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        const float e0 = FastExp2(fmaf(s[4 * j + 2 * hh], scale_log2, -m_use));
-        const float e1 = FastExp2(fmaf(s[4 * j + 2 * hh + 1], scale_log2, -m_use));
-        sum += e0 + e1;
-        p[j / 2][(j % 2) * 2 + hh] = PackPair<Element>(e0, e1);
-      }
+      for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[4 * j + 2 * hh + e];
+          x = FastExp2(fmaf(x, scale_log2, -m_use));
+          sum += x;
+        }
       row_sum[hh] += sum;
     }
+  }
+
+  // Float P as 16-bit wgmma A fragments: k16 step kk covers n8 tiles 2kk and
+  // 2kk + 1, p[kk] = {(g, 2kk), (g + 8, 2kk), (g, 2kk + 1), (g + 8, 2kk + 1)}
+  // (row, n8 tile; each register the tile's columns 2t, 2t + 1).
+  template <typename Element>
+  __device__ __forceinline__ static void ToFragments(const float (&s)[kBlockN / 2],
+                                                     uint32_t (&p)[kBlockN / 16][4]) {
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        p[j / 2][(j % 2) * 2 + hh] = PackPair<Element>(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]);
   }
 
   // The whole row's sum (combined over its 4 owners) for row hh.
