@@ -22,4 +22,5 @@ echo "built in $(( $(date +%s) - start )) s; registers / spills of the sm90 kern
 awk '/Compiling entry/ {n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n)}
      /spill stores/ {spill = $5 " B spill stores, " $9 " B loads"}
      /Used [0-9]+ registers/ && n ~ /ForwardKernel/ {print "  " n ": " $5 " registers, " spill}' "$out/ptxas.log"
-"$out/sm90_fwd_check" ${ARGS:-} 2>&1 | tee "$out/sm90_fwd_check.log"
+# The program ends itself on a hung launch (20 s); the timeout is a backstop.
+timeout "${CHECK_TIMEOUT:-480}" "$out/sm90_fwd_check" ${ARGS:-} 2>&1 | tee "$out/sm90_fwd_check.log"

@@ -9,9 +9,12 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/sm90/kernel_traits.cuh"
@@ -22,6 +25,27 @@
 namespace sm90_check {
 
 using namespace jax_flash::cuda::sm90;
+
+// cudaDeviceSynchronize with a deadline: a barrier-phase bug hangs the
+// kernel, and the device time is scarce, so after `seconds` this names the
+// launch and ends the process (which tears the context down).
+inline cudaError_t SynchronizeOrDie(const char* what, double seconds = 20.0) {
+  cudaEvent_t done;
+  cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  if (e != cudaSuccess) return e;
+  cudaEventRecord(done);
+  const auto start = std::chrono::steady_clock::now();
+  while ((e = cudaEventQuery(done)) == cudaErrorNotReady) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > seconds) {
+      std::printf("HANG: %s did not finish in %.0f s (a barrier phase or count is wrong): FAIL\n", what, seconds);
+      std::fflush(stdout);
+      std::_Exit(4);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  cudaEventDestroy(done);
+  return e == cudaSuccess ? cudaDeviceSynchronize() : e;
+}
 
 // s_out [128][kBlockN] float, p_in [128][kBlockN] 16-bit, o_out [128][kHeadDim] float.
 template <typename Element, int kHeadDim>
@@ -144,7 +168,7 @@ bool CheckBuildingBlocks(const char* type_name) {
     err = "cudaFuncSetAttribute failed";
   if (err.empty()) {
     kernel<<<1, 256, Tr::kSmemBytes>>>(q_map, k_map, v_map, s_out, pin, o_out);
-    const cudaError_t e = cudaDeviceSynchronize();
+    const cudaError_t e = SynchronizeOrDie("the building-block kernel");
     if (e != cudaSuccess) err = cudaGetErrorString(e);
   }
   bool ok = err.empty();

@@ -225,7 +225,7 @@ bool RunCase(const Case& c) {
     CHECK_CUDA(cudaGetLastError());
     bool ok = true;
     const std::string err = launch();
-    const cudaError_t sync = cudaDeviceSynchronize();
+    const cudaError_t sync = sm90_check::SynchronizeOrDie(name);
     if (!err.empty() || sync != cudaSuccess) {
       std::printf("%s: FAIL (%s%s)\n", name, err.c_str(), sync != cudaSuccess ? cudaGetErrorString(sync) : "");
       std::fflush(stdout);
