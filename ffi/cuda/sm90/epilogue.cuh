@@ -13,11 +13,13 @@
 namespace jax_flash::cuda::sm90 {
 
 // `staging`: the warpgroup's own 64 rows of a Q-shaped tile (the output
-// staging, or Q itself: no other warpgroup reads them), written in Q's layout: row r's 16-byte chunk k of column chunk
-// c sits at chunk k ^ (r % 8), so a warp's fragment writes (8 rows x 4
-// pairs) hit 32 distinct banks, and each thread then reads whole 16-byte
-// chunks of a row for the global stores. `row0`: the thread's first row
-// within the warpgroup. Ends with every thread's reads of staging done.
+// staging, or Q itself: no other warpgroup reads them), written in Q's
+// layout: row r's 16-byte chunk k of column chunk c sits at chunk k ^ (r % 8),
+// so a warp's fragment writes (8 rows x 4 pairs) hit 32 distinct banks, and
+// each thread then reads whole 16-byte chunks of a row for the global
+// stores (8 threads: one 128-byte row, a permutation of its chunks).
+// `row0`: the thread's first row within the warpgroup, `m0` the
+// warpgroup's first query row. Ends with this thread's reads of staging done.
 template <typename Element, typename Tr>
 __device__ __forceinline__ void StoreOutput(const ForwardArgs& a,
                                             const OnlineSoftmax<Tr::kBlockN, Tr::kHeadDim>& softmax,
