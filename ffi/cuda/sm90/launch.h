@@ -7,8 +7,18 @@
 #include <string>
 
 #include "common/params.h"
+#include "cuda/sm90/kernel_traits.cuh"
 
 namespace jax_flash::cuda::sm90 {
+
+// Shared memory (bytes) of the forward serving a head dim, for the dispatch
+// to check against the device (sm_90's 227 KiB per block: 129 KiB at 64,
+// 193 KiB at 128, 225 KiB at 256).
+inline int ForwardSmemBytes(int64_t head_dim) {
+  return head_dim <= 64    ? FwdTraits<64>::kSmemBytes
+         : head_dim <= 128 ? FwdTraits<128>::kSmemBytes
+                           : FwdTraits<256>::kSmemBytes;
+}
 
 // kHeadDim 64, 128 or 256; p.shape.head_dim may be smaller (the tiles are
 // zero-padded by TMA, which is exact for both products). No attention
