@@ -5,19 +5,21 @@
 // batch) in tile_scheduler.cuh's order; each block has three warpgroups:
 //
 //   warpgroup 0 (producer, 24 registers): one thread issues TMA copies
-//     (pipeline.cuh) of Q once -> q_full, then for each key block i (last to
-//     first) into ring stage s = i % kStages:
-//       wait k_empty[s]; K tile -> k_full[s];  wait v_empty[s]; V tile -> v_full[s]
+//     (pipeline.cuh): for each key block i of the tile (last to first)
+//     into ring stage s (counted across the block's tiles):
+//       wait k_empty[s]; K tile -> k_full[s];
+//       (after the first K) wait q_empty; Q tile -> q_full;
+//       wait v_empty[s]; V tile -> v_full[s]
 //   warpgroups 1, 2 (consumers, 240 registers), 64 query rows each:
 //     wait q_full; for each key block: wait k_full[s], S = Q K^T (wgmma,
 //     smem x smem), arrive k_empty[s]; mask, online softmax in registers,
 //     P to 16 bits (the A fragments); wait v_full[s], O += P V (wgmma,
 //     registers x smem), arrive v_empty[s]; arrive q_empty after the last S
 //     (or, at 256, where Q doubles as the output staging, after the
-//     epilogue), so the next tile's Q loads early (its K/V stages load
-//     during the epilogue anyway); then the epilogue (epilogue.cuh).
+//     epilogue), so the next tile's Q loads early; then the epilogue
+//     (epilogue.cuh), under which the next tile's first K/V stages load.
 //
-// Schedules of the consumer loop (Schedule below):
+// Schedules of the consumer loop (Schedule, kernel_traits.cuh):
 //   kSerial:   S_i, softmax_i, PV_i, one product in flight at a time.
 //   kOverlap:  S_{i+1} and PV_i issued together; the softmax of S_{i+1}
 //              runs while PV_i is still on the tensor cores (O's rescale

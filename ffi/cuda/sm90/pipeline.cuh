@@ -96,25 +96,31 @@ __device__ __forceinline__ void PrefetchTensorMaps(const CUtensorMap* q_map, con
   PrefetchTensorMap(v_map);
 }
 
-// Issued by one thread for the block's `tile_iter`-th tile: Q once the
-// previous tile released it (q_empty), then K and V of key blocks
-// n_blocks - 1 down to 0 into the ring (from ring position `pipe`), each
-// stage as soon as all consumer warps released it. Producer waits on empties
-// start from parity 1: a fresh barrier counts its "previous" phase as done.
+// Issued by one thread for the block's `tile_iter`-th tile: K and V of key
+// blocks n_blocks - 1 down to 0 into the ring (from ring position `pipe`),
+// each stage as soon as all consumer warps released it, and Q once the
+// previous tile released it (q_empty), after the first K: where Q doubles
+// as the output staging, that K copy then runs under the previous tile's
+// epilogue. Producer waits on empties start from parity 1: a fresh barrier
+// counts its "previous" phase as done.
 template <typename Tr>
 __device__ __forceinline__ void ProduceTile(const CUtensorMap* q_map, const CUtensorMap* k_map,
                                             const CUtensorMap* v_map, Barriers<Tr> bars, uint32_t smem,
                                             int m0, int h, int hk, int b, int n_blocks, int pipe,
                                             int tile_iter) {
-  MbarrierWait(bars.q_empty(), (tile_iter & 1) ^ 1);
-  MbarrierArriveExpectTx(bars.q_full(), Tr::kQBytes);
-  LoadTile<Tr>(smem + Tr::kQOffset, Tr::kQChunkBytes, q_map, bars.q_full(), m0, h, b);
+  auto load_q = [&] {
+    MbarrierWait(bars.q_empty(), (tile_iter & 1) ^ 1);
+    MbarrierArriveExpectTx(bars.q_full(), Tr::kQBytes);
+    LoadTile<Tr>(smem + Tr::kQOffset, Tr::kQChunkBytes, q_map, bars.q_full(), m0, h, b);
+  };
+  if (n_blocks == 0) load_q();
   for (int i = 0; i < n_blocks; ++i) {
     const int n0 = (n_blocks - 1 - i) * Tr::kBlockN, stage = (pipe + i) % Tr::kStages;
     const uint32_t parity = ((pipe + i) / Tr::kStages) & 1;
     MbarrierWait(bars.k_empty(stage), parity ^ 1);
     MbarrierArriveExpectTx(bars.k_full(stage), Tr::kKvTileBytes);
     LoadTile<Tr>(KTile<Tr>(smem, stage), Tr::kKvChunkBytes, k_map, bars.k_full(stage), n0, hk, b);
+    if (i == 0) load_q();
     MbarrierWait(bars.v_empty(stage), parity ^ 1);
     MbarrierArriveExpectTx(bars.v_full(stage), Tr::kKvTileBytes);
     LoadTile<Tr>(VTile<Tr>(smem, stage), Tr::kKvChunkBytes, v_map, bars.v_full(stage), n0, hk, b);
