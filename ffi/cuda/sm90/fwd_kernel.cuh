@@ -265,13 +265,16 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
   // barrier phases agree without any other exchange.
   auto for_each_tile = [&](auto&& body) {
     int pipe = 0, tile_iter = 0;
-    for (int64_t tile = blockIdx.x; tile < scheduler.Tiles(); tile += gridDim.x, ++tile_iter) {
+    for (int64_t round = 0; round * gridDim.x < scheduler.Tiles(); ++round) {
+      const int64_t tile = scheduler.TileOf(round, blockIdx.x, gridDim.x);
+      if (tile >= scheduler.Tiles()) break;  // the last round's spare blocks
       const TileCoord c = scheduler.Decode(tile);
       const int m0 = c.m_block * Tr::kBlockM;
       const int kv_end = a.is_causal ? min(a.seqlen_k, m0 + Tr::kBlockM) : a.seqlen_k;
       const int n_blocks = (kv_end + Tr::kBlockN - 1) / Tr::kBlockN;
       body(m0, c.h, c.b, n_blocks, pipe, tile_iter);
       pipe += n_blocks;
+      ++tile_iter;
     }
   };
 
