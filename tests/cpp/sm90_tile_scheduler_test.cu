@@ -31,8 +31,8 @@ int main() {
             bool in_range = true, heaviest_first = true;
             for (int block = 0; block < blocks; ++block) {
               int last_m = m_blocks;
-              for (int64_t round = 0; round * blocks < s.Tiles(); ++round) {
-                const int64_t tile = s.TileOf(round, block, blocks);
+              for (int round = 0;; ++round) {
+                const int tile = s.TileOf(round, block, blocks);
                 if (tile >= s.Tiles()) break;
                 const TileCoord c = s.Decode(tile);
                 if (c.m_block < 0 || c.m_block >= m_blocks || c.h < 0 || c.h >= heads || c.b < 0 ||

@@ -55,11 +55,13 @@ constexpr int kTurnBarrier = 3;
 
 // One consumer warpgroup's whole tile: 64 query rows from m0 + 64 * warpgroup.
 // `pipe`: the ring position of the tile's first key block, `tile_iter`: the
-// block's count of earlier tiles (pipeline.cuh).
+// block's count of earlier tiles (pipeline.cuh). The head and batch are
+// decoded from `tile` again for the epilogue, their only user: kept live
+// through the loop they made the 256 kernel spill.
 template <typename Element, typename Tr, Schedule kSchedule>
-__device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> bars, uint32_t smem,
-                                            int warpgroup, int m0, int h, int b, int n_blocks, int pipe,
-                                            int tile_iter) {
+__device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileScheduler& scheduler,
+                                            Barriers<Tr> bars, uint32_t smem, int warpgroup, int tile,
+                                            int m0, int n_blocks, int pipe, int tile_iter) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockN = Tr::kBlockN;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, t = lane % 4;
   const int row0 = warp * 16 + lane / 4;  // this thread's rows in the warpgroup: row0, row0 + 8
@@ -236,7 +238,10 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, Barriers<Tr> b
   }
 
   const uint32_t staging = smem + Tr::kStagingOffset + warpgroup * 64 * 128;
-  StoreOutput<Element, Tr>(a, softmax, o, staging, kEpilogueBarrier + warpgroup, row0, wg_m0, h, b);
+  asm volatile("" : "+r"(tile));  // an opaque value: decoded here, not carried from the top
+  const TileCoord coord = scheduler.Decode(tile);
+  StoreOutput<Element, Tr>(a, softmax, o, staging, kEpilogueBarrier + warpgroup, row0, wg_m0, coord.h,
+                           coord.b);
   if constexpr (!Tr::kSeparateStaging) {
     // The warp's reads of the staging area (its Q rows) are done: the next
     // tile's Q may land there (the fence orders them before the copy
@@ -264,17 +269,18 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
   // Both roles walk the same tiles and count the same key blocks, so their
   // barrier phases agree without any other exchange.
   auto for_each_tile = [&](auto&& body) {
-    int pipe = 0, tile_iter = 0;
-    for (int64_t round = 0; round * gridDim.x < scheduler.Tiles(); ++round) {
-      const int64_t tile = scheduler.TileOf(round, blockIdx.x, gridDim.x);
-      if (tile >= scheduler.Tiles()) break;  // the last round's spare blocks
+    // The block takes one tile per round: its round is its tile count.
+    const int tiles = int(scheduler.Tiles());
+    int pipe = 0;
+    for (int tile_iter = 0;; ++tile_iter) {
+      const int tile = scheduler.TileOf(tile_iter, blockIdx.x, gridDim.x);
+      if (tile >= tiles) break;  // past the end (or the last round's spare blocks)
       const TileCoord c = scheduler.Decode(tile);
       const int m0 = c.m_block * Tr::kBlockM;
       const int kv_end = a.is_causal ? min(a.seqlen_k, m0 + Tr::kBlockM) : a.seqlen_k;
       const int n_blocks = (kv_end + Tr::kBlockN - 1) / Tr::kBlockN;
-      body(m0, c.h, c.b, n_blocks, pipe, tile_iter);
+      body(tile, m0, c.h, c.b, n_blocks, pipe, tile_iter);
       pipe += n_blocks;
-      ++tile_iter;
     }
   };
 
@@ -284,14 +290,15 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
     RegistersDecrease<Tr::kProducerRegisters>();
     if (threadIdx.x == 0) {
       PrefetchTensorMaps(&q_map, &k_map, &v_map);
-      for_each_tile([&](int m0, int h, int b, int n_blocks, int pipe, int tile_iter) {
+      for_each_tile([&](int, int m0, int h, int b, int n_blocks, int pipe, int tile_iter) {
         ProduceTile<Tr>(&q_map, &k_map, &v_map, bars, smem, m0, h, h / a.group, b, n_blocks, pipe, tile_iter);
       });
     }
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
-    for_each_tile([&](int m0, int h, int b, int n_blocks, int pipe, int tile_iter) {
-      ConsumeTile<Element, Tr, kSchedule>(a, bars, smem, warpgroup - 1, m0, h, b, n_blocks, pipe, tile_iter);
+    for_each_tile([&](int tile, int m0, int, int, int n_blocks, int pipe, int tile_iter) {
+      ConsumeTile<Element, Tr, kSchedule>(a, scheduler, bars, smem, warpgroup - 1, tile, m0, n_blocks, pipe,
+                                          tile_iter);
     });
   }
 }

@@ -85,6 +85,7 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   // looping over the tiles.
   const TileScheduler scheduler{int(CeilDiv(s.seqlen_q, Tr::kBlockM)), int(s.num_heads), int(s.batch),
                                 p.is_causal};
+  if (scheduler.Tiles() >= int64_t(INT32_MAX)) return fail("fewer than 2^31 tiles of 128 query rows x heads x batch");
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)

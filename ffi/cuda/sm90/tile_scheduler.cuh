@@ -18,23 +18,27 @@ struct TileCoord {
   int m_block, h, b;
 };
 
+// 32-bit indices throughout (the launch requires fewer than 2^31 tiles): the
+// tile loop's state lives through the consumer's whole body, where 64-bit
+// values cost the registers that made the 256 kernel spill.
 struct TileScheduler {
   int m_blocks, heads, batch;
   bool causal;
 
   __host__ __device__ int64_t Tiles() const { return int64_t(m_blocks) * heads * batch; }
-  // Block `block`'s tile of round `round` (may be past Tiles() in the last).
-  __host__ __device__ int64_t TileOf(int64_t round, int block, int blocks) const {
+  // Block `block`'s tile of round `round` (round r deals tiles r * blocks ..
+  // r * blocks + blocks - 1; may be past Tiles() in the last round).
+  __host__ __device__ int TileOf(int round, int block, int blocks) const {
     const bool reversed = causal && (round & 1);
     return round * blocks + (reversed ? blocks - 1 - block : block);
   }
-  __host__ __device__ TileCoord Decode(int64_t tile) const {
+  __host__ __device__ TileCoord Decode(int tile) const {
     if (causal) {
-      const int64_t rest = tile % (int64_t(heads) * batch);
-      return {m_blocks - 1 - int(tile / (int64_t(heads) * batch)), int(rest % heads), int(rest / heads)};
+      const int rest = tile % (heads * batch);
+      return {m_blocks - 1 - tile / (heads * batch), rest % heads, rest / heads};
     }
-    const int64_t rest = tile / m_blocks;
-    return {int(tile % m_blocks), int(rest % heads), int(rest / heads)};
+    const int rest = tile / m_blocks;
+    return {tile % m_blocks, rest % heads, rest / heads};
   }
 };
 
