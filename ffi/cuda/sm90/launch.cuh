@@ -43,8 +43,11 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
     return fail("seqlen below 2^31 and batch, heads at most 65535");
   for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)})
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return fail("q, k, v and out must be 16-byte aligned");
-  // The epilogue's 16-byte stores use q's strides for out.
-  if ((p.q_stride.row * 2) % 16 || (p.q_stride.head * 2) % 16 || (p.q_stride.batch * 2) % 16)
+  // The epilogue's 16-byte stores use q's strides for out (a size-1 dim's
+  // stride only ever multiplies 0).
+  auto misaligned = [](int64_t size, int64_t stride) { return size > 1 && (stride * 2) % 16 != 0; };
+  if (misaligned(s.seqlen_q, p.q_stride.row) || misaligned(s.num_heads, p.q_stride.head) ||
+      misaligned(s.batch, p.q_stride.batch))
     return fail("q's (and out's) strides in bytes must be multiples of 16");
 
   constexpr CUtensorMapDataType kType = std::is_same_v<Element, __nv_bfloat16>

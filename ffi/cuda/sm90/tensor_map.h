@@ -38,9 +38,11 @@ inline std::string EncodeBtnhMap(CUtensorMap* map, CUtensorMapDataType type, con
   auto encode = TensorMapEncoder();
   if (encode == nullptr) return "jax_flash: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12+)";
   constexpr int64_t kBytes = 2;  // 16-bit elements
-  // A size-1 dim's stride is never used; TMA still wants it a multiple of 16.
+  // A size-1 dim's stride is never used, but TMA still wants a multiple of
+  // 16 (vmap or a slice may hand over anything there).
   auto stride_of = [&](int64_t size, int64_t elements, int64_t fallback) {
-    return size == 1 ? fallback : elements * kBytes;
+    const int64_t bytes = elements * kBytes;
+    return size == 1 && (bytes <= 0 || bytes % 16 != 0) ? fallback : bytes;
   };
   const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(seq), cuuint64_t(heads), cuuint64_t(batch)};
   const cuuint64_t strides[3] = {
