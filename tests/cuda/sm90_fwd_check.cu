@@ -372,5 +372,13 @@ int main(int argc, char** argv) {
     failures += !RunCaseAnyHead<__half>(c);
   }
   std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ALL PASS", failures);
+  if (failures)
+    std::printf(
+        "where to look: building blocks S wrong -> TMA swizzle / K-major descriptors (pipeline.cuh "
+        "KMajorDescriptor, tensor_map.h); O wrong -> V's MN-major descriptor (VDescriptor) or the A "
+        "fragment order (softmax.cuh ToFragments); blocks pass but every schedule fails -> masks, "
+        "softmax, epilogue or the ring's phases; only overlap/pingpong fail -> fwd_kernel.cuh's step "
+        "(waits, turns); only 'on 7 blocks' fails -> phases across tiles (q_empty, pipe, tile_iter); "
+        "padded head dims only -> TMA fill beyond head_dim or the epilogue's column bound.\n");
   return failures ? 1 : 0;
 }
