@@ -22,7 +22,7 @@ struct FwdTraits {
   // kBlockN / 2 and P kBlockN / 4 registers. 128 keys at 64 and 128 (at
   // 128: 64 + 64 + 32 of the 240 registers); at 256 O alone is 128, and 80
   // keys (40 + 20) keep the whole thread within 240 (FlashAttention-3's
-  // choice; its n80 wgmma is as fast per FLOP as n128).
+  // choice too; ptxas: highest register R237 at 256, no spills).
   static constexpr int kBlockN = kHeadDim == 256 ? 80 : 128;
   static_assert(kBlockN % 16 == 0, "P V steps over 16 keys");
   // K/V ring depth: two stages let the copy of block n - 1 run under block
@@ -35,8 +35,9 @@ struct FwdTraits {
   // without turns. To be confirmed by the timings of sm90_fwd_check.
   static constexpr Schedule kDefaultSchedule = kHeadDim <= 128 ? Schedule::kPingPong : Schedule::kOverlap;
 
-  // setmaxnreg: 24 + 2 x 240 per warpgroup lane = 64512 of the SM's 65536
-  // registers (the launch cap is 65536 / 384 = 168).
+  // setmaxnreg: 128 x 24 + 256 x 240 = 64512 of the SM's 65536 registers
+  // (the launch cap is 65536 / 384 -> 168 per thread; the producer gives
+  // 144 each away, the consumers take 72 each).
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
 
