@@ -37,10 +37,12 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   if (s.num_heads_k < 1 || s.num_heads % s.num_heads_k != 0)
     return fail("key heads must divide query heads");
   if (s.seqlen_q == 0 || s.batch == 0 || s.num_heads == 0) return {};  // nothing to write
-  // Block coordinates and positions are int32 inside the kernel.
-  if (s.seqlen_q > INT32_MAX - Tr::kBlockM || s.seqlen_k > INT32_MAX - Tr::kBlockN ||
-      s.num_heads > 65535 || s.batch > 65535)
-    return fail("seqlen below 2^31 and batch, heads at most 65535");
+  // Positions and tile indices are int32 inside the kernel (the grid is
+  // one-dimensional, so batch and heads have no grid limits of their own).
+  if (s.seqlen_q > INT32_MAX - Tr::kBlockM || s.seqlen_k > INT32_MAX - Tr::kBlockN)
+    return fail("seqlen_q and seqlen_k must be below 2^31 - 256");
+  if (CeilDiv(s.seqlen_q, Tr::kBlockM) * s.num_heads * s.batch >= int64_t(INT32_MAX))
+    return fail("fewer than 2^31 tiles (128 query rows x heads x batch) per call");
   for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)})
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return fail("q, k, v and out must be 16-byte aligned");
   // The epilogue's 16-byte stores use q's strides for out (a size-1 dim's
@@ -88,7 +90,6 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   // looping over the tiles.
   const TileScheduler scheduler{int(CeilDiv(s.seqlen_q, Tr::kBlockM)), int(s.num_heads), int(s.batch),
                                 p.is_causal};
-  if (scheduler.Tiles() >= int64_t(INT32_MAX)) return fail("fewer than 2^31 tiles of 128 query rows x heads x batch");
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
