@@ -128,10 +128,11 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
   };
 
   // Ping-pong turns: warpgroup w waits on barrier kTurnBarrier + w before
-  // issuing its products and then opens the other's. Each warpgroup issues
-  // n_blocks + 1 times (S_0, then S_{i+1} with PV_i, then the last PV);
-  // warpgroup 1 opens warpgroup 0's first turn and skips opening a turn
-  // after its last, so every barrier sees as many arrivals as waits.
+  // issuing a step's products (S_i with PV_{i-1}, i = 1 .. n_blocks - 1; the
+  // tile's first S and last PV go without turns, as in FlashAttention-3)
+  // and then opens the other's. Warpgroup 1 opens warpgroup 0's first turn
+  // and skips opening one after its last, so within each tile every barrier
+  // sees as many arrivals as waits.
   constexpr bool kTurns = kSchedule == Schedule::kPingPong;
   auto begin_turn = [&]() {
     if constexpr (kTurns) NamedBarrierSync(kTurnBarrier + warpgroup, 256);
@@ -141,7 +142,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
       if (!(last && warpgroup == 1)) NamedBarrierArrive(kTurnBarrier + (1 - warpgroup), 256);
   };
   if constexpr (kTurns)
-    if (warpgroup == 1 && n_blocks > 0) NamedBarrierArrive(kTurnBarrier, 256);
+    if (warpgroup == 1 && n_blocks > 1) NamedBarrierArrive(kTurnBarrier, 256);
 
   MbarrierWait(bars.q_full(), tile_iter & 1);
   if (Tr::kSeparateStaging && n_blocks == 0) release_q();
@@ -177,9 +178,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
     float alpha[2] = {1.0f, 1.0f};
     uint32_t rescale = 0;
     // Block 0: S alone (nothing to overlap with yet); O is still zero.
-    begin_turn();
     issue_qk(s, 0);
-    end_turn(false);
     WgmmaWait<0>();
     FenceRegisters(s);
     release_k(0);
@@ -202,7 +201,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
       issue_qk(s, i);
       if (rescale) softmax.Rescale(o, alpha);
       issue_pv(p, i - 1);
-      end_turn(false);
+      end_turn(i == n_blocks - 1);
       WgmmaWait<1>();
       FenceRegisters(s);
       release_k(i);
@@ -228,10 +227,8 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
     int i = 1;
     for (; i < n_blocks && is_masked(i); ++i) step(i, std::true_type{});
     for (; i < n_blocks; ++i) step(i, std::false_type{});
-    begin_turn();
     if (rescale) softmax.Rescale(o, alpha);
     issue_pv(p, n_blocks - 1);
-    end_turn(true);
     WgmmaWait<0>();
     settle(s, p);
     release_v(n_blocks - 1);
