@@ -115,6 +115,14 @@ __global__ void ReferenceForward(const Element* q, const Element* k, const Eleme
   lse[(int64_t(b) * N + h) * T + i] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
+// One line of the closing timing table (TFLOP/s; 0 = not run or failed).
+struct TimingRow {
+  std::string shape;
+  double serial = 0, overlap = 0, pingpong = 0, sm80 = 0;
+  const char* default_schedule = "";
+};
+std::vector<TimingRow> timing_rows;
+
 struct Case {
   int B, T, S, N, K, H;
   bool causal;
@@ -209,6 +217,13 @@ bool RunCase(const Case& c) {
 
   bool all_ok = true;
   float best_ms = 0.0f;
+  TimingRow row;
+  if (c.timed) {
+    char shape[120];
+    std::snprintf(shape, sizeof shape, "%s H=%d B=%d T=S=%d N=%d causal=%d", TypeName<Element>(), c.H, c.B, c.T,
+                  c.N, int(c.causal));
+    row.shape = shape;
+  }
   using jax_flash::cuda::sm90::Schedule;
   // Every schedule on the full persistent grid, then the default one on 7
   // blocks, so that each block runs several tiles (phases across tiles).
@@ -286,19 +301,26 @@ bool RunCase(const Case& c) {
       std::printf("  time sm90 %s: %.3f ms, %.1f TFLOP/s\n", ScheduleName(schedule), ms,
                   flops / (ms * 1e-3) / 1e12);
       if (is_default) best_ms = ms;
+      const double tflops = ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0;
+      (schedule == Schedule::kSerial ? row.serial : schedule == Schedule::kOverlap ? row.overlap : row.pingpong) =
+          tflops;
+      row.default_schedule = ScheduleName(kDefault);
     }
     std::fflush(stdout);
   }
 #ifdef JAX_FLASH_CHECK_SM80
   if (all_ok && c.timed && best_ms > 0) {
     const float ms80 = TimeLaunches([&] { return jax_flash::cuda::sm80::LaunchForward<Element, kHeadDim>(p, 0); });
-    if (ms80 > 0)
+    if (ms80 > 0) {
       std::printf("  time sm80: %.3f ms, %.1f TFLOP/s (sm90 default / sm80 speed: %.2fx)\n", ms80,
                   flops / (ms80 * 1e-3) / 1e12, ms80 / best_ms);
-    else
+      row.sm80 = flops / (ms80 * 1e-3) / 1e12;
+    } else {
       std::printf("  time sm80: launch failed\n");
+    }
   }
 #endif
+  if (c.timed) timing_rows.push_back(row);
 
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(lse), cudaFree(ref_out), cudaFree(ref_lse);
   return all_ok;
@@ -370,6 +392,13 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     failures += !RunCaseAnyHead<__nv_bfloat16>(c);
     failures += !RunCaseAnyHead<__half>(c);
+  }
+  if (!timing_rows.empty()) {
+    std::printf("\nTFLOP/s (4 B N T S H, halved when causal; median of 20 x 5 launches)\n");
+    std::printf("%-40s %8s %8s %8s %8s  default\n", "shape", "serial", "overlap", "pingpong", "sm80");
+    for (const TimingRow& r : timing_rows)
+      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f  %s\n", r.shape.c_str(), r.serial, r.overlap, r.pingpong,
+                  r.sm80, r.default_schedule);
   }
   std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ALL PASS", failures);
   if (failures)
