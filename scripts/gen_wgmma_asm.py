@@ -6,7 +6,7 @@ strings (%0 ... %127), so they are written out here instead of by hand.
 """
 import pathlib
 
-SS_WIDTHS = (64, 80, 128)  # S = Q K^T: N = kBlockN
+SS_WIDTHS = (64, 80, 128, 176)  # S = Q K^T: N = kBlockN
 RS_WIDTHS = (64, 128, 256)  # O += P V: N = kHeadDim
 
 

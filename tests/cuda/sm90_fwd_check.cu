@@ -118,7 +118,7 @@ __global__ void ReferenceForward(const Element* q, const Element* k, const Eleme
 // One line of the closing timing table (TFLOP/s; 0 = not run or failed).
 struct TimingRow {
   std::string shape;
-  double serial = 0, overlap = 0, pingpong = 0, sm80 = 0;
+  double serial = 0, overlap = 0, pingpong = 0, overlap176 = 0, pingpong176 = 0, sm80 = 0;
   const char* default_schedule = "";
 };
 std::vector<TimingRow> timing_rows;
@@ -169,9 +169,18 @@ const char* ScheduleName(jax_flash::cuda::sm90::Schedule s) {
 
 // Every schedule of the kernel (kernel_traits.cuh), so that a failure of one
 // points at its schedule rather than at the shared parts.
+// block_n 176 (at 128 only): the candidate key block (kernel_traits.cuh).
 template <typename Element, int kHeadDim>
-std::string LaunchScheduled(jax_flash::cuda::sm90::Schedule schedule, const AttentionParams& p, int max_blocks) {
+std::string LaunchScheduled(jax_flash::cuda::sm90::Schedule schedule, const AttentionParams& p, int max_blocks,
+                            int block_n) {
   using namespace jax_flash::cuda::sm90;
+  if constexpr (kHeadDim == 128) {
+    if (block_n == 176) {
+      if (schedule == Schedule::kOverlap)
+        return LaunchForwardScheduled<Element, kHeadDim, Schedule::kOverlap, 176>(p, 0, max_blocks);
+      return LaunchForwardScheduled<Element, kHeadDim, Schedule::kPingPong, 176>(p, 0, max_blocks);
+    }
+  }
   switch (schedule) {
     case Schedule::kSerial: return LaunchForwardScheduled<Element, kHeadDim, Schedule::kSerial>(p, 0, max_blocks);
     case Schedule::kOverlap: return LaunchForwardScheduled<Element, kHeadDim, Schedule::kOverlap>(p, 0, max_blocks);
@@ -226,19 +235,27 @@ bool RunCase(const Case& c) {
   }
   using jax_flash::cuda::sm90::Schedule;
   // Every schedule on the full persistent grid, then the default one on 7
-  // blocks, so that each block runs several tiles (phases across tiles).
+  // blocks, so that each block runs several tiles (phases across tiles);
+  // at 128 also the 176-key candidate (overlap and ping-pong, also on 7).
   constexpr Schedule kDefault = jax_flash::cuda::sm90::FwdTraits<kHeadDim>::kDefaultSchedule;
-  const struct { Schedule schedule; int max_blocks; } runs[] = {
-      {Schedule::kSerial, 0}, {Schedule::kOverlap, 0}, {Schedule::kPingPong, 0}, {kDefault, 7}};
-  for (const auto& run : runs) {
+  struct Run {
+    Schedule schedule;
+    int max_blocks, block_n;
+  };
+  std::vector<Run> runs = {{Schedule::kSerial, 0, 0}, {Schedule::kOverlap, 0, 0}, {Schedule::kPingPong, 0, 0},
+                           {kDefault, 7, 0}};
+  if (kHeadDim == 128)
+    runs.insert(runs.end(), {{Schedule::kOverlap, 0, 176}, {Schedule::kPingPong, 0, 176}, {Schedule::kPingPong, 7, 176}});
+  for (const Run& run : runs) {
     const Schedule schedule = run.schedule;
-    auto launch = [&] { return LaunchScheduled<Element, kHeadDim>(schedule, p, run.max_blocks); };
-    const bool is_default = schedule == kDefault && run.max_blocks == 0;
+    auto launch = [&] { return LaunchScheduled<Element, kHeadDim>(schedule, p, run.max_blocks, run.block_n); };
+    const bool is_default = schedule == kDefault && run.max_blocks == 0 && run.block_n == 0;
     if (run.max_blocks > 0 && c.timed) continue;  // the full-grid runs cover these sizes
-    char name[220];
-    std::snprintf(name, sizeof name, "%s H=%d (kHeadDim %d) B=%d T=%d S=%d N=%d K=%d causal=%d scale=%.3g %s%s%s",
+    char name[240];
+    std::snprintf(name, sizeof name, "%s H=%d (kHeadDim %d) B=%d T=%d S=%d N=%d K=%d causal=%d scale=%.3g %s%s%s%s",
                   TypeName<Element>(), c.H, kHeadDim, c.B, c.T, c.S, c.N, c.K, int(c.causal), p.scale,
-                  ScheduleName(schedule), is_default ? " (default)" : "", run.max_blocks ? " on 7 blocks" : "");
+                  ScheduleName(schedule), run.block_n ? " 176 keys" : "", is_default ? " (default)" : "",
+                  run.max_blocks ? " on 7 blocks" : "");
     Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(out), q_elems);
     Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(lse), lse_elems * 2);
     CHECK_CUDA(cudaGetLastError());
@@ -298,12 +315,15 @@ bool RunCase(const Case& c) {
     }
     if (ok && c.timed) {
       const float ms = TimeLaunches(launch);
-      std::printf("  time sm90 %s: %.3f ms, %.1f TFLOP/s\n", ScheduleName(schedule), ms,
-                  flops / (ms * 1e-3) / 1e12);
+      std::printf("  time sm90 %s%s: %.3f ms, %.1f TFLOP/s\n", ScheduleName(schedule),
+                  run.block_n ? " 176 keys" : "", ms, flops / (ms * 1e-3) / 1e12);
       if (is_default) best_ms = ms;
       const double tflops = ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0;
-      (schedule == Schedule::kSerial ? row.serial : schedule == Schedule::kOverlap ? row.overlap : row.pingpong) =
-          tflops;
+      if (run.block_n == 176)
+        (schedule == Schedule::kOverlap ? row.overlap176 : row.pingpong176) = tflops;
+      else
+        (schedule == Schedule::kSerial ? row.serial : schedule == Schedule::kOverlap ? row.overlap : row.pingpong) =
+            tflops;
       row.default_schedule = ScheduleName(kDefault);
     }
     std::fflush(stdout);
@@ -395,10 +415,11 @@ int main(int argc, char** argv) {
   }
   if (!timing_rows.empty()) {
     std::printf("\nTFLOP/s (4 B N T S H, halved when causal; median of 20 x 5 launches)\n");
-    std::printf("%-40s %8s %8s %8s %8s  default\n", "shape", "serial", "overlap", "pingpong", "sm80");
+    std::printf("%-40s %8s %8s %8s %8s %8s %8s  default\n", "shape", "serial", "overlap", "pingpong", "ov176",
+                "pp176", "sm80");
     for (const TimingRow& r : timing_rows)
-      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f  %s\n", r.shape.c_str(), r.serial, r.overlap, r.pingpong,
-                  r.sm80, r.default_schedule);
+      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f  %s\n", r.shape.c_str(), r.serial, r.overlap,
+                  r.pingpong, r.overlap176, r.pingpong176, r.sm80, r.default_schedule);
   }
   std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ALL PASS", failures);
   if (failures)

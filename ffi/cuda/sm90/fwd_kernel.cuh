@@ -249,12 +249,12 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
   }
 }
 
-template <typename Element, int kHeadDim, Schedule kSchedule>
-__global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
+template <typename Element, int kHeadDim, int kBlockN, Schedule kSchedule>
+__global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN>::kThreads, 1)
     ForwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const ForwardArgs a,
                   const TileScheduler scheduler) {
-  using Tr = FwdTraits<kHeadDim>;
+  using Tr = FwdTraits<kHeadDim, kBlockN>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte aligned atoms (kSmemBytes includes the slack).
   const uint32_t smem = (SmemAddress(smem_raw) + 1023u) & ~1023u;

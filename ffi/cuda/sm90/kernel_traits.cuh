@@ -7,7 +7,10 @@ namespace jax_flash::cuda::sm90 {
 // How the consumer warpgroups order their products and softmax (fwd_kernel.cuh).
 enum class Schedule { kSerial, kOverlap, kPingPong };
 
-template <int kHeadDim_>
+// kBlockN_ = 0: the head dim's default key block (below); a candidate width
+// (176 at 128, FlashAttention-3's non-causal choice there) is instantiated
+// by the check program only, until its timings say which to dispatch.
+template <int kHeadDim_, int kBlockN_ = 0>
 struct FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;  // 64, 128 or 256
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
@@ -23,12 +26,13 @@ struct FwdTraits {
   // 128: 64 + 64 + 32 of the 240 registers); at 256 O alone is 128, and 80
   // keys (40 + 20) keep the whole thread within 240 (FlashAttention-3's
   // choice too; ptxas: highest register R237 at 256, no spills).
-  static constexpr int kBlockN = kHeadDim == 256 ? 80 : 128;
+  static constexpr int kBlockN = kBlockN_ > 0 ? kBlockN_ : kHeadDim == 256 ? 80 : 128;
   static_assert(kBlockN % 16 == 0, "P V steps over 16 keys");
+  static_assert(kBlockN <= 256, "one TMA box of keys");
   // K/V ring depth: two stages let the copy of block n - 1 run under block
   // n's products; at 256 two are all that fit (Q 64 KiB + 2 x (40 + 40) KiB
   // = 224 of the 227 KiB). 64 has room for a third.
-  static constexpr int kStages = kHeadDim == 64 ? 3 : 2;
+  static constexpr int kStages = kHeadDim == 64 && kBlockN <= 128 ? 3 : 2;
 
   // FlashAttention-3's choice for 16-bit inputs: ping-pong up to 128; at 256
   // each warpgroup's products are long enough to cover the other's softmax
@@ -53,11 +57,12 @@ struct FwdTraits {
   static constexpr int kKvTileBytes = kKvChunkBytes * kChunks;
 
   // Output staging of its own (the Q tile's shape) where shared memory
-  // allows (64, 128): Q is then free once a tile's last S = Q K^T is done,
-  // and the next tile's Q loads under the last P V and the epilogue. At 256
-  // the staging reuses Q (each warpgroup its own rows), and the next Q waits
-  // for the epilogue.
-  static constexpr bool kSeparateStaging = kHeadDim <= 128;
+  // allows (64 and 128 with 128 keys): Q is then free once a tile's last S =
+  // Q K^T is done, and the next tile's Q loads under the last P V and the
+  // epilogue. Elsewhere (256; 128 with 176 keys) the staging reuses Q (each
+  // warpgroup its own rows), and the next Q waits for the epilogue.
+  static constexpr int kRingBytes = 2 * kStages * kKvTileBytes;
+  static constexpr bool kSeparateStaging = 2 * kQBytes + kRingBytes + 8 * (2 + 4 * kStages) + 1024 <= 227 * 1024;
 
   // Shared memory: Q, the K stages, the V stages, the output staging (if
   // separate), then the mbarriers. The base is rounded up to 1024 bytes

@@ -23,10 +23,11 @@ inline std::string DescribeForward(const AttentionShape& s, int head_dim_padded)
          std::to_string(head_dim_padded) + ")";
 }
 
-// max_blocks > 0 caps the persistent grid (tests: several tiles per block).
-template <typename Element, int kHeadDim, Schedule kSchedule>
+// max_blocks > 0 caps the persistent grid (tests: several tiles per block);
+// kBlockN 0 is the head dim's default key block (kernel_traits.cuh).
+template <typename Element, int kHeadDim, Schedule kSchedule, int kBlockN = 0>
 std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream, int max_blocks = 0) {
-  using Tr = FwdTraits<kHeadDim>;
+  using Tr = FwdTraits<kHeadDim, kBlockN>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   const auto& s = p.shape;
   const std::string what = DescribeForward(s, kHeadDim);
@@ -83,7 +84,7 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   args.scale_log2 = float(p.scale) * kLog2e;
   args.is_causal = p.is_causal;
 
-  auto kernel = ForwardKernel<Element, kHeadDim, kSchedule>;
+  auto kernel = ForwardKernel<Element, kHeadDim, Tr::kBlockN, kSchedule>;
   if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 forward kernel"); !e.empty())
     return e + " (" + what + ")";
   // One block per SM (its shared memory and 384 threads allow no second),

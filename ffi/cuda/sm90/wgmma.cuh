@@ -72,13 +72,15 @@ constexpr bool kIsBf16 = std::is_same_v<Element, __nv_bfloat16>;
 template <typename Element, int N>
 __device__ __forceinline__ void WgmmaSS(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc,
                                         int scale_d) {
-  static_assert(N == 64 || N == 80 || N == 128, "add the width to scripts/gen_wgmma_asm.py");
+  static_assert(N == 64 || N == 80 || N == 128 || N == 176, "add the width to scripts/gen_wgmma_asm.py");
   if constexpr (N == 64) {
     if constexpr (kIsBf16<Element>) JAX_FLASH_WGMMA_SS_64("bf16"); else JAX_FLASH_WGMMA_SS_64("f16");
   } else if constexpr (N == 80) {
     if constexpr (kIsBf16<Element>) JAX_FLASH_WGMMA_SS_80("bf16"); else JAX_FLASH_WGMMA_SS_80("f16");
-  } else {
+  } else if constexpr (N == 128) {
     if constexpr (kIsBf16<Element>) JAX_FLASH_WGMMA_SS_128("bf16"); else JAX_FLASH_WGMMA_SS_128("f16");
+  } else {
+    if constexpr (kIsBf16<Element>) JAX_FLASH_WGMMA_SS_176("bf16"); else JAX_FLASH_WGMMA_SS_176("f16");
   }
 }
 
