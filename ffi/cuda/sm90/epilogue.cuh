@@ -1,0 +1,78 @@
+// The forward's epilogue for one consumer warpgroup: O normalized, lse, and
+// O through shared memory into coalesced 16-byte stores of [B, Tq, N, H].
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/kernel_traits.cuh"
+#include "cuda/sm90/pipeline.cuh"
+#include "cuda/sm90/softmax.cuh"
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace jax_flash::cuda::sm90 {
+
+// `staging`: the warpgroup's own 64 rows of a Q-shaped tile (the output
+// staging, or Q itself: no other warpgroup reads them), written in Q's
+// layout: row r's 16-byte chunk k of column chunk c sits at chunk k ^ (r % 8),
+// so a warp's fragment writes (8 rows x 4 pairs) hit 32 distinct banks, and
+// each thread then reads whole 16-byte chunks of a row for the global
+// stores (8 threads: one 128-byte row, a permutation of its chunks).
+// `row0`: the thread's first row within the warpgroup, `m0` the
+// warpgroup's first query row. Ends with this thread's reads of staging done.
+template <typename Element, typename Tr>
+__device__ __forceinline__ void StoreOutput(const ForwardArgs& a,
+                                            const OnlineSoftmax<Tr::kBlockN, Tr::kHeadDim>& softmax,
+                                            float (&o)[Tr::kHeadDim / 2], uint32_t staging, int barrier_id,
+                                            int row0, int m0, int h, int b) {
+  constexpr int kHeadDim = Tr::kHeadDim;
+  const int tid = threadIdx.x % 128, t = tid % 4;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const float l = softmax.RowSum(hh);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: zeros
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) o[4 * j + 2 * hh] *= inv, o[4 * j + 2 * hh + 1] *= inv;
+    const int row = m0 + row0 + 8 * hh;
+    if (t == 0 && row < a.seqlen_q) a.lse[(int64_t(b) * a.num_heads + h) * a.seqlen_q + row] = softmax.Lse(hh, l);
+  }
+  // Every warp of the warpgroup is past its last wgmma reading Q and past
+  // its reads of the previous tile's staging.
+  NamedBarrierSync(barrier_id, 128);
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = row0 + 8 * hh;
+      const uint32_t addr = staging + (j / 8) * Tr::kQChunkBytes + r * 128 + (((j % 8) ^ (r % 8)) * 16) + 4 * t;
+      const uint32_t v = PackPair<Element>(o[4 * j + 2 * hh], o[4 * j + 2 * hh + 1]);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+    }
+  NamedBarrierSync(barrier_id, 128);
+  constexpr int kRowChunks = kHeadDim / 8;  // 16-byte chunks per output row
+  Element* out = static_cast<Element*>(a.out) + int64_t(b) * a.out_stride.batch + int64_t(h) * a.out_stride.head;
+#pragma unroll
+  for (int idx = tid; idx < 64 * kRowChunks; idx += 128) {
+    const int r = idx / kRowChunks, k = idx % kRowChunks;
+    const int row = m0 + r, col = 8 * k;
+    if (row >= a.seqlen_q || col >= a.head_dim) continue;
+    const uint32_t addr = staging + (k / 8) * Tr::kQChunkBytes + r * 128 + (((k % 8) ^ (r % 8)) * 16);
+    uint32_t w[4];
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "r"(addr));
+    Element* dst = out + int64_t(row) * a.out_stride.row + col;
+    if (col + 8 <= a.head_dim) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);  // the launch checks alignment
+    } else {
+      // A head dim that is not a multiple of 8: the row's last partial chunk,
+      // element by element (constant indices keep w in registers).
+      uint16_t* dst16 = reinterpret_cast<uint16_t*>(dst);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        if (e < a.head_dim - col) dst16[e] = uint16_t(w[e / 2] >> (16 * (e % 2)));
+    }
+  }
+}
+
+}  // namespace jax_flash::cuda::sm90

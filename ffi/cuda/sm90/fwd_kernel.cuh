@@ -1,0 +1,303 @@
+// FlashAttention forward for Hopper (sm_90a), float16/bfloat16, no attention
+// features beyond causal: FlashAttention-3's design in our own code.
+//
+// A persistent grid (one block per SM) walks tiles of (128 query rows, head,
+// batch) in tile_scheduler.cuh's order; each block has three warpgroups:
+//
+//   warpgroup 0 (producer, 24 registers): one thread issues TMA copies
+//     (pipeline.cuh): for each key block i of the tile (last to first)
+//     into ring stage s (counted across the block's tiles):
+//       wait k_empty[s]; K tile -> k_full[s];
+//       (after the first K) wait q_empty; Q tile -> q_full;
+//       wait v_empty[s]; V tile -> v_full[s]
+//   warpgroups 1, 2 (consumers, 240 registers), 64 query rows each:
+//     wait q_full; for each key block: wait k_full[s], S = Q K^T (wgmma,
+//     smem x smem), arrive k_empty[s]; mask, online softmax in registers,
+//     P to 16 bits (the A fragments); wait v_full[s], O += P V (wgmma,
+//     registers x smem), arrive v_empty[s]; arrive q_empty after the last S
+//     (or, at 256, where Q doubles as the output staging, after the
+//     epilogue), so the next tile's Q loads early; then the epilogue
+//     (epilogue.cuh), under which the next tile's first K/V stages load.
+//
+// Schedules of the consumer loop (Schedule, kernel_traits.cuh):
+//   kSerial:   S_i, softmax_i, PV_i, one product in flight at a time.
+//   kOverlap:  S_{i+1} and PV_i issued together; the softmax of S_{i+1}
+//              runs while PV_i is still on the tensor cores (O's rescale
+//              waits for the next issue, P's conversion for PV_i's end).
+//   kPingPong: kOverlap, and the two consumer warpgroups take turns to
+//              issue their products (named barriers 3 and 4), so that one
+//              warpgroup's softmax runs under the other's products.
+// Key blocks run last to first so the ones needing masks (the causal
+// diagonal, the seqlen_k tail) come first and the rest skip mask arithmetic.
+#pragma once
+
+#include <cuda.h>
+#include <math_constants.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/params.h"
+#include "cuda/sm90/epilogue.cuh"
+#include "cuda/sm90/kernel_traits.cuh"
+#include "cuda/sm90/pipeline.cuh"
+#include "cuda/sm90/softmax.cuh"
+#include "cuda/sm90/tile_scheduler.cuh"
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace jax_flash::cuda::sm90 {
+
+// Named barrier ids: 0 is __syncthreads; 1, 2 each consumer warpgroup's
+// epilogue; 3, 4 the ping-pong turns of consumer warpgroup 0, 1.
+constexpr int kEpilogueBarrier = 1;
+constexpr int kTurnBarrier = 3;
+
+// One consumer warpgroup's whole tile: 64 query rows from m0 + 64 * warpgroup.
+// `pipe`: the ring position of the tile's first key block, `tile_iter`: the
+// block's count of earlier tiles (pipeline.cuh). The head and batch are
+// decoded from `tile` again for the epilogue, their only user: kept live
+// through the loop they made the 256 kernel spill.
+template <typename Element, typename Tr, Schedule kSchedule>
+__device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileScheduler& scheduler,
+                                            Barriers<Tr> bars, uint32_t smem, int warpgroup, int tile,
+                                            int m0, int n_blocks, int pipe, int tile_iter) {
+  constexpr int kHeadDim = Tr::kHeadDim, kBlockN = Tr::kBlockN;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, t = lane % 4;
+  const int row0 = warp * 16 + lane / 4;  // this thread's rows in the warpgroup: row0, row0 + 8
+  const int wg_m0 = m0 + 64 * warpgroup;
+  const uint32_t q_rows = smem + Tr::kQOffset + warpgroup * 64 * 128;
+
+  float o[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+  OnlineSoftmax<kBlockN, kHeadDim> softmax(a.scale_log2);
+
+  // Key blocks from first_masked on need masks; block i of the loop is key
+  // block n_blocks - 1 - i.
+  const int limit = a.is_causal ? min(a.seqlen_k, m0 + 1) : a.seqlen_k;
+  const int first_masked = limit / kBlockN;
+  auto is_masked = [&](int i) { return n_blocks - 1 - i >= first_masked; };
+  auto mask = [&](float (&s)[kBlockN / 2], int i) {
+    const int n0 = (n_blocks - 1 - i) * kBlockN;
+    MaskLogits<kBlockN>(s, 64 * warpgroup + row0, t, min(kBlockN, a.seqlen_k - n0), m0 - n0, a.is_causal);
+  };
+
+  // S = Q K^T [64 rows][kBlockN] for block i, issued and committed (raw logits).
+  auto issue_qk = [&](float (&s)[kBlockN / 2], int i) {
+    const int stage = (pipe + i) % Tr::kStages;
+    MbarrierWait(bars.k_full(stage), ((pipe + i) / Tr::kStages) & 1);
+    const uint32_t k_tile = KTile<Tr>(smem, stage);
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      WgmmaSS<Element, kBlockN>(s, KMajorDescriptor<Tr>(q_rows, Tr::kQChunkBytes, kk),
+                                KMajorDescriptor<Tr>(k_tile, Tr::kKvChunkBytes, kk), kk > 0 ? 1 : 0);
+    WgmmaCommit();
+  };
+  // O += P V for block i, issued and committed (V MN-major: VDescriptor).
+  auto issue_pv = [&](uint32_t (&p)[kBlockN / 16][4], int i) {
+    const int stage = (pipe + i) % Tr::kStages;
+    MbarrierWait(bars.v_full(stage), ((pipe + i) / Tr::kStages) & 1);
+    const uint32_t v_tile = VTile<Tr>(smem, stage);
+    FenceRegisters(o);
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      WgmmaRS<Element, kHeadDim>(o, p[kk], VDescriptor<Tr>(v_tile, kk), 1);
+    WgmmaCommit();
+  };
+  // Q's last reader is the tile's last S when the output has its own
+  // staging; else the epilogue (below).
+  auto release_q = [&]() {
+    if (lane == 0) MbarrierArrive(bars.q_empty());
+  };
+  auto release_k = [&](int i) {
+    if (lane == 0) MbarrierArrive(bars.k_empty((pipe + i) % Tr::kStages));
+    if (Tr::kSeparateStaging && i == n_blocks - 1) release_q();
+  };
+  auto release_v = [&](int i) {
+    if (lane == 0) MbarrierArrive(bars.v_empty((pipe + i) % Tr::kStages));
+  };
+  // After a wait: the results are in registers, and the A fragments free.
+  auto settle = [&](float (&s)[kBlockN / 2], uint32_t (&p)[kBlockN / 16][4]) {
+    FenceRegisters(s);
+    FenceRegisters(o);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) FenceRegisters(p[kk]);
+  };
+
+  // Ping-pong turns: warpgroup w waits on barrier kTurnBarrier + w before
+  // issuing a step's products (S_i with PV_{i-1}, i = 1 .. n_blocks - 1; the
+  // tile's first S and last PV go without turns, as in FlashAttention-3)
+  // and then opens the other's. Warpgroup 1 opens warpgroup 0's first turn
+  // and skips opening one after its last, so within each tile every barrier
+  // sees as many arrivals as waits.
+  constexpr bool kTurns = kSchedule == Schedule::kPingPong;
+  auto begin_turn = [&]() {
+    if constexpr (kTurns) NamedBarrierSync(kTurnBarrier + warpgroup, 256);
+  };
+  auto end_turn = [&](bool last) {
+    if constexpr (kTurns)
+      if (!(last && warpgroup == 1)) NamedBarrierArrive(kTurnBarrier + (1 - warpgroup), 256);
+  };
+  if constexpr (kTurns)
+    if (warpgroup == 1 && n_blocks > 1) NamedBarrierArrive(kTurnBarrier, 256);
+
+  MbarrierWait(bars.q_full(), tile_iter & 1);
+  if (Tr::kSeparateStaging && n_blocks == 0) release_q();
+
+  if constexpr (kSchedule == Schedule::kSerial) {
+    auto process_block = [&](int i, auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      float s[kBlockN / 2];
+      uint32_t p[kBlockN / 16][4];
+      issue_qk(s, i);
+      WgmmaWait<0>();
+      FenceRegisters(s);
+      release_k(i);
+      if constexpr (kMasked) mask(s, i);
+      float alpha[2];
+      if (softmax.UpdateMax(s, alpha)) softmax.Rescale(o, alpha);
+      softmax.template Exponentiate<kMasked>(s);
+      softmax.template ToFragments<Element>(s, p);
+      issue_pv(p, i);
+      WgmmaWait<0>();
+      settle(s, p);
+      release_v(i);
+    };
+    int i = 0;
+    for (; i < n_blocks && is_masked(i); ++i) process_block(i, std::true_type{});
+    for (; i < n_blocks; ++i) process_block(i, std::false_type{});
+  } else if (n_blocks > 0) {
+    float s[kBlockN / 2];
+    uint32_t p[kBlockN / 16][4];
+    // O's pending rescale: block i's statistics change the row maxima while
+    // PV_{i-1} still accumulates into O, so O is rescaled just before PV_i
+    // is issued (under S_{i+1}, which does not touch O).
+    float alpha[2] = {1.0f, 1.0f};
+    uint32_t rescale = 0;
+    // Block 0: S alone (nothing to overlap with yet); O is still zero.
+    issue_qk(s, 0);
+    WgmmaWait<0>();
+    FenceRegisters(s);
+    release_k(0);
+    if (is_masked(0)) {
+      mask(s, 0);
+      softmax.UpdateMax(s, alpha);
+      softmax.template Exponentiate<true>(s);
+    } else {
+      softmax.UpdateMax(s, alpha);
+      softmax.template Exponentiate<false>(s);
+    }
+    softmax.template ToFragments<Element>(s, p);
+    // Block i >= 1: S_i issued first, then PV_{i-1}; S_i completes first
+    // (groups retire in order) and its whole softmax runs under PV_{i-1};
+    // only P_i's conversion into the A fragments (which PV_{i-1} reads)
+    // waits for it (FlashAttention-3's intra-warpgroup overlap).
+    auto step = [&](int i, auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      begin_turn();
+      issue_qk(s, i);
+      if (rescale) softmax.Rescale(o, alpha);
+      issue_pv(p, i - 1);
+      end_turn(i == n_blocks - 1);
+      WgmmaWait<1>();
+      FenceRegisters(s);
+      release_k(i);
+      if constexpr (kMasked) mask(s, i);
+      rescale = softmax.UpdateMax(s, alpha);
+      softmax.template Exponentiate<kMasked>(s);
+      // Pins the softmax before the wait. The register fences keep the
+      // compiler from sinking it to its uses after the wait; ptxas would
+      // still hoist the wait above the exponentials (it cannot know how
+      // long the wait blocks), so a warp-uniform branch on their sums ends
+      // the basic block there: ptxas does not schedule across it. (Taken
+      // only for NaN sums, and then harmless.)
+      FenceRegisters(s);
+      FenceRegisters(alpha);
+      asm volatile("" : "+r"(rescale)::"memory");
+      if (__any_sync(0xffffffffu, !(softmax.row_sum[0] + softmax.row_sum[1] >= 0.0f)))
+        asm volatile("nanosleep.u32 0;\n" ::: "memory");
+      WgmmaWait<0>();
+      settle(s, p);
+      release_v(i - 1);
+      softmax.template ToFragments<Element>(s, p);
+    };
+    int i = 1;
+    for (; i < n_blocks && is_masked(i); ++i) step(i, std::true_type{});
+    for (; i < n_blocks; ++i) step(i, std::false_type{});
+    if (rescale) softmax.Rescale(o, alpha);
+    issue_pv(p, n_blocks - 1);
+    WgmmaWait<0>();
+    settle(s, p);
+    release_v(n_blocks - 1);
+  }
+
+  const uint32_t staging = smem + Tr::kStagingOffset + warpgroup * 64 * 128;
+  asm volatile("" : "+r"(tile));  // an opaque value: decoded here, not carried from the top
+  const TileCoord coord = scheduler.Decode(tile);
+  StoreOutput<Element, Tr>(a, softmax, o, staging, kEpilogueBarrier + warpgroup, row0, wg_m0, coord.h,
+                           coord.b);
+  if constexpr (!Tr::kSeparateStaging) {
+    // The warp's reads of the staging area (its Q rows) are done: the next
+    // tile's Q may land there (the fence orders them before the copy
+    // engine's writes).
+    __syncwarp();
+    FenceProxyAsync();
+    release_q();
+  }
+}
+
+template <typename Element, int kHeadDim, int kBlockN, Schedule kSchedule>
+__global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN>::kThreads, 1)
+    ForwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                  const __grid_constant__ CUtensorMap v_map, const ForwardArgs a,
+                  const TileScheduler scheduler) {
+  using Tr = FwdTraits<kHeadDim, kBlockN>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // Swizzled tiles need 1024-byte aligned atoms (kSmemBytes includes the slack).
+  const uint32_t smem = (SmemAddress(smem_raw) + 1023u) & ~1023u;
+  const Barriers<Tr> bars{smem + Tr::kBarrierOffset};
+
+  if (threadIdx.x == 0) bars.Init();
+  __syncthreads();
+
+  // Both roles walk the same tiles and count the same key blocks, so their
+  // barrier phases agree without any other exchange.
+  auto for_each_tile = [&](auto&& body) {
+    // The block takes one tile per round: its round is its tile count.
+    const int tiles = int(scheduler.Tiles());
+    int pipe = 0;
+    for (int tile_iter = 0;; ++tile_iter) {
+      const int tile = scheduler.TileOf(tile_iter, blockIdx.x, gridDim.x);
+      if (tile >= tiles) break;  // past the end (or the last round's spare blocks)
+      const TileCoord c = scheduler.Decode(tile);
+      const int m0 = c.m_block * Tr::kBlockM;
+      const int kv_end = a.is_causal ? min(a.seqlen_k, m0 + Tr::kBlockM) : a.seqlen_k;
+      const int n_blocks = (kv_end + Tr::kBlockN - 1) / Tr::kBlockN;
+      body(tile, m0, c.h, c.b, n_blocks, pipe, tile_iter);
+      pipe += n_blocks;
+    }
+  };
+
+  // setmaxnreg needs each warpgroup's role as one branch of a single if/else.
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    RegistersDecrease<Tr::kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      PrefetchTensorMaps(&q_map, &k_map, &v_map);
+      for_each_tile([&](int, int m0, int h, int b, int n_blocks, int pipe, int tile_iter) {
+        ProduceTile<Tr>(&q_map, &k_map, &v_map, bars, smem, m0, h, h / a.group, b, n_blocks, pipe, tile_iter);
+      });
+    }
+  } else {
+    RegistersIncrease<Tr::kConsumerRegisters>();
+    for_each_tile([&](int tile, int m0, int, int, int n_blocks, int pipe, int tile_iter) {
+      ConsumeTile<Element, Tr, kSchedule>(a, scheduler, bars, smem, warpgroup - 1, tile, m0, n_blocks, pipe,
+                                          tile_iter);
+    });
+  }
+}
+
+}  // namespace jax_flash::cuda::sm90

@@ -1,0 +1,81 @@
+// Tile sizes, warpgroup roles and the shared-memory map of the Hopper
+// forward, per padded head dim, in this one place.
+#pragma once
+
+namespace jax_flash::cuda::sm90 {
+
+// How the consumer warpgroups order their products and softmax (fwd_kernel.cuh).
+enum class Schedule { kSerial, kOverlap, kPingPong };
+
+// kBlockN_ = 0: the head dim's default key block (below); a candidate width
+// (176 at 128, FlashAttention-3's non-causal choice there) is instantiated
+// by the check program only, until its timings say which to dispatch.
+template <int kHeadDim_, int kBlockN_ = 0>
+struct FwdTraits {
+  static constexpr int kHeadDim = kHeadDim_;  // 64, 128 or 256
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
+
+  // Warpgroup 0 produces (one thread issues every TMA copy), warpgroups 1
+  // and 2 consume, each owning 64 query rows (one wgmma M) of the block.
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
+  static constexpr int kBlockM = 64 * kConsumerWarpgroups;
+  // Keys per block. Per consumer thread: O is kHeadDim / 2 floats, S
+  // kBlockN / 2 and P kBlockN / 4 registers. 128 keys at 64 and 128 (at
+  // 128: 64 + 64 + 32 of the 240 registers); at 256 O alone is 128, and 80
+  // keys (40 + 20) keep the whole thread within 240 (FlashAttention-3's
+  // choice too; ptxas: highest register R237 at 256, no spills).
+  static constexpr int kBlockN = kBlockN_ > 0 ? kBlockN_ : kHeadDim == 256 ? 80 : 128;
+  static_assert(kBlockN % 16 == 0, "P V steps over 16 keys");
+  static_assert(kBlockN <= 256, "one TMA box of keys");
+  // K/V ring depth: two stages let the copy of block n - 1 run under block
+  // n's products; at 256 two are all that fit (Q 64 KiB + 2 x (40 + 40) KiB
+  // = 224 of the 227 KiB). 64 has room for a third.
+  static constexpr int kStages = kHeadDim == 64 && kBlockN <= 128 ? 3 : 2;
+
+  // FlashAttention-3's choice for 16-bit inputs: ping-pong up to 128; at 256
+  // each warpgroup's products are long enough to cover the other's softmax
+  // without turns. To be confirmed by the timings of sm90_fwd_check.
+  static constexpr Schedule kDefaultSchedule = kHeadDim <= 128 ? Schedule::kPingPong : Schedule::kOverlap;
+
+  // setmaxnreg: 128 x 24 + 256 x 240 = 64512 of the SM's 65536 registers
+  // (the launch cap is 65536 / 384 -> 168 per thread; the producer gives
+  // 144 each away, the consumers take 72 each).
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+
+  // Every tile is stored as TMA's 128-byte swizzle writes it: column chunks
+  // of 64 elements (128 bytes per row), each [rows][128 B], 1024-byte atoms
+  // of 8 rows (wgmma.cuh).
+  static constexpr int kChunkCols = 64;
+  static constexpr int kChunks = kHeadDim / kChunkCols;
+  static constexpr int kQChunkBytes = kBlockM * 128;   // one column chunk of Q
+  static constexpr int kKvChunkBytes = kBlockN * 128;  // one column chunk of K or V
+  static_assert(kKvChunkBytes % 1024 == 0, "chunks must start on 1024-byte atoms");
+  static constexpr int kQBytes = kQChunkBytes * kChunks;
+  static constexpr int kKvTileBytes = kKvChunkBytes * kChunks;
+
+  // Output staging of its own (the Q tile's shape) where shared memory
+  // allows (64 and 128 with 128 keys): Q is then free once a tile's last S =
+  // Q K^T is done, and the next tile's Q loads under the last P V and the
+  // epilogue. Elsewhere (256; 128 with 176 keys) the staging reuses Q (each
+  // warpgroup its own rows), and the next Q waits for the epilogue.
+  static constexpr int kRingBytes = 2 * kStages * kKvTileBytes;
+  static constexpr bool kSeparateStaging = 2 * kQBytes + kRingBytes + 8 * (2 + 4 * kStages) + 1024 <= 227 * 1024;
+
+  // Shared memory: Q, the K stages, the V stages, the output staging (if
+  // separate), then the mbarriers. The base is rounded up to 1024 bytes
+  // inside the kernel, hence the extra 1024 requested.
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kQOffset + kQBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kKvTileBytes;
+  static constexpr int kStagingOffset = kSeparateStaging ? kVOffset + kStages * kKvTileBytes : kQOffset;
+  static constexpr int kBarrierOffset = kVOffset + kStages * kKvTileBytes + (kSeparateStaging ? kQBytes : 0);
+  // q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty.
+  static constexpr int kBarriers = 2 + 4 * kStages;
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KiB per block");
+};
+
+}  // namespace jax_flash::cuda::sm90

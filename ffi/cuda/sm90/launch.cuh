@@ -1,0 +1,115 @@
+// Launch template of the sm90 forward; instantiated per dtype in launch_<dtype>.cu.
+#pragma once
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "cuda/generic/launch.cuh"  // CheckLaunch, PrepareSmem, CeilDiv
+#include "cuda/sm90/fwd_kernel.cuh"
+#include "cuda/sm90/launch.h"
+#include "cuda/sm90/tensor_map.h"
+
+namespace jax_flash::cuda::sm90 {
+
+// "sm90 forward kernel (B=.., Tq=.., Tk=.., N=.., K=.., H=.. in kHeadDim ..)" for errors.
+inline std::string DescribeForward(const AttentionShape& s, int head_dim_padded) {
+  return "sm90 forward kernel (B=" + std::to_string(s.batch) + ", Tq=" + std::to_string(s.seqlen_q) +
+         ", Tk=" + std::to_string(s.seqlen_k) + ", N=" + std::to_string(s.num_heads) +
+         ", K=" + std::to_string(s.num_heads_k) + ", H=" + std::to_string(s.head_dim) + " in " +
+         std::to_string(head_dim_padded) + ")";
+}
+
+// max_blocks > 0 caps the persistent grid (tests: several tiles per block);
+// kBlockN 0 is the head dim's default key block (kernel_traits.cuh).
+template <typename Element, int kHeadDim, Schedule kSchedule, int kBlockN = 0>
+std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream, int max_blocks = 0) {
+  using Tr = FwdTraits<kHeadDim, kBlockN>;
+  static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
+  const auto& s = p.shape;
+  const std::string what = DescribeForward(s, kHeadDim);
+  auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
+  if (p.features.Any()) return fail("attention features are not supported yet");
+  if (!(p.scale > 0.0)) return fail("needs scale > 0 (the row maxima are taken before scaling)");
+  if (s.head_dim < 1 || s.head_dim > kHeadDim) return fail("head_dim must be in [1, kHeadDim]");
+  if (s.num_heads_k < 1 || s.num_heads % s.num_heads_k != 0)
+    return fail("key heads must divide query heads");
+  if (s.seqlen_q == 0 || s.batch == 0 || s.num_heads == 0) return {};  // nothing to write
+  // Positions and tile indices are int32 inside the kernel (the grid is
+  // one-dimensional, so batch and heads have no grid limits of their own).
+  if (s.seqlen_q > INT32_MAX - Tr::kBlockM || s.seqlen_k > INT32_MAX - Tr::kBlockN)
+    return fail("seqlen_q and seqlen_k must be below 2^31 - 256");
+  if (CeilDiv(s.seqlen_q, Tr::kBlockM) * s.num_heads * s.batch >= int64_t(INT32_MAX))
+    return fail("fewer than 2^31 tiles (128 query rows x heads x batch) per call");
+  for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return fail("q, k, v and out must be 16-byte aligned");
+  // The epilogue's 16-byte stores use q's strides for out (a size-1 dim's
+  // stride only ever multiplies 0).
+  auto misaligned = [](int64_t size, int64_t stride) { return size > 1 && (stride * 2) % 16 != 0; };
+  if (misaligned(s.seqlen_q, p.q_stride.row) || misaligned(s.num_heads, p.q_stride.head) ||
+      misaligned(s.batch, p.q_stride.batch))
+    return fail("q's (and out's) strides in bytes must be multiples of 16");
+
+  constexpr CUtensorMapDataType kType = std::is_same_v<Element, __nv_bfloat16>
+                                            ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  // seqlen_k = 0 still needs a valid map; the kernel then loads no key block.
+  const int64_t seqlen_k_map = s.seqlen_k > 0 ? s.seqlen_k : 1;
+  alignas(64) CUtensorMap q_map, k_map, v_map;
+  if (auto e = EncodeBtnhMap(&q_map, kType, p.q, s.batch, s.seqlen_q, s.num_heads, s.head_dim,
+                             p.q_stride, Tr::kBlockM, "q");
+      !e.empty())
+    return e + " (" + what + ")";
+  if (auto e = EncodeBtnhMap(&k_map, kType, p.k, s.batch, seqlen_k_map, s.num_heads_k, s.head_dim,
+                             p.k_stride, Tr::kBlockN, "k");
+      !e.empty())
+    return e + " (" + what + ")";
+  if (auto e = EncodeBtnhMap(&v_map, kType, p.v, s.batch, seqlen_k_map, s.num_heads_k, s.head_dim,
+                             p.k_stride, Tr::kBlockN, "v");
+      !e.empty())
+    return e + " (" + what + ")";
+
+  ForwardArgs args;
+  args.out = p.out;
+  args.lse = static_cast<float*>(p.lse);
+  args.out_stride = p.q_stride;
+  args.seqlen_q = int(s.seqlen_q);
+  args.seqlen_k = int(s.seqlen_k);
+  args.num_heads = int(s.num_heads);
+  args.group = int(s.group());
+  args.head_dim = int(s.head_dim);
+  args.scale_log2 = float(p.scale) * kLog2e;
+  args.is_causal = p.is_causal;
+
+  auto kernel = ForwardKernel<Element, kHeadDim, Tr::kBlockN, kSchedule>;
+  if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 forward kernel"); !e.empty())
+    return e + " (" + what + ")";
+  // One block per SM (its shared memory and 384 threads allow no second),
+  // looping over the tiles.
+  const TileScheduler scheduler{int(CeilDiv(s.seqlen_q, Tr::kBlockM)), int(s.num_heads), int(s.batch),
+                                p.is_causal};
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return fail("querying the GPU's multiprocessor count failed");
+  int64_t blocks = std::min<int64_t>(scheduler.Tiles(), sms);
+  if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
+  kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, args, scheduler);
+  if (auto e = CheckLaunch("sm90 forward kernel"); !e.empty()) return e + " (" + what + ")";
+  return {};
+}
+
+template <typename Element, int kHeadDim>
+std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
+  return LaunchForwardScheduled<Element, kHeadDim, FwdTraits<kHeadDim>::kDefaultSchedule>(p, stream);
+}
+
+#define JAX_FLASH_INSTANTIATE_SM90(Element)                                                 \
+  template std::string LaunchForward<Element, 64>(const AttentionParams&, cudaStream_t);  \
+  template std::string LaunchForward<Element, 128>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchForward<Element, 256>(const AttentionParams&, cudaStream_t);
+
+}  // namespace jax_flash::cuda::sm90

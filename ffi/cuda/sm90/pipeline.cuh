@@ -1,0 +1,130 @@
+// The producer side of the forward: the block's mbarriers and the TMA copies
+// of Q and of the K/V ring (one thread issues them all).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "common/params.h"
+#include "cuda/sm90/kernel_traits.cuh"
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace jax_flash::cuda::sm90 {
+
+// What the kernel reads besides the tensor maps (AttentionParams' features
+// would only cost parameter space).
+struct ForwardArgs {
+  void* out;   // [B, Tq, N, H] strided like q
+  float* lse;  // [B, N, Tq]
+  Strides out_stride;
+  int seqlen_q, seqlen_k, num_heads, group, head_dim;
+  float scale_log2;  // scale * log2(e), scale > 0
+  bool is_causal;
+};
+
+// The mbarriers of the block (kernel_traits.cuh). The block's k-th tile
+// uses the Q pair in parity k & 1; the key blocks of all its tiles, counted
+// in processing order across tiles (`pipe`), use stage pipe % kStages in
+// parity (pipe / kStages) & 1 on all four of their barriers.
+template <typename Tr>
+struct Barriers {
+  uint32_t base;
+  __device__ uint32_t q_full() const { return base; }
+  // Q free again: both consumer warpgroups are done with it (after their
+  // last S, or, when Q doubles as the output staging, after the epilogue).
+  __device__ uint32_t q_empty() const { return base + 8; }
+  __device__ uint32_t k_full(int s) const { return base + 8 * (2 + s); }
+  __device__ uint32_t v_full(int s) const { return base + 8 * (2 + Tr::kStages + s); }
+  __device__ uint32_t k_empty(int s) const { return base + 8 * (2 + 2 * Tr::kStages + s); }
+  __device__ uint32_t v_empty(int s) const { return base + 8 * (2 + 3 * Tr::kStages + s); }
+
+  // By one thread, before the __syncthreads that publishes them. Empties
+  // take one arrival per consumer warp (its lane 0, after its wgmma wait).
+  __device__ void Init() const {
+    MbarrierInit(q_full(), 1);
+    MbarrierInit(q_empty(), Tr::kConsumerWarps);
+    for (int s = 0; s < Tr::kStages; ++s) {
+      MbarrierInit(k_full(s), 1);
+      MbarrierInit(v_full(s), 1);
+      MbarrierInit(k_empty(s), Tr::kConsumerWarps);
+      MbarrierInit(v_empty(s), Tr::kConsumerWarps);
+    }
+    FenceBarrierInit();
+  }
+};
+
+template <typename Tr>
+__device__ __forceinline__ uint32_t KTile(uint32_t smem, int stage) {
+  return smem + Tr::kKOffset + stage * Tr::kKvTileBytes;
+}
+template <typename Tr>
+__device__ __forceinline__ uint32_t VTile(uint32_t smem, int stage) {
+  return smem + Tr::kVOffset + stage * Tr::kKvTileBytes;
+}
+
+// wgmma descriptors of the tiles as LoadTile leaves them (wgmma.cuh).
+// K-major operand (Q as A, K as B of S = Q K^T), k16 step kk: 32 bytes into
+// the 128-byte rows of column chunk kk / 4; `tile` the tile's (or the
+// warpgroup's first row's) address, `chunk_bytes` its column-chunk stride.
+template <typename Tr>
+__device__ __forceinline__ uint64_t KMajorDescriptor(uint32_t tile, int chunk_bytes, int kk) {
+  return SmemDescriptor(tile + (kk / 4) * chunk_bytes + (kk % 4) * 32, 16, 1024);
+}
+// V as B of O += P V, k16 step kk (16 keys). V's tile is [keys][kHeadDim]
+// row-major: N (head dim) contiguous, so MN-major, with 8-key atoms 1024
+// bytes apart (stride) and 64-column chunks kKvChunkBytes apart (leading).
+template <typename Tr>
+__device__ __forceinline__ uint64_t VDescriptor(uint32_t v_tile, int kk) {
+  return SmemDescriptor(v_tile + kk * 16 * 128, Tr::kKvChunkBytes, 1024);
+}
+
+// Copies one [rows][kHeadDim] tile as kChunks boxes of 64 columns.
+template <typename Tr>
+__device__ __forceinline__ void LoadTile(uint32_t dst, int chunk_bytes, const CUtensorMap* map,
+                                         uint32_t bar, int row, int head, int batch) {
+#pragma unroll
+  for (int c = 0; c < Tr::kChunks; ++c)
+    TmaLoad4d(dst + c * chunk_bytes, map, bar, c * Tr::kChunkCols, row, head, batch);
+}
+
+__device__ __forceinline__ void PrefetchTensorMaps(const CUtensorMap* q_map, const CUtensorMap* k_map,
+                                                   const CUtensorMap* v_map) {
+  PrefetchTensorMap(q_map);
+  PrefetchTensorMap(k_map);
+  PrefetchTensorMap(v_map);
+}
+
+// Issued by one thread for the block's `tile_iter`-th tile: K and V of key
+// blocks n_blocks - 1 down to 0 into the ring (from ring position `pipe`),
+// each stage as soon as all consumer warps released it, and Q once the
+// previous tile released it (q_empty), after the first K: where Q doubles
+// as the output staging, that K copy then runs under the previous tile's
+// epilogue. Producer waits on empties start from parity 1: a fresh barrier
+// counts its "previous" phase as done.
+template <typename Tr>
+__device__ __forceinline__ void ProduceTile(const CUtensorMap* q_map, const CUtensorMap* k_map,
+                                            const CUtensorMap* v_map, Barriers<Tr> bars, uint32_t smem,
+                                            int m0, int h, int hk, int b, int n_blocks, int pipe,
+                                            int tile_iter) {
+  auto load_q = [&] {
+    MbarrierWait(bars.q_empty(), (tile_iter & 1) ^ 1);
+    MbarrierArriveExpectTx(bars.q_full(), Tr::kQBytes);
+    LoadTile<Tr>(smem + Tr::kQOffset, Tr::kQChunkBytes, q_map, bars.q_full(), m0, h, b);
+  };
+  if (n_blocks == 0) load_q();
+  for (int i = 0; i < n_blocks; ++i) {
+    const int n0 = (n_blocks - 1 - i) * Tr::kBlockN, stage = (pipe + i) % Tr::kStages;
+    const uint32_t parity = ((pipe + i) / Tr::kStages) & 1;
+    MbarrierWait(bars.k_empty(stage), parity ^ 1);
+    MbarrierArriveExpectTx(bars.k_full(stage), Tr::kKvTileBytes);
+    LoadTile<Tr>(KTile<Tr>(smem, stage), Tr::kKvChunkBytes, k_map, bars.k_full(stage), n0, hk, b);
+    if (i == 0) load_q();
+    MbarrierWait(bars.v_empty(stage), parity ^ 1);
+    MbarrierArriveExpectTx(bars.v_full(stage), Tr::kKvTileBytes);
+    LoadTile<Tr>(VTile<Tr>(smem, stage), Tr::kKvChunkBytes, v_map, bars.v_full(stage), n0, hk, b);
+  }
+}
+
+}  // namespace jax_flash::cuda::sm90

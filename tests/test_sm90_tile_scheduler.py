@@ -1,0 +1,15 @@
+"""The sm90 forward's persistent tile order (ffi/cuda/sm90/tile_scheduler.cuh)
+on the host: every tile dealt to exactly one block, causal tiles heaviest
+first, causal work balanced across blocks to within one tile. nvcc builds
+tests/cpp/sm90_tile_scheduler_test.cu as a plain program; skipped without nvcc."""
+
+import shutil
+
+import pytest
+
+from helpers import run_host_check
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_tile_order_deals_each_tile_once_heaviest_first(tmp_path):
+    assert " 0 failures" in run_host_check(tmp_path, "sm90_tile_scheduler_test.cu")
