@@ -94,7 +94,8 @@ def attention(
       logits_soft_cap: positive float ``c``: logits become ``c * tanh(logits / c)``.
       dropout_rate: dropout on the attention probabilities, rescaled by
         ``1 / (1 - rate)``; the mask is a function of ``dropout_rng`` and the
-        element position, regenerated in the backward, never stored.
+        element position (16 random bits each: the rate is rounded to a
+        multiple of 2^-16), regenerated in the backward, never stored.
       dropout_rng: a jax PRNG key, required when ``dropout_rate > 0``.
       dropout_broadcast: one dropout mask shared by every batch entry and head
         (flax's ``broadcast_dropout``) instead of one per (batch, head).
