@@ -18,7 +18,7 @@ Forward = jit(attention); backward = (jitted forward + backward) minus forward,
 where forward + backward is, by --cotangent: `sum` (default; the method of every
 result through v10), value_and_grad of sum(attention(...)), which also counts
 the loss's reduction and XLA's broadcast of its cotangent (the broadcast alone
-41 us at B*N*T*H = 33.5M on the H200, in docs/PERF.md's v10 kernel timeline;
+41 us at B*N*T*H = 33.5M on the H200, in docs/perf_history.md's v10 kernel timeline;
 the reduction not timed apart); or `random`, the VJP of attention applied to a given
 random dO, the backward alone, as FlashAttention's benchmark and PyTorch's
 `out.backward(dout)` time it.

@@ -11,11 +11,7 @@ import pytest
 
 import jax_flash.benchmark as benchmark
 from jax_flash import reference
-from helpers import load_script, to_f64_cpu
-
-
-def _compare_bench():
-    return load_script("compare_bench")
+from helpers import to_f64_cpu
 
 
 def test_help_works_without_a_gpu():
@@ -74,37 +70,6 @@ def test_unknown_cotangent_is_refused():
         benchmark.forward_backward_fn(lambda *a: a[0], "ones")
 
 
-def test_compare_bench_script(tmp_path, capsys):
-    """scripts/compare_bench.py (the A/B table of scripts/gpu_ab.sh) reads two runs' JSON."""
-    for name in ("a", "b"):
-        benchmark.main(["--impl", "jax_flash", "--head-dim", "32", "--seqlen", "64", "--tokens", "64",
-                        "--width", "64", "--causal", "0", "--iters", "1", "--dtype", "float32",
-                        "--out", str(tmp_path / name)])
-    compare = _compare_bench()
-    capsys.readouterr()
-    compare.main([f"a={tmp_path / 'a' / 'results.json'}", f"b={tmp_path / 'b' / 'results.json'}"])
-    table = capsys.readouterr().out.splitlines()
-    assert table[0].startswith("| impl | variant | H | T | causal | a fwd | a bwd | b fwd | b bwd |")
-    row = table[2].split("|")
-    assert row[1].strip() == "jax_flash" and "x)" in row[8] and "x)" in row[9], table
-
-
-def test_compare_bench_merges_files_of_one_run(tmp_path, capsys):
-    """A run given as comma-separated files (gpu_ab.sh's ';'-separated BENCH_ARGS sets) is their union."""
-    common = ["--impl", "jax_flash", "--head-dim", "32", "--seqlen", "64", "--tokens", "64",
-              "--width", "64", "--causal", "0", "--iters", "1", "--dtype", "float32"]
-    benchmark.main(common + ["--out", str(tmp_path / "plain")])
-    benchmark.main(common + ["--variant", "key_padding_mask", "--out", str(tmp_path / "mask")])
-    compare = _compare_bench()
-    capsys.readouterr()
-    both = f"{tmp_path / 'plain' / 'results.json'},{tmp_path / 'mask' / 'results.json'}"
-    compare.main([f"two={both}", f"one={tmp_path / 'plain' / 'results.json'}"])
-    rows = capsys.readouterr().out.splitlines()[2:]
-    assert [r.split("|")[2].strip() for r in rows] == ["mask", "plain"], rows
-    mask_row = rows[0].split("|")
-    assert mask_row[8].strip() == "-", rows  # the one-file run has no mask point
-
-
 def test_calls_per_sample_amortizes_dispatch_at_short_calls():
     """A sample of short calls repeats them until it lasts min_sample_s (capped); long calls stay single."""
     assert benchmark.calls_per_sample(0.0005, 0.005) == 10
@@ -131,41 +96,6 @@ def test_back_to_back_samples_divide_by_the_call_count(monkeypatch):
     calls.clear()
     assert abs(benchmark._median_seconds(fake_fn, (1,), iters=3, min_sample_s=0.0) - 0.001) < 1e-12
     assert len(calls) == 2 + 3  # the old method: one blocked call per sample
-
-
-def test_compare_bench_averages_repeated_rounds(tmp_path, capsys):
-    """A point in several files of one run (repeated rounds) is their mean, with the spread after it."""
-    def write(path, fwd, bwd):
-        path.write_text(json.dumps({"rows": [dict(impl="jax_flash", variant="plain", head_dim=64, seqlen=128,
-                                                  causal=False, fwd_tflops=fwd, bwd_tflops=bwd)]}))
-
-    write(tmp_path / "r1.json", 100.0, 50.0)
-    write(tmp_path / "r2.json", 110.0, 50.0)
-    write(tmp_path / "base.json", 105.0, 25.0)
-    compare = _compare_bench()
-    capsys.readouterr()
-    compare.main([f"base={tmp_path / 'base.json'}", f"two={tmp_path / 'r1.json'},{tmp_path / 'r2.json'}"])
-    row = capsys.readouterr().out.splitlines()[2].split("|")
-    assert row[6].strip() == "105.0" and row[7].strip() == "25.0", row
-    assert row[8].strip() == "105.0 ±5% (1.00x)" and row[9].strip() == "50.0 ±0% (2.00x)", row
-
-
-def test_sustained_clocks_times_the_real_forward_and_backward():
-    """scripts/sustained_clocks.py's loop body is attention's forward and the VJP of
-    its dO: checked against float64 jax.vjp of the reference on the same inputs.
-    Then the script itself with --seconds 0 (the Nsight Compute target)."""
-    probe = load_script("sustained_clocks")
-    shape = (1, 64, 2, 32)
-    out, grads = probe.jax_wait(probe.jax_step("jax_flash", *shape, causal=True, dtype="float32")())
-    forward = probe.jax_wait(probe.jax_step("jax_flash", *shape, causal=True, dtype="float32", forward_only=True)())
-    np.testing.assert_array_equal(np.asarray(forward), np.asarray(out))
-    rng = np.random.default_rng(0)  # the probe's inputs, in its order
-    q, k, v, dout = (rng.standard_normal(shape) for _ in range(4))
-    ref_out, vjp = jax.vjp(lambda q, k, v: reference.attention(q, k, v, is_causal=True), q, k, v)
-    for got, want in zip((out, *grads), (ref_out, *vjp(dout))):
-        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want), rtol=2e-4, atol=2e-4)
-    probe.main(["--impl", "jax_flash", "--shape", "1,64,2,64", "--seconds", "0"])
-    probe.main(["--impl", "jax_flash", "--shape", "1,64,2,64", "--seconds", "0", "--forward-only"])
 
 
 # Tiny points for the variant tests: B=2, T=S=64, N=2, H=32; 4 documents of 16, a window of 8
@@ -350,16 +280,3 @@ def test_fa3_calls_match_jax_flash_with_a_stand_in_module(tmp_path, monkeypatch)
     table = (tmp_path / "results.md").read_text()
     assert "(fa3) |" in table  # the best peer in the feature-cost table
 
-
-def test_compare_bench_reads_key_padding_mask_rows_as_mask(tmp_path, capsys):
-    """Earlier runs named the mask variant key_padding_mask: their rows line up with today's mask rows."""
-    for name, variant in (("old", "key_padding_mask"), ("new", "mask")):
-        (tmp_path / f"{name}.json").write_text(json.dumps({"rows": [dict(
-            impl="jax_flash", variant=variant, head_dim=128, seqlen=4096, causal=False, fwd_tflops=200.0,
-            bwd_tflops=100.0)]}))
-    compare = _compare_bench()
-    capsys.readouterr()
-    compare.main([f"old={tmp_path / 'old.json'}", f"new={tmp_path / 'new.json'}"])
-    rows = capsys.readouterr().out.splitlines()[2:]
-    assert len(rows) == 1 and rows[0].split("|")[2].strip() == "mask", rows
-    assert rows[0].split("|")[8].strip() == "200.0 (1.00x)", rows

@@ -11,7 +11,7 @@
 // of four sectors each. Row-major rows made it eight one-sector requests:
 // the 256 backward sent the L2 1.07G red requests at T=16384, where
 // FlashAttention-2, whose reds each cover one whole line, sent 268M; the
-// blocks made the backward 7-17% faster (docs/PERF.md, v15).
+// blocks made the backward 7-17% faster (docs/perf_history.md, v15).
 #pragma once
 
 #include <cstdint>

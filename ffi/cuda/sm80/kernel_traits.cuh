@@ -11,7 +11,7 @@ namespace jax_flash::cuda::sm80 {
 // element, which at 128 take the registers of a second m-tile. Without it,
 // at 128: kDropout_ adds dropout and the soft cap, kSoftcap_ the soft cap
 // alone, each a variant of its own (the masks-only one ran packed documents
-// and windows ~10% slower with the soft cap's code in it; docs/PERF.md, v17).
+// and windows ~10% slower with the soft cap's code in it; docs/perf_history.md, v17).
 template <int kHeadDim_, bool kFeatures_ = false, bool kTransforms_ = kFeatures_, bool kDropout_ = kTransforms_,
           bool kSoftcap_ = kTransforms_ || kDropout_>
 struct FwdTraits {
@@ -156,7 +156,7 @@ struct BwdTraits {
   static constexpr int kDqColsPerWarp = kHeadDim / kDqDParts;
   // dQ product by groups of 8-column tiles, atomics after each group
   // (AccumulateDq), at 256: pairs gave backward +4-6% there, except causal
-  // T=1024 (0.92x), and 0.97-1.01x at 64 and 128 (docs/PERF.md, v10). dS's
+  // T=1024 (0.92x), and 0.97-1.01x at 64 and 128 (docs/perf_history.md, v10). dS's
   // fragments of all kBlockRows / 16 k steps stay in registers (32 at 256,
   // where the feature variant's 12 B of spills went with it). 0: k steps
   // outermost, all columns summed before the atomics.
@@ -167,7 +167,7 @@ struct BwdTraits {
   // one's exp2 / dS work, ldmatrix waits and atomics go under the other's
   // MMAs instead of both idling the tensor pipe together. Key groups never
   // straddle the halves (kQSplit divides kWarps / 2). At 256: backward
-  // +6-12% at T >= 4096 (docs/PERF.md, v11); at 64 / 128, with the step's
+  // +6-12% at T >= 4096 (docs/perf_history.md, v11); at 64 / 128, with the step's
   // address work cut, +4-12% from T = 4096 on (v12; alone it lost 0-5%
   // there). 0 spills since the loop recomputes the previous step's
   // position instead of holding it (DkvKernel).

@@ -64,7 +64,7 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
   // At 128, calls without a bias run a two-m-tile variant (FwdTraits): masks
   // alone, masks and the soft cap, or those and dropout (whose Philox calls
   // spill 376 B there, yet it ran 1.6x the one-m-tile variant's speed;
-  // docs/PERF.md, v17). Their shared memory is the plain kernel's, which
+  // docs/perf_history.md, v17). Their shared memory is the plain kernel's, which
   // fits wherever the 128 kernels run at all.
   if constexpr (kHeadDim == 128) {
     static_assert(FwdTraits<kHeadDim, true, false>::kSmemBytes <= FwdTraits<kHeadDim, false>::kSmemBytes);
