@@ -160,7 +160,7 @@ def generate(model, prompts, max_new_tokens: int, *, block_size: int = 16, num_b
             running[slot] = None
 
     while waiting or any(seq is not None for seq in running):
-        admitted = [s for s in range(slots) if running[s] is None and waiting]
+        admitted = [s for s in range(slots) if running[s] is None][: len(waiting)]
         if admitted:
             # Prefill every newly admitted prompt in one call; other slots write nothing (length 0).
             tokens = np.zeros((slots, prompt_width), np.int32)
