@@ -8,6 +8,10 @@ CPU in a few minutes with clearly falling loss:
     python examples/train_gpt_flax.py
     python examples/train_gpt_flax.py --attention xla   # same model, jax's attention
 
+The text sample at the end decodes token by token over a paged KV cache
+(GPT.extend, the training parameters; examples/paged_decode.py), and
+examples/serve_paged.py serves the checkpoint that --out writes.
+
 Sharded: `--mesh data=D,seq=S` trains on a D x S device mesh, the batch split
 over `data` (data parallelism: XLA all-reduces the gradients) and the
 sequence over `seq` (context parallelism: jax_flash.ring_attention inside
@@ -230,8 +234,9 @@ def sample_with_cache(model, corpus, args, prompt: str, temperature: float = 0.8
     tokens = corpus.encode(prompt)
     limits = context(args)
     length = args.sample_chars
-    if limits["max_length"] is not None:
-        length = min(length, limits["max_length"] - len(tokens))
+    if limits["max_length"] is not None and len(tokens) + length > limits["max_length"]:
+        length = max(limits["max_length"] - len(tokens), 0)
+        print(f"sample: {length} characters (learned positions end at --seq-len {args.seq_len})")
     [generated], _ = generate(model, [tokens], length, temperature=temperature, seed=args.seed,
                               window=limits["window"])
     return corpus.decode(tokens + generated)
