@@ -79,6 +79,11 @@ class CharCorpus:
         y = np.stack([source[s + 1 : s + seq_len + 1] for s in starts])
         return x, y
 
+    def encode(self, text: str) -> list:
+        """Token ids of text's characters (those outside the vocabulary dropped; never empty)."""
+        lookup = {c: i for i, c in enumerate(self.chars)}
+        return [lookup[c] for c in text if c in lookup] or [0]
+
     def decode(self, tokens) -> str:
         return "".join(self.chars[int(t)] for t in tokens)
 
@@ -151,15 +156,21 @@ def sample_text(logits_fn, corpus: CharCorpus, seq_len: int, prompt: str, length
     return corpus.decode(tokens)
 
 
-def apply_rope(x, base: float = 10000.0):
+def apply_rope(x, base: float = 10000.0, positions=None):
     """Rotary position embedding on [..., T, N, H] (H even): channel pairs
-    (i, i + H/2) of position t rotate by t * base^(-2i/H)."""
+    (i, i + H/2) of position t rotate by t * base^(-2i/H).
+
+    positions: int [T] or [B, T] (decoding: each sequence's new tokens sit at
+    their own offset); default 0..T-1.
+    """
     import jax.numpy as jnp
 
     t, h = x.shape[-3], x.shape[-1]
+    if positions is None:
+        positions = jnp.arange(t)
     inv_freq = base ** (-jnp.arange(0, h // 2, dtype=jnp.float32) * 2 / h)  # [H/2]
-    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # [T, H/2]
-    cos, sin = (f(angles)[:, None, :].astype(x.dtype) for f in (jnp.cos, jnp.sin))  # [T, 1, H/2]
+    angles = jnp.asarray(positions, jnp.float32)[..., None] * inv_freq  # [(B,) T, H/2]
+    cos, sin = (f(angles)[..., None, :].astype(x.dtype) for f in (jnp.cos, jnp.sin))  # [(B,) T, 1, H/2]
     x1, x2 = x[..., : h // 2], x[..., h // 2 :]
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 

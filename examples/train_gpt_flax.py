@@ -8,6 +8,10 @@ CPU in a few minutes with clearly falling loss:
     python examples/train_gpt_flax.py
     python examples/train_gpt_flax.py --attention xla   # same model, jax's attention
 
+The text sample at the end decodes token by token over a paged KV cache
+(GPT.extend, the training parameters; examples/paged_decode.py), and
+examples/serve_paged.py serves the checkpoint that --out writes.
+
 Sharded: `--mesh data=D,seq=S` trains on a D x S device mesh, the batch split
 over `data` (data parallelism: XLA all-reduces the gradients) and the
 sequence over `seq` (context parallelism: jax_flash.ring_attention inside
@@ -47,8 +51,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_flash  # noqa: E402
 from common import (  # noqa: E402
-    CharCorpus, Throughput, add_common_arguments, apply_rope, log_step, progress, sample_text,
-    write_run_outputs)
+    CharCorpus, Throughput, add_common_arguments, apply_rope, log_step, progress, write_run_outputs)
+from paged_decode import Pages, generate, write_pages  # noqa: E402
 
 # Batch over the mesh axis "data", sequence over "seq" ([B, T, ...] arrays).
 BATCH_SEQ = P("data", "seq")
@@ -83,12 +87,17 @@ class CausalSelfAttention(nnx.Module):
         self.qkv = nnx.Linear(width, 3 * width, use_bias=False, dtype=dtype, rngs=rngs)
         self.proj = nnx.Linear(width, width, use_bias=False, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x):  # x: [B, T, C]
+    def _heads(self, x, positions=None):  # x [B, T, C] -> q, k, v [B, T, N, H]
         b, t, c = x.shape
         q, k, v = jnp.split(self.qkv(x), 3, axis=-1)
         q, k, v = (y.reshape(b, t, self.heads, c // self.heads) for y in (q, k, v))  # BTNH
-        if self.rope:
-            q, k = apply_rope(q), apply_rope(k)  # global positions: outside the shard_map
+        if self.rope:  # global positions: outside the shard_map
+            q, k = apply_rope(q, positions=positions), apply_rope(k, positions=positions)
+        return q, k, v
+
+    def __call__(self, x):  # x: [B, T, C]
+        b, t, c = x.shape
+        q, k, v = self._heads(x)
         if self.attention == "flash" and self.mesh is not None:
             # Each device holds a [B / data, T / seq] block of q, k, v; K/V
             # travel around the "seq" ring. Contiguous layout: the tokens stay
@@ -104,6 +113,30 @@ class CausalSelfAttention(nnx.Module):
             y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.attention)
         return self.proj(y.reshape(b, t, c))
 
+    def extend(self, x, cache, pages: Pages, window: int | None, prefill: bool):
+        """Decoding: x [B, T, C] are each sequence's new tokens (at positions
+        pages.start + t); their keys and values go into this layer's paged
+        pool `cache` = (key_pool, value_pool), then they attend to the cache.
+
+        prefill: the sequences start empty (start 0; ragged prompts padded on
+        the right), so their keys are exactly the new ones: one causal
+        jax_flash.attention call. Otherwise every new token is valid
+        (lengths = start + T) and jax_flash.paged_attention reads the pool.
+        window: keys a query sees back (None: all), for decoding past the
+        trained context with rotary positions.
+        """
+        b, t, c = x.shape
+        positions = pages.start[:, None] + jnp.arange(t, dtype=jnp.int32)  # [B, T]
+        q, k, v = self._heads(x, positions)
+        cache = write_pages(cache, pages, positions, k, v)
+        if prefill:
+            y = jax_flash.attention(q, k, v, is_causal=True,
+                                    local_window_size=None if window is None else (window, 0))
+        else:
+            y = jax_flash.paged_attention(q, *cache, pages.block_tables, pages.lengths,
+                                          local_window_size=window)
+        return self.proj(y.reshape(b, t, c)), cache
+
 
 class Block(nnx.Module):
     def __init__(self, width, heads, attention, rope, dtype, rngs, mesh=None):
@@ -115,7 +148,15 @@ class Block(nnx.Module):
 
     def __call__(self, x):  # pre-norm residual blocks
         x = x + self.attn(self.norm1(x))
-        return x + self.out(jax.nn.gelu(self.fc(self.norm2(x))))
+        return x + self._mlp(x)
+
+    def _mlp(self, x):
+        return self.out(jax.nn.gelu(self.fc(self.norm2(x))))
+
+    def extend(self, x, cache, pages, window, prefill):  # CausalSelfAttention.extend's arguments
+        y, cache = self.attn.extend(self.norm1(x), cache, pages, window, prefill)
+        x = x + y
+        return x + self._mlp(x), cache
 
 
 class GPT(nnx.Module):
@@ -131,12 +172,33 @@ class GPT(nnx.Module):
         self.head = nnx.Linear(width, vocab, use_bias=False, rngs=rngs)
 
     def __call__(self, tokens):  # [B, T] int32 -> logits [B, T, vocab] float32
-        x = self.tok(tokens)
-        if self.pos is not None:
-            x = x + self.pos(jnp.arange(tokens.shape[1]))[None]
-        x = x.astype(self.dtype)
+        x = self._embed(tokens, jnp.arange(tokens.shape[1])[None])
         for block in self.blocks:
             x = block(x)
+        return self._logits(x)
+
+    def extend(self, tokens, cache, pages: Pages, window: int | None = None, prefill: bool = False):
+        """Decoding with a paged KV cache, on the parameters training uses:
+        tokens [B, T] int32, each sequence's new tokens at positions
+        pages.start + t; cache: a (key_pool, value_pool) per layer, each
+        [num_blocks, block_size, heads, head_dim] (paged_decode.init_cache).
+        Returns the new tokens' logits [B, T, vocab] and the updated cache
+        (CausalSelfAttention.extend says what prefill and window mean)."""
+        positions = pages.start[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)
+        x = self._embed(tokens, positions)
+        new_cache = []
+        for block, layer_cache in zip(self.blocks, cache):
+            x, layer_cache = block.extend(x, layer_cache, pages, window, prefill)
+            new_cache.append(layer_cache)
+        return self._logits(x), new_cache
+
+    def _embed(self, tokens, positions):  # positions [B or 1, T]
+        x = self.tok(tokens)
+        if self.pos is not None:
+            x = x + self.pos(positions)
+        return x.astype(self.dtype)
+
+    def _logits(self, x):
         return self.head(self.norm(x).astype(jnp.float32))
 
 
@@ -156,6 +218,28 @@ def restore_params(model, path):
     state = nnx.state(model, nnx.Param)
     nnx.replace_by_pure_dict(state, pure)
     nnx.update(model, state)
+
+
+def context(model_args) -> dict:
+    """How far the model decodes: learned positions stop at the trained
+    length; rotary ones continue with a sliding window of that length
+    (relative positions stay within what training saw)."""
+    if model_args.positions == "learned":
+        return {"max_length": model_args.seq_len, "window": None}
+    return {"max_length": None, "window": model_args.seq_len - 1}
+
+
+def sample_with_cache(model, corpus, args, prompt: str, temperature: float = 0.8) -> str:
+    """Text sampled token by token over a paged KV cache (paged_decode.generate)."""
+    tokens = corpus.encode(prompt)
+    limits = context(args)
+    length = args.sample_chars
+    if limits["max_length"] is not None and len(tokens) + length > limits["max_length"]:
+        length = max(limits["max_length"] - len(tokens), 0)
+        print(f"sample: {length} characters (learned positions end at --seq-len {args.seq_len})")
+    [generated], _ = generate(model, [tokens], length, temperature=temperature, seed=args.seed,
+                              window=limits["window"])
+    return corpus.decode(tokens + generated)
 
 
 def main(argv=None):
@@ -228,9 +312,7 @@ def main(argv=None):
     if args.sample_chars > 0 and mesh is not None:
         print("sampling skipped with --mesh (one sequence does not split over the mesh)")
     elif args.sample_chars > 0:
-        logits_fn = nnx.jit(lambda model, x: model(x))
-        sample = sample_text(lambda x: logits_fn(model, jnp.asarray(x)), corpus, args.seq_len,
-                             "The ", args.sample_chars, seed=args.seed)
+        sample = sample_with_cache(model, corpus, args, "The ")
         print("sample:", sample)
     if args.out:
         write_run_outputs(args.out, args, history, sample)

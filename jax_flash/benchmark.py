@@ -3,6 +3,7 @@
 
     python -m jax_flash.benchmark --help
     python -m jax_flash.benchmark --preset features   # the attention-features table
+    python -m jax_flash.benchmark --preset decode     # decoding latency (jax_flash/benchmark_decode.py)
 
 Method: for each point, every implementation is jitted, run once to compile
 and warm up, then timed `--iters` times; the median is reported. A sample is
@@ -88,11 +89,14 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_flash
+from jax_flash import benchmark_decode
 
 IMPLEMENTATIONS = ("jax_flash", "cudnn", "xla")
 # Also selectable: jax_flash with deterministic=True (no dQ atomics in the backward), and
 # FlashAttention-3 (in the default list when it imports: default_implementations()).
 EXTRA_IMPLEMENTATIONS = ("jax_flash_deterministic", "fa3")
+# Only in --preset decode (benchmark_decode.py): paged_attention over a block pool.
+DECODE_ONLY_IMPLEMENTATIONS = ("jax_flash_paged",)
 # What jax_flash is compared with in the feature-cost table.
 PEERS = ("cudnn", "xla", "fa3")
 
@@ -118,6 +122,9 @@ PRESETS = {
     # bf16, B=4, T=S=4096, N=16, H=128, the backward alone.
     "features": {"dtype": "bfloat16", "head_dim": [128], "seqlen": [4096], "tokens": 16384, "width": 2048,
                  "cotangent": "random", "cases": FEATURE_CASES},
+    # bf16, B=8, N=32 over K=8 heads, H=128, (Tq, S) of benchmark_decode.DECODE_POINTS; forward only.
+    "decode": {"dtype": "bfloat16", "head_dim": [128], "decode_points": benchmark_decode.DECODE_POINTS,
+               **benchmark_decode.DECODE_DEFAULTS},
 }
 
 # The positional order of a variant's arrays after (q, k, v) in the jitted functions, None where a
@@ -565,8 +572,19 @@ def _resolve(parser, args):
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, preset.get(name, default))
+    if args.preset == "decode":
+        for name in ("decode_points", *benchmark_decode.DECODE_DEFAULTS):
+            if getattr(args, name) is None:
+                setattr(args, name, preset[name])
+        if args.impl is None:
+            fa3 = ["fa3"] if "fa3" in default_implementations() else []
+            args.impl = list(benchmark_decode.DECODE_IMPLEMENTATIONS) + fa3
+        return args
     if args.impl is None:
         args.impl = default_implementations()
+    decode_only = [i for i in args.impl if i in DECODE_ONLY_IMPLEMENTATIONS]
+    if decode_only:
+        parser.error(f"--impl {' '.join(decode_only)} runs only in --preset decode")
     if args.cases is not None and (args.variant is not None or args.causal is not None):
         parser.error("--cases replaces --variant and --causal: give one or the other")
     if args.cases is None:
@@ -583,9 +601,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="features: the issue's table, bf16, B=4, T=S=4096, N=16, H=128, --cotangent "
                              "random, cases " + " ".join(f"{v}:{int(c)}" for v, c in FEATURE_CASES)
-                             + "; explicit options still win")
-    parser.add_argument("--impl", nargs="+", choices=IMPLEMENTATIONS + EXTRA_IMPLEMENTATIONS,
-                        help="default: " + " ".join(IMPLEMENTATIONS) + ", and fa3 when dew_flash_attn imports")
+                             + "; decode: forward latency of Tq new tokens over S cached ones, bf16, B=8, "
+                             "N=32, K=8, H=128, --decode-points " + " ".join(f"{t}:{s}" for t, s in
+                                                                         benchmark_decode.DECODE_POINTS)
+                             + " (jax_flash/benchmark_decode.py); explicit options still win")
+    parser.add_argument("--impl", nargs="+",
+                        choices=IMPLEMENTATIONS + EXTRA_IMPLEMENTATIONS + DECODE_ONLY_IMPLEMENTATIONS,
+                        help="default: " + " ".join(IMPLEMENTATIONS) + ", and fa3 when dew_flash_attn imports "
+                             "(--preset decode: " + " ".join(benchmark_decode.DECODE_IMPLEMENTATIONS) + " and fa3)")
     parser.add_argument("--head-dim", nargs="+", type=int, help=f"default {DEFAULTS['head_dim']}")
     parser.add_argument("--seqlen", nargs="+", type=int, help=f"default {DEFAULTS['seqlen']}")
     parser.add_argument("--tokens", type=int, help=f"B = tokens / T (default {DEFAULTS['tokens']})")
@@ -610,6 +633,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--long-seqlen", type=int, default=0,
                         help="also run jax_flash fwd+bwd at B=1, N=16, H=128 and this length "
                              "(131072 for the 128k check), reporting peak device memory")
+    decode = parser.add_argument_group("--preset decode")
+    decode.add_argument("--decode-points", nargs="+", type=benchmark_decode.point, metavar="TQ:S",
+                        help="new tokens : cached tokens per sequence")
+    decode.add_argument("--batch", type=int, help=f"B (default {benchmark_decode.DECODE_DEFAULTS['batch']})")
+    decode.add_argument("--heads", type=int, help=f"N (default {benchmark_decode.DECODE_DEFAULTS['heads']})")
+    decode.add_argument("--kv-heads", type=int, help=f"K (default {benchmark_decode.DECODE_DEFAULTS['kv_heads']})")
+    decode.add_argument("--block-size", type=int,
+                        help=f"jax_flash_paged's (default {benchmark_decode.DECODE_DEFAULTS['block_size']})")
     parser.add_argument("--out", default="bench_out", help="directory for results.json and results.md")
     return parser
 
@@ -617,6 +648,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None):
     parser = _parser()
     args = _resolve(parser, parser.parse_args(argv))
+    if args.preset == "decode":
+        return decode_main(args)
     options = VariantOptions(documents=args.documents, window=args.window, gqa_ratio=args.gqa_ratio)
 
     rng = np.random.default_rng(0)
@@ -648,6 +681,34 @@ def main(argv=None):
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(text + "\n")
     print(text)
+
+
+def decode_main(args):
+    """--preset decode: benchmark_decode's rows at every head dim and (Tq, S); results.json
+    (meta, rows) and results.md (the decode table)."""
+    fa3, why = _fa3_import()
+    fa3_info = "importable" if fa3 else f"not importable ({why})"
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; jax_flash {jax_flash.build_info()}; "
+          f"fa3 {fa3_info}")
+    dtype = jnp.dtype(args.dtype)
+    rows = []
+    for head_dim in args.head_dim:
+        for seed, (tq, seqlen) in enumerate(args.decode_points):
+            rows += benchmark_decode.run_point(
+                args.impl, args.batch, tq, seqlen, args.heads, args.kv_heads, head_dim, dtype, args.block_size,
+                args.iters, args.min_sample_ms / 1e3, seed, _median_seconds, _fa3_import)
+    os.makedirs(args.out, exist_ok=True)
+    meta = {"jax": jax.__version__, "device": jax.devices()[0].device_kind, "build": jax_flash.build_info(),
+            "fa3": fa3_info, "iters": args.iters, "min_sample_ms": args.min_sample_ms, "preset": "decode",
+            "copy_bytes_per_s": benchmark_decode.COPY_BYTES_PER_S, "block_size": args.block_size,
+            "decode_points": [list(p) for p in args.decode_points]}
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    text = f"## Decode\n\n{benchmark_decode.DECODE_TABLE_NOTE}\n\n{benchmark_decode.decode_table(rows)}"
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return rows
 
 
 if __name__ == "__main__":

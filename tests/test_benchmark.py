@@ -280,3 +280,69 @@ def test_fa3_calls_match_jax_flash_with_a_stand_in_module(tmp_path, monkeypatch)
     table = (tmp_path / "results.md").read_text()
     assert "(fa3) |" in table  # the best peer in the feature-cost table
 
+
+def test_decode_preset_writes_the_latency_table_with_the_floor(tmp_path, monkeypatch):
+    _not_importable(monkeypatch)
+    impls = ["jax_flash", "jax_flash_paged", "xla", "cudnn", "fa3"]
+    benchmark.main(DECODE_TINY + ["--impl", *impls, "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "results.json").read_text())
+    rows = result["rows"]
+    assert [(r["impl"], r["tq"], r["seqlen"]) for r in rows] == [(i, *p) for p in ((1, 64), (5, 96)) for i in impls]
+    for r in rows:
+        floor = 2 * 2 * r["seqlen"] * 2 * 32 * 4 / 4.3e12 * 1e6  # 2*B*S*K*H*itemsize bytes at 4.3 TB/s
+        np.testing.assert_allclose(r["floor_us"], floor, rtol=1e-12)
+        if r["impl"] == "fa3":
+            assert r["unsupported"] and r["error"].startswith("fa3 not importable"), r
+        elif r["impl"] == "cudnn" and jax.default_backend() == "cpu":
+            assert "error" in r and not r.get("unsupported"), r
+        else:
+            assert r["fwd_us"] > 0 and r["vs_floor"] == r["fwd_us"] / r["floor_us"], r
+            # The run checks itself: every implementation against jax_flash at the same point.
+            assert r["max_diff_vs_jax_flash"] < 1e-5, r
+    assert all(r["block_size"] == 16 for r in rows if r["impl"] == "jax_flash_paged")
+    table = (tmp_path / "results.md").read_text().splitlines()
+    header = next(line for line in table if line.startswith("| B |"))
+    assert [c.strip() for c in header.split("|")[1:-1]] == (
+        ["B", "Tq", "S", "N", "K", "H"] + [f"{i} us" for i in impls] + ["floor us"])
+    lines = [line.split("|")[1:-1] for line in table if line.startswith("| 2 |")]
+    assert [(c[1].strip(), c[2].strip()) for c in lines] == [("1", "64"), ("5", "96")]
+    for cells in lines:
+        assert cells[6].strip().endswith("x)") and cells[10].strip() == "n/a", cells
+        assert float(cells[11]) == pytest.approx(2 * 2 * int(cells[2]) * 2 * 32 * 4 / 4.3e12 * 1e6, abs=0.05)
+
+
+@pytest.mark.parametrize("tq, seqlen", [(1, 40), (6, 48)])
+def test_decode_implementations_compute_bottom_right_causal_attention(tq, seqlen):
+    """Every CPU implementation of the decode table against float64 reference attention in which
+    query t sees keys j <= S - Tq + t, on the same arrays (the pool holds k and v in shuffled blocks)."""
+    from jax_flash import benchmark_decode as decode
+
+    arrays = decode.decode_inputs(2, tq, seqlen, 4, 2, 16, jnp.float32, 8, seed=7)
+    f64 = {n: to_f64_cpu(arrays[n]) for n in ("q", "k", "v")}
+    visible = np.arange(seqlen)[None, :] <= seqlen - tq + np.arange(tq)[:, None]
+    ref = jax.jit(lambda q, k, v, mask: reference.attention(q, k, v, mask=mask))  # one compilation, not one per op
+    want = ref(f64["q"], f64["k"], f64["v"], visible[None, None])
+    if tq > 1:  # the mask matters at this point: full attention differs
+        full = ref(f64["q"], f64["k"], f64["v"], np.ones_like(visible)[None, None])
+        assert np.max(np.abs(np.asarray(full) - np.asarray(want))) > 1e-2
+    for impl in ("jax_flash", "jax_flash_paged"):  # xla is checked against jax_flash in the run above
+        fn, names = decode.decode_fn(impl)
+        got = jax.jit(fn)(*(arrays[n] for n in names))
+        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want), rtol=1e-5, atol=1e-5,
+                                   err_msg=impl)
+
+
+def test_decode_preset_defaults_are_the_issues_table():
+    parser = benchmark._parser()
+    args = benchmark._resolve(parser, parser.parse_args(["--preset", "decode"]))
+    assert (args.dtype, args.head_dim, args.batch, args.heads, args.kv_heads, args.block_size) == (
+        "bfloat16", [128], 8, 32, 8, 64)
+    assert list(args.decode_points) == [(1, 8192), (1, 32768), (1, 131072), (16, 32768)]
+    assert args.impl[:4] == ["jax_flash", "jax_flash_paged", "cudnn", "xla"]
+    args = benchmark._resolve(parser, parser.parse_args(["--preset", "decode", "--decode-points", "4:1024",
+                                                         "--batch", "2"]))
+    assert args.decode_points == [(4, 1024)] and args.batch == 2 and args.heads == 32
+    with pytest.raises(SystemExit):  # paged attention has no training-shape rows
+        benchmark._resolve(parser, parser.parse_args(["--impl", "jax_flash_paged"]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--preset", "decode", "--decode-points", "8:4"])
