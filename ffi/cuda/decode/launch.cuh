@@ -3,6 +3,7 @@
 // dtype and head dim serve both the contiguous and the paged call).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -16,6 +17,8 @@ namespace jax_flash::cuda::decode {
 
 static_assert(DecodeTraits<128>::kBlockM == kDecodeBlockRows && DecodeTraits<128>::kBlockN == kDecodeBlockKeys &&
               DecodeTraits<128>::kMinTilesPerSplit == kDecodeMinTilesPerSplit);
+
+constexpr int kMaxDevices = 64;
 
 inline std::string ShapeText(const AttentionShape& s) {
   return " (sequences " + std::to_string(s.batch) + ", seqlen_q " + std::to_string(s.seqlen_q) + ", keys up to " +
@@ -38,13 +41,22 @@ std::string LaunchSplitForward(DecodeArgs args, int splits, float* scratch_out, 
   args.m_blocks = int(DecodeCeilDiv(s.seqlen_q * s.group(), Tr::kBlockM));
   const int64_t per_split = DecodeBlocksPerSplit(s.batch, s.seqlen_q, s.num_heads, s.num_heads_k);
   if (splits <= 0) {
-    int device = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Tr::kThreads, Tr::kSmemBytes) != cudaSuccess)
-      return fail("querying the GPU's multiprocessors and occupancy failed");
+    // SMs x resident blocks of this kernel, per device, asked once (the
+    // queries cost microseconds, a decode step tens of them).
+    static std::atomic<int> slots_of_device[kMaxDevices] = {};
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return fail("querying the current GPU failed");
+    int slots = device < kMaxDevices ? slots_of_device[device].load(std::memory_order_relaxed) : 0;
+    if (slots == 0) {
+      int sms = 0, per_sm = 0;
+      if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Tr::kThreads, Tr::kSmemBytes) != cudaSuccess)
+        return fail("querying the GPU's multiprocessors and occupancy failed");
+      slots = sms * (per_sm > 0 ? per_sm : 1);
+      if (device < kMaxDevices) slots_of_device[device].store(slots, std::memory_order_relaxed);
+    }
     const int64_t max_splits = DecodeMaxSplits(s.batch, s.seqlen_q, s.num_heads, s.num_heads_k, s.seqlen_k);
-    splits = ChooseSplits(per_split, max_splits, int64_t(sms) * (per_sm > 0 ? per_sm : 1));
+    splits = ChooseSplits(per_split, max_splits, slots);
   }
   if (int64_t(splits) * args.m_blocks > int64_t(INT32_MAX)) return fail("too many splits for the grid");
   if (splits > 1 && (!scratch_out || !scratch_lse)) return fail("more than one split needs the float32 scratch");
