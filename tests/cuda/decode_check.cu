@@ -422,9 +422,12 @@ float TimeLaunches(LaunchFn launch) {
 
 // The decode shapes of issue 22: bf16, B=8, N=32, K=8, H=128, causal
 // bottom-right (contiguous) / the paged rule, full-length sequences.
-void TimeDecode(int Tq, int S) {
+// Also, for the tuning of ChooseSplits, the contiguous call at forced split
+// counts, and (extra_blocks) the paged one at block sizes 16 and 256.
+void TimeDecode(int Tq, int S, bool extra_blocks) {
   using Element = __nv_bfloat16;
-  const int B = 8, N = 32, K = 8, H = 128, block = 64;
+  const int B = 8, N = 32, K = 8, H = 128;
+  int block = 64;
   const int64_t q_elems = int64_t(B) * Tq * N * H, kv_elems = int64_t(B) * S * K * H;
   Element *q, *k, *v, *out;
   float *lse, *scratch;
@@ -443,16 +446,20 @@ void TimeDecode(int Tq, int S) {
   // The paged pool is the same memory, as blocks of 64 positions: the table
   // a shuffled permutation of them (K's layout [B, S, K, H] is exactly
   // [B * S / 64, 64, K, H]).
-  const int max_blocks = S / block, num_blocks = B * max_blocks;
-  std::vector<int32_t> h_table(num_blocks), h_offsets(B, S - Tq), h_lens(B, S);
-  std::iota(h_table.begin(), h_table.end(), 0);
-  std::shuffle(h_table.begin(), h_table.end(), std::mt19937(5));
+  std::vector<int32_t> h_offsets(B, S - Tq), h_lens(B, S);
   CHECK_CUDA(cudaMalloc(&offsets, B * 4));
   CHECK_CUDA(cudaMalloc(&lens, B * 4));
-  CHECK_CUDA(cudaMalloc(&table, num_blocks * 4));
+  CHECK_CUDA(cudaMalloc(&table, int64_t(B) * S * 4));  // room for block size 1
   CHECK_CUDA(cudaMemcpy(offsets, h_offsets.data(), B * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(lens, h_lens.data(), B * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(table, h_table.data(), num_blocks * 4, cudaMemcpyHostToDevice));
+  auto make_table = [&](int block_size) {
+    std::vector<int32_t> h_table(int64_t(B) * S / block_size);
+    std::iota(h_table.begin(), h_table.end(), 0);
+    std::shuffle(h_table.begin(), h_table.end(), std::mt19937(5));
+    CHECK_CUDA(cudaMemcpy(table, h_table.data(), h_table.size() * 4, cudaMemcpyHostToDevice));
+  };
+  make_table(block);
+  const int max_blocks = S / block, num_blocks = B * max_blocks;
 
   AttentionParams p;
   p.shape = {B, Tq, S, N, K, H};
@@ -479,6 +486,27 @@ void TimeDecode(int Tq, int S) {
   });
   std::printf("| %d | %d | %.1f (splits %d) | %.2f | %.1f (splits %d) | %.2f | %.2f | %.1f |\n", Tq, S, c_ms * 1e3,
               splits_c, c_ms * 1e3 / floor_us, p_ms * 1e3, splits_p, p_ms * 1e3 / floor_us, p_ms / c_ms, floor_us);
+  std::fflush(stdout);
+  std::string sweep = "    contiguous Tq=" + std::to_string(Tq) + " S=" + std::to_string(S) + " by forced splits:";
+  for (int splits = 1; splits <= max_splits; splits *= 2) {
+    const float ms = TimeLaunches([&] {
+      return decode::LaunchForward<Element, 128>(p, splits, scratch, scratch + partial_out, 0, nullptr);
+    });
+    char buf[64];
+    std::snprintf(buf, sizeof buf, " %d: %.1f us,", splits, ms * 1e3);
+    sweep += buf;
+  }
+  std::printf("%s\n", sweep.c_str());
+  if (extra_blocks)
+    for (int bs : {16, 256}) {
+      make_table(bs);
+      pp.shape.block_size = bs, pp.shape.max_blocks = S / bs, pp.shape.num_blocks = int64_t(B) * S / bs;
+      const float ms = TimeLaunches([&] {
+        return decode::LaunchPagedForward<Element, 128>(pp, 0, scratch, scratch + partial_out, 0, nullptr);
+      });
+      std::printf("    paged Tq=%d S=%d block %d: %.1f us (%.2f of the floor, %.2f of contiguous)\n", Tq, S, bs,
+                  ms * 1e3, ms * 1e3 / floor_us, ms / c_ms);
+    }
   std::fflush(stdout);
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(lse), cudaFree(scratch);
   cudaFree(offsets), cudaFree(lens), cudaFree(table);
@@ -545,10 +573,10 @@ int main(int argc, char** argv) {
                 "included); floor = K+V bytes at 4.3 TB/s\n");
     std::printf("| Tq | S | contiguous us | / floor | paged (block 64) us | / floor | paged / contiguous | floor us |\n");
     std::printf("|---|---|---|---|---|---|---|---|\n");
-    TimeDecode(1, 8192);
-    TimeDecode(1, 32768);
-    TimeDecode(1, 131072);
-    TimeDecode(16, 32768);
+    TimeDecode(1, 8192, false);
+    TimeDecode(1, 32768, true);
+    TimeDecode(1, 131072, false);
+    TimeDecode(16, 32768, true);
   }
   if (failures)
     std::printf(

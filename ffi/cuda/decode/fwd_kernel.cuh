@@ -133,21 +133,36 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads)
   auto process_chunk = [&](uint32_t k_tile, uint32_t v_tile, int chunk, int64_t j0c, bool check) {
     float acc[1][kN][4] = {};
     GemmSmemSmemT<Element, 1, kN, kHeadDim, kHeadDim / 16>(acc, q_tile, warp_mt * 16, k_tile, chunk * 16, lane);
-    if (check || softcap) {
+    // Soft cap, then the masks (the order does not matter: hidden logits
+    // become -inf either way), each a uniform branch over selects: a branch
+    // per element, as one if / else-if chain compiled, cost ~3 instructions
+    // an element more.
+    if (softcap) {
 #pragma unroll
       for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int hh = i / 2;
-          const int64_t col = j0c + nt * 8 + 2 * t4 + i % 2;
-          float& x = acc[0][nt][i];
-          if (check && (col < row_key_lo[hh] || col >= row_key_hi[hh])) {
-            x = -CUDART_INF_F;
-          } else if (softcap) {
-            float unused_tanh;
-            x = lf.SoftcapRaw<kApproxTanh>(x, &unused_tanh);
-          }
+          float unused_tanh;
+          acc[0][nt][i] = lf.SoftcapRaw<kApproxTanh>(acc[0][nt][i], &unused_tanh);
         }
+    }
+    if (check) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        // The row's bounds relative to this thread's first column, clamped
+        // into [-1, 16] so that 32-bit compares against the fragment's
+        // column offsets 8 nt + e (0..9) decide.
+        const int64_t c0 = j0c + 2 * t4;
+        auto relative = [c0](int64_t x) { x -= c0; return int(x < -1 ? -1 : (x > 16 ? 16 : x)); };
+        const int lo = relative(row_key_lo[hh]), hi = relative(row_key_hi[hh]);
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = nt * 8 + e;
+            if (c < lo || c >= hi) acc[0][nt][2 * hh + e] = -CUDART_INF_F;
+          }
+      }
     }
     float blk_max[2];
     bool grow = false;
