@@ -25,6 +25,7 @@
 #include "common/params.h"
 #include "cuda/decode/kernel_traits.cuh"
 #include "cuda/decode/problem.cuh"
+#include "cuda/decode/q_fragments.cuh"
 #include "cuda/logit_features.cuh"
 #include "cuda/row_stats.cuh"
 #include "cuda/sm80/mma.cuh"
@@ -126,13 +127,20 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads)
   constexpr float kRescaleSlack = 8.0f;
 
   float o[1][kD][4] = {};
+  // Q's fragments of the warp's m-tile (Tr::kQInRegisters), read once Q has
+  // landed (the first step's wait).
+  uint32_t q_frag[Tr::kQInRegisters ? kHeadDim / 16 : 1][4];
   float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F}, row_sum[2] = {0.0f, 0.0f};
 
   // One chunk of 16 keys from key j0c: S = Q K^T for the warp's m-tile,
   // masks / soft cap, the online softmax update, O += P V.
   auto process_chunk = [&](uint32_t k_tile, uint32_t v_tile, int chunk, int64_t j0c, bool check) {
     float acc[1][kN][4] = {};
-    GemmSmemSmemT<Element, 1, kN, kHeadDim, kHeadDim / 16>(acc, q_tile, warp_mt * 16, k_tile, chunk * 16, lane);
+    if constexpr (Tr::kQInRegisters) {
+      GemmQRegsSmemT<Element, kN, kHeadDim>(acc, q_frag, k_tile, chunk * 16, lane);
+    } else {
+      GemmSmemSmemT<Element, 1, kN, kHeadDim, kHeadDim / 16>(acc, q_tile, warp_mt * 16, k_tile, chunk * 16, lane);
+    }
     // Soft cap, then the masks (the order does not matter: hidden logits
     // become -inf either way), each a uniform branch over selects: a branch
     // per element, as one if / else-if chain compiled, cost ~3 instructions
@@ -205,6 +213,9 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads)
     __syncthreads();
     if (i + Tr::kStages - 1 < n) load_tile(i + Tr::kStages - 1);
     CpAsyncCommit();
+    if constexpr (Tr::kQInRegisters) {
+      if (i == 0) LoadQFragments<kHeadDim>(q_frag, q_tile, warp_mt * 16, lane);
+    }
     const int64_t j0 = int64_t(begin + i) * Tr::kBlockN;
     // Per-element masks only where the policy says some pair of the block's
     // rows x this tile is hidden (the first / last tiles of a range).

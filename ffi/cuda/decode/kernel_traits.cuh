@@ -38,6 +38,10 @@ struct DecodeTraits {
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
+  // Q's A fragments stay in registers across the loop (q_fragments.cuh):
+  // 16 / 32 registers at 64 / 128; at 256 the 64 they would take are not
+  // there (O alone holds 128), so Q is read from shared memory per chunk.
+  static constexpr bool kQInRegisters = kHeadDim <= 128;
   // The block-end merge of the warps' softmax states reuses the stages:
   // per warp 16 rows of O (float, rows padded by 8 floats so that the 8
   // rows of a fragment store spread over the banks), then (max, sum) per row.
