@@ -304,10 +304,15 @@ bool RunCase(const Case& c, std::mt19937& rng) {
   CHECK_CUDA(cudaMemcpy(h_ref.data(), ref_out, q_elems * 4, cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(h_ref_lse.data(), ref_lse, lse_elems * 4, cudaMemcpyDeviceToHost));
 
+  // Scratch for the most splits any run below may take: the forced ones,
+  // and the automatic choice's bound (what a handler would request).
   const int64_t sequences = c.B;
-  const int64_t partial_out = decode::DecodePartialOutFloats(sequences, c.Tq, c.N, c.H, kManySplits);
+  const int64_t keys = c.block_size ? int64_t(max_blocks) * c.block_size : c.S;
+  const int64_t scratch_splits =
+      std::max<int64_t>(kManySplits, decode::DecodeMaxSplits(sequences, c.Tq, c.N, c.K, keys));
+  const int64_t partial_out = decode::DecodePartialOutFloats(sequences, c.Tq, c.N, c.H, scratch_splits);
   float* scratch;
-  CHECK_CUDA(cudaMalloc(&scratch, decode::DecodeScratchFloats(sequences, c.Tq, c.N, c.H, kManySplits) * 4));
+  CHECK_CUDA(cudaMalloc(&scratch, decode::DecodeScratchFloats(sequences, c.Tq, c.N, c.H, scratch_splits) * 4));
 
   const bool bf16 = std::is_same_v<Element, __nv_bfloat16>;
   // P and O are rounded to the 16-bit type; lse only sees the soft cap's

@@ -15,8 +15,9 @@
 
 namespace jax_flash::cuda::decode {
 
-static_assert(DecodeTraits<128>::kBlockM == kDecodeBlockRows && DecodeTraits<128>::kBlockN == kDecodeBlockKeys &&
-              DecodeTraits<128>::kMinTilesPerSplit == kDecodeMinTilesPerSplit);
+static_assert(DecodeTraits<64>::kBlockM == kDecodeBlockRows && DecodeTraits<256>::kBlockM == kDecodeBlockRows &&
+              DecodeTraits<64>::kBlockN == kDecodeBlockKeys && DecodeTraits<256>::kBlockN == kDecodeBlockKeys,
+              "the host's split and scratch arithmetic assumes one tile shape");
 
 constexpr int kMaxDevices = 64;
 

@@ -8,31 +8,40 @@
 // - Rows: the Tq new tokens x the G = N / K query heads of one key head,
 //   token-major, in blocks of 64 rows (4 warps x one 16-row m16n8k16 m-tile);
 //   with <= 32 rows the warps of an m-tile split each key tile instead
-//   (kernel_traits.cuh). Each K/V row read serves all G heads.
+//   (kernel_traits.cuh). Each K/V row read serves all G heads. Q's fragments
+//   stay in registers at head dims 64 / 128.
 // - Grid (splits * m_blocks, K, sequences); K/V tiles of 64 keys through
-//   2-4 cp.async stages (48-64 KB in flight per block), 16-byte copies.
+//   4 / 3 / 2 cp.async stages at 64 / 128 / 256 (48 / 64 / 64 KB in flight
+//   per block), 16-byte copies, one barrier per tile.
 // - Splits: each (sequence, key head, row block) splits its own visible key
-//   range into `splits` parts; one split writes out and lse directly (no
-//   combine, no scratch), more write float partials that CombineSplitsKernel
+//   range into `splits` parts. One split writes out and lse directly (no
+//   combine launch, no scratch: chosen without measurements, because it is
+//   strictly less work); more write float partials that CombineSplitsKernel
 //   merges by their logsumexps. The count comes from ChooseSplits (the SM
 //   count and the kernel's occupancy: the count whose whole waves keep the
-//   most block slots busy, fewest on ties) unless a caller forces one.
+//   most block slots busy, fewest on ties; B=8 K=8 Tq=1 on an H200: 4
+//   splits, 256 blocks, one wave) unless a caller forces one.
 //
 // ## Routing plan for the dispatch (handlers.cu, after GPU validation)
-// In the CUDA forward handler, before the sm90 / sm80 / generic choice:
-//   if (dtype is f16 or bf16 && seqlen_q <= 64 && seqlen_q < seqlen_k &&
-//       decode::Unsupported(p).empty())  -> decode::LaunchForward<Element, kPaddedHeadDim>
-//                                           (p, /*splits=*/0, scratch_out, scratch_lse, stream)
-// (kPaddedHeadDim = 64 / 128 / 256 as the other families round). Everything
-// else, and everything Unsupported() names (bias, mask arrays, segment ids,
-// dropout, scale <= 0, unaligned strides), stays on the training kernels:
-// v1 of the decode path leaves those features out on purpose. (Bias and
-// key-only masks are the next to add: both are per-(row, key) reads in the
-// masked chunk path.) The seqlen_q < seqlen_k guard keeps square prefill
-// calls on the training kernels, which are faster there.
+// In the CUDA forward handler, before the sm90 / sm80 / generic choice, send
+// a call to decode::LaunchForward<Element, kPaddedHeadDim>(p, /*splits=*/0,
+// scratch_out, scratch_lse, stream) when all of these hold:
+//   - dtype f16 or bf16, seqlen_q <= 64 and seqlen_q < seqlen_k (square
+//     prefill calls stay on the training kernels, which are faster there);
+//   - decode::Unsupported(p) is "" (v1 leaves bias, mask arrays, segment
+//     ids and dropout out on purpose: those calls, and scale <= 0 or
+//     unaligned strides, stay on the training kernels; bias and key-only
+//     masks are the next to add, both per-(row, key) reads in the masked
+//     chunk path);
+//   - decode::DecodeSmemBytes(head_dim) <= the device's opt-in shared memory
+//     per block (sm_86 / sm_89 keep head dims above 64 on the other kernels).
+// kPaddedHeadDim = 64 / 128 / 256 as the other families round. Backward:
+// unchanged (the training kernels' backward; the decode forward writes the
+// same lse, so residuals match).
 // The paged handler (jax_flash_paged_fwd on CUDA, today the gather fallback
 // in jax_flash/_paged_gather.py) calls decode::LaunchPagedForward for f16 /
-// bf16 (float32 / float64 stay on the gather path).
+// bf16 when UnsupportedPaged(p) is "" and the shared memory fits (float32
+// stays on the gather path).
 //
 // ## Scratch the handler must request (an extra ffi_call result, float32)
 // Python computes the same numbers at trace time from static shapes:
@@ -54,17 +63,28 @@
 
 #include "common/paged_params.h"
 #include "common/params.h"
+#include "cuda/decode/kernel_traits.cuh"
 
 namespace jax_flash::cuda::decode {
+
+// Shared memory (bytes) of the split forward at a head dim, for the dispatch
+// to check against the device: 72 / 112 / 160 KB at 64 / 128 / 256, so
+// sm_86 / sm_89 (99 KB a block) take only head dims up to 64 here and keep
+// the training kernels above.
+inline int DecodeSmemBytes(int64_t head_dim) {
+  return head_dim <= 64    ? DecodeTraits<64>::kSmemBytes
+         : head_dim <= 128 ? DecodeTraits<128>::kSmemBytes
+                           : DecodeTraits<256>::kSmemBytes;
+}
 
 // The grid a split count may grow to: blocks of all splits together. 1024
 // covers two waves of 2 blocks per SM on a 256-SM GPU (an H200 has 132) and
 // bounds the scratch at 1024 x 64 rows x head_dim floats.
 constexpr int64_t kMaxSplitBlocks = 1024;
 constexpr int64_t kMaxSplits = 128;
-constexpr int64_t kDecodeBlockRows = 64;  // DecodeTraits::kBlockM
-constexpr int64_t kDecodeBlockKeys = 64;  // DecodeTraits::kBlockN
-constexpr int64_t kDecodeMinTilesPerSplit = 4;  // DecodeTraits::kMinTilesPerSplit
+constexpr int64_t kDecodeBlockRows = DecodeTraits<128>::kBlockM;  // the same at every head dim
+constexpr int64_t kDecodeBlockKeys = DecodeTraits<128>::kBlockN;
+constexpr int64_t kDecodeMinTilesPerSplit = DecodeTraits<128>::kMinTilesPerSplit;
 
 inline int64_t DecodeCeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
