@@ -118,13 +118,36 @@ struct KvSource {
     const int r = threadIdx.x / kThreadsPerRow, c = threadIdx.x % kThreadsPerRow;
     const uint32_t dst = sm80::SwizzledOffset<kChunks>(r, c);
     const int rows_left = int(end - j0) - r;
-    // Every lookup first, so that their loads are in flight together.
+    // The tile's 64 positions lie in at most 64 consecutive table entries
+    // from `first`: each lane reads two of them (entries past the last
+    // position's read that one, which exists), and every row takes its
+    // block's id from the lane holding it. Two loads in flight per lane and
+    // one round trip per tile; with a lookup per row, ptxas issued each
+    // load just before its copies, one round trip after another (8 per
+    // tile at 128).
+    static_assert(kRows <= 64, "two table entries per lane");
+    const unsigned last = unsigned(end - 1), bs = unsigned(block_size);
+    const unsigned first = unsigned(j0) / bs, last_logical = last / bs;
+    const int lane = threadIdx.x % 32;
+    const int ids_low = table[min(first + lane, last_logical)];
+    const int ids_high = table[min(first + 32 + lane, last_logical)];
+    unsigned within[kRowPasses];
+    int id[kRowPasses];
+#pragma unroll
+    for (int i = 0; i < kRowPasses; ++i) {
+      const unsigned pos = min(unsigned(j0) + unsigned(r + i * kRowStep), last);
+      const unsigned logical = pos / bs;
+      within[i] = pos - logical * bs;
+      const unsigned entry = logical - first;  // 0 .. 63
+      const int low = __shfl_sync(0xffffffffu, ids_low, entry % 32);
+      const int high = __shfl_sync(0xffffffffu, ids_high, entry % 32);
+      id[i] = entry < 32 ? low : high;
+    }
     int64_t offset[kRowPasses];
 #pragma unroll
     for (int i = 0; i < kRowPasses; ++i) {
-      const int pos = int(j0) + r + i * kRowStep;
-      const int logical = pos / block_size;
-      offset[i] = i * kRowStep < rows_left ? BlockBase(logical) + (pos - logical * block_size) * row_stride : 0;
+      const int block = id[i] < 0 ? 0 : (id[i] >= num_blocks ? num_blocks - 1 : id[i]);
+      offset[i] = int64_t(block) * block_stride + int64_t(within[i]) * row_stride;
     }
 #pragma unroll
     for (int i = 0; i < kRowPasses; ++i)
