@@ -7,6 +7,8 @@
 #   bash scripts/decode_check.sh                 # from the worktree root
 #   ARGS=--quick bash scripts/decode_check.sh    # skip S = 33000 and the timings
 #   ARCH=sm_80 bash scripts/decode_check.sh      # an A100 (default sm_90a)
+#   SANITIZE=memcheck bash scripts/decode_check.sh   # six short cases under compute-sanitizer
+#   SANITIZE=racecheck bash scripts/decode_check.sh
 # Writes the binary and the logs under ${OUT:-build-decode-check}.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -24,4 +26,12 @@ awk '/Compiling entry/ {n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", 
      /Used [0-9]+ registers/ && n ~ /decode/ {print "  " n ": " $5 " registers, " spill}' "$out/ptxas.log" \
   | (c++filt 2>/dev/null || cat)
 # The program ends itself on a hung launch (20 s); the timeout is a backstop.
+if [[ -n "${SANITIZE:-}" ]]; then
+  # A few short cases under compute-sanitizer (memcheck: out-of-bounds reads
+  # of a clamped table or a tail; racecheck: the stages' and merge's barriers).
+  timeout "${CHECK_TIMEOUT:-540}" compute-sanitizer --tool "$SANITIZE" --error-exitcode 5 \
+    "$out/decode_check" --sanitize 2>&1 | tee "$out/decode_check_$SANITIZE.log"
+  exit "${PIPESTATUS[0]}"
+fi
 timeout "${CHECK_TIMEOUT:-540}" "$out/decode_check" ${ARGS:-} 2>&1 | tee "$out/decode_check.log"
+exit "${PIPESTATUS[0]}"

@@ -521,6 +521,10 @@ void TimeDecode(int Tq, int S, bool extra_blocks) {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  // A few short cases for compute-sanitizer (SANITIZE=memcheck or racecheck
+  // in scripts/decode_check.sh): every path (contiguous tails, windows, the
+  // soft cap, paged gather and whole-tile, clamped ids) in seconds.
+  const bool sanitize = argc > 1 && std::strcmp(argv[1], "--sanitize") == 0;
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
@@ -564,6 +568,14 @@ int main(int argc, char** argv) {
   cases.push_back({2, 16, 40, 8, 1, 64, true, false, -1, -1, 0.0f, false, 16});       // Tq close to S
   if (!quick) cases.push_back({2, 1, 33000, 8, 2, 128, true, false, -1, -1, 0.0f, true, 16});
 
+  if (sanitize) {
+    cases = {{2, 1, 300, 8, 2, 128, true, true, -1, -1, 0.0f, true},
+             {2, 16, 200, 8, 2, 64, true, true, 50, -1, 5.0f, true},
+             {2, 4, 150, 4, 1, 256, false, false, 20, 30},
+             {4, 4, 300, 8, 2, 128, true, false, -1, -1, 0.0f, true, 1},
+             {4, 16, 300, 16, 2, 64, true, false, 40, -1, 0.0f, true, 100},
+             {4, 1, 700, 8, 2, 256, true, false, -1, -1, 4.0f, true, 256}};
+  }
   std::mt19937 rng(1234);
   int failures = 0, runs = 0;
   for (const Case& c : cases) {
@@ -573,7 +585,7 @@ int main(int argc, char** argv) {
   }
   std::printf("%s: %d of %d cases failed (each case: splits 1, 3, %d and auto)\n", failures ? "FAIL" : "ALL PASS",
               failures, runs, kManySplits);
-  if (!quick && failures == 0) {
+  if (!quick && !sanitize && failures == 0) {
     std::printf("\ndecode timings, bf16 B=8 N=32 K=8 H=128, microseconds (median of 20 x 5 launches, combine "
                 "included); floor = K+V bytes at 4.3 TB/s\n");
     std::printf("| Tq | S | contiguous us | / floor | paged (block 64) us | / floor | paged / contiguous | floor us |\n");
