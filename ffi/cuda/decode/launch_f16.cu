@@ -1,0 +1,9 @@
+// The decode kernels for f16: one split-forward and one combine kernel per
+// head dim, serving the contiguous and the paged call alike.
+#include "cuda/decode/launch.cuh"
+
+namespace jax_flash::cuda::decode {
+JAX_FLASH_INSTANTIATE_DECODE(__half, 64)
+JAX_FLASH_INSTANTIATE_DECODE(__half, 128)
+JAX_FLASH_INSTANTIATE_DECODE(__half, 256)
+}  // namespace jax_flash::cuda::decode
