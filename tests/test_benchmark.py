@@ -281,6 +281,11 @@ def test_fa3_calls_match_jax_flash_with_a_stand_in_module(tmp_path, monkeypatch)
     assert "(fa3) |" in table  # the best peer in the feature-cost table
 
 
+DECODE_TINY = ["--preset", "decode", "--head-dim", "32", "--batch", "2", "--heads", "4", "--kv-heads", "2",
+               "--decode-points", "1:64", "5:96", "--block-size", "16", "--dtype", "float32", "--iters", "1",
+               "--min-sample-ms", "0"]
+
+
 def test_decode_preset_writes_the_latency_table_with_the_floor(tmp_path, monkeypatch):
     _not_importable(monkeypatch)
     impls = ["jax_flash", "jax_flash_paged", "xla", "cudnn", "fa3"]
