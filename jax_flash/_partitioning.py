@@ -62,6 +62,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
+from . import _compat
+
 # Two of jax's internals, used as its own cuDNN attention does (no public
 # spelling yet): the result shardings of explicit-sharding types, and the set
 # of primitives whose lowering needs the devices (custom_partitioning's does,
@@ -250,9 +252,7 @@ class _Op:
         shapes = [a.shape for a in avals]
         roles = self.roles(static, shapes)
         mesh = getattr(getattr(avals[0], "sharding", None), "mesh", None)
-        explicit = mesh is not None and any(
-            t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())
-        )
+        explicit = _compat.is_explicit(mesh)
         if explicit:
             # Types carry shardings: the results get those the kernel runs on.
             specs = [_spec_entries(a.sharding, a.ndim) for a in avals]
@@ -264,13 +264,15 @@ class _Op:
                 spec = _spec(dims, plan)
             else:
                 spec = PartitionSpec(*([None] * len(shape)))
-            sharding = aval.sharding
+            sharding = getattr(aval, "sharding", None)  # None: older jax, no sharding in types
+            extra = {}
             if isinstance(sharding, NamedSharding):
-                sharding = NamedSharding(sharding.mesh, spec)
+                extra["sharding"] = NamedSharding(sharding.mesh, spec)
+            elif sharding is not None:
+                extra["sharding"] = sharding
             # update() keeps the manual axes the value varies over (shard_map).
             out.append(
-                aval.update(shape=tuple(shape), dtype=jnp.dtype(dtype), weak_type=False,
-                            sharding=sharding)
+                aval.update(shape=tuple(shape), dtype=jnp.dtype(dtype), weak_type=False, **extra)
             )
         return out
 
@@ -365,15 +367,15 @@ def _whole_mesh(shardings):
 
 def like_type(x, like):
     """x resharded to like's sharding where explicit-sharding types differ."""
-    want = getattr(jax.typeof(like), "sharding", None)
-    have = getattr(jax.typeof(x), "sharding", None)
+    want = getattr(_compat.typeof(like), "sharding", None)
+    have = getattr(_compat.typeof(x), "sharding", None)
     if not isinstance(want, NamedSharding) or not isinstance(have, NamedSharding):
         return x
-    if not any(t == jax.sharding.AxisType.Explicit for t in want.mesh.axis_types):
+    if not _compat.is_explicit(want.mesh) or _compat.reshard is None:
         return x
     if tuple(want.spec) == tuple(have.spec):
         return x
-    return jax.sharding.reshard(x, want)
+    return _compat.reshard(x, want)
 
 
 def shardy_rule(roles: Roles, shapes):

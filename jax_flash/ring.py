@@ -40,6 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_flash import _compat
+
 from jax_flash._kernel_call import (
     HAS_POSITION_OFFSETS,
     HAS_SEGMENT_RANGES,
@@ -621,7 +623,7 @@ def _varying_axes(x):
             return None
     except (ImportError, AttributeError):
         return None
-    aval = jax.typeof(x)
+    aval = _compat.typeof(x)
     manual = getattr(aval, "manual_axis_type", None) or getattr(aval, "mat", None)
     if manual is not None and hasattr(manual, "varying"):
         return frozenset(manual.varying)
