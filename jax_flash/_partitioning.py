@@ -219,6 +219,7 @@ class _Op:
         self.prim = Primitive(name)
         self.prim.multiple_results = True
         _needs_devices.add(self.prim)
+        _compat.register_shard_map_rules(self.prim)
         self.prim.def_impl(self._eager)
         self.prim.def_abstract_eval(self._abstract_eval)
         batching.primitive_batchers[self.prim] = self._batch

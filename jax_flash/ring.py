@@ -213,7 +213,10 @@ def _permute_chunks(x, axis_size, axis, order, name):
             f"{name}: length {n} of axis {axis} must be a multiple of 2 * axis_size = {chunks}"
         )
     split = x.reshape(*x.shape[:axis], chunks, n // chunks, *x.shape[axis + 1 :])
-    return jnp.take(split, order, axis=axis).reshape(x.shape)
+    # A static permutation: slices and a concatenate, no gather (jax 0.5's
+    # XLA fails to verify a partitioned gather of x64 indices here).
+    parts = [lax.slice_in_dim(split, int(c), int(c) + 1, axis=axis) for c in order]
+    return jnp.concatenate(parts, axis=axis).reshape(x.shape)
 
 
 def zigzag(x: jax.Array, axis_size: int, axis: int = 1) -> jax.Array:
