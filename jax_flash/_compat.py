@@ -59,3 +59,45 @@ def register_shard_map_rules(prim) -> None:
 
     checks.setdefault(prim, check)
     rewrite(prim)
+
+
+def _shardy_rules_supported() -> bool:
+    """Whether custom_partitioning takes the rules _partitioning gives Shardy:
+    a callable returning (rule, options) with need-replication factors (jax
+    0.5.x takes only a fixed rule, decided at definition time; 0.6.x a callable
+    without options)."""
+    try:
+        import inspect
+
+        from jax._src.custom_partitioning_sharding_rule import SdyShardingRule
+    except ImportError:  # pragma: no cover
+        return False
+    return "need_replication_factors" in inspect.signature(SdyShardingRule).parameters
+
+
+# False: under the Shardy partitioner (opt-in before jax 0.7) the calls run
+# whole (their operands gathered): the results are right, the split is lost.
+SHARDY_RULES = _shardy_rules_supported()
+
+
+def vary_like(x, like, varying_axes):
+    """x marked as varying over the manual mesh axes ``like`` varies over
+    (``varying_axes(v)``: a frozenset, or None where jax does not track them).
+
+    For a ``lax.cond`` branch that returns fresh zeros beside one that returns
+    kernel results: jax 0.6's cond requires the branches' varying axes to
+    match; newer jax casts them itself. ``lax.pcast(..., to="varying")`` where
+    it exists (jax >= 0.8), else ``lax.pvary``.
+    """
+    want, have = varying_axes(like), varying_axes(x)
+    if want is None or have is None:
+        return x
+    missing = tuple(sorted(want - have))
+    if not missing:
+        return x
+    lax = jax.lax
+    if hasattr(lax, "pcast"):
+        return lax.pcast(x, missing, to="varying")
+    if hasattr(lax, "pvary"):
+        return lax.pvary(x, missing)
+    return x  # pragma: no cover

@@ -234,7 +234,7 @@ class _Op:
             partition=self._partition,
             infer_sharding_from_operands=self._infer,
             propagate_user_sharding=self._propagate_user,
-            sharding_rule=self._shardy_rule,
+            sharding_rule=self._shardy_rule if _compat.SHARDY_RULES else None,
         )
 
     def __call__(self, static, *operands):

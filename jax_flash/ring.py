@@ -413,7 +413,8 @@ def _ring_backward(q, k, v, q_ids, kv_ids, out, lse, dout, cfg):
                 return _bwd(q, k_s, v_s, out, lse, dout, q_ids, ids_s, cfg, False)
 
             def hidden(k_s=k_s, v_s=v_s):
-                return jnp.zeros_like(q), jnp.zeros_like(k_s), jnp.zeros_like(v_s)
+                zeros = (jnp.zeros_like(x) for x in (q, k_s, v_s))
+                return tuple(_compat.vary_like(z, x, _varying_axes) for z, x in zip(zeros, (q, k_s, v_s)))
 
             # The branches return partials, not the travelling sums, so the
             # kernel call does not wait for the accumulators' hop.
