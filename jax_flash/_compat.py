@@ -41,16 +41,18 @@ def register_shard_map_rules(prim) -> None:
     rule here is the standard one: operands are first broadcast to a common
     replication, and every result is replicated where they all are.
     """
-    try:
-        from jax._src import shard_map as sm  # jax >= 0.7
-    except ImportError:
+    import importlib
+
+    for name in ("jax._src.shard_map", "jax.experimental.shard_map"):
         try:
-            from jax.experimental import shard_map as sm
-        except ImportError:  # pragma: no cover
-            return
-    checks = getattr(sm, "_check_rules", None)
-    rewrite = getattr(sm, "register_standard_rewrite", None)
-    if checks is None or rewrite is None:
+            sm = importlib.import_module(name)
+        except ImportError:
+            continue
+        checks = getattr(sm, "_check_rules", None)
+        rewrite = getattr(sm, "register_standard_rewrite", None)
+        if checks is not None and rewrite is not None:
+            break
+    else:  # pragma: no cover
         return
 
     def check(mesh, *in_rep, **_):
