@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import math
 import os
 import sys
@@ -202,19 +203,31 @@ class GPT(nnx.Module):
         return self.head(self.norm(x).astype(jnp.float32))
 
 
+def _map_keys(tree, fn):
+    return {fn(k): _map_keys(v, fn) for k, v in tree.items()} if isinstance(tree, dict) else tree
+
+
+def _int_key(k):
+    return int(k) if isinstance(k, str) and k.isdigit() else k
+
+
 def save_params(model, path):
-    """The model's parameters as msgpack (flax.serialization of a pure dict)."""
+    """The model's parameters as msgpack (flax.serialization of a pure dict).
+
+    The blocks' list indices are written as strings: flax < 0.11 restores
+    msgpack with strict (string-only) map keys."""
     from flax import serialization
 
+    pure = _map_keys(nnx.to_pure_dict(nnx.state(model, nnx.Param)), str)
     with open(path, "wb") as f:
-        f.write(serialization.msgpack_serialize(nnx.to_pure_dict(nnx.state(model, nnx.Param))))
+        f.write(serialization.msgpack_serialize(pure))
 
 
 def restore_params(model, path):
     from flax import serialization
 
     with open(path, "rb") as f:
-        pure = serialization.msgpack_restore(f.read())
+        pure = _map_keys(serialization.msgpack_restore(f.read()), _int_key)
     state = nnx.state(model, nnx.Param)
     nnx.replace_by_pure_dict(state, pure)
     nnx.update(model, state)
@@ -273,6 +286,7 @@ def main(argv=None):
     schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, args.steps, args.lr / 10)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    _UPDATE_TAKES_MODEL = "model" in inspect.signature(nnx.Optimizer.update).parameters
 
     def loss_fn(model, x, y):
         logits = model(x)
@@ -281,7 +295,10 @@ def main(argv=None):
     @nnx.jit
     def train_step(model, optimizer, x, y):
         loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
-        optimizer.update(model, grads)
+        if _UPDATE_TAKES_MODEL:
+            optimizer.update(model, grads)
+        else:  # flax < 0.11: update(grads)
+            optimizer.update(grads)
         return loss
 
     eval_step = nnx.jit(loss_fn)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash import _partitioning as part
-from jax_flash import _registration
+from jax_flash import _compat, _registration
 
 # Bits of the FFI `features` attribute (ffi/common/ffi_decode.h FeatureBits).
 HAS_BIAS, HAS_MASK, HAS_Q_SEQLENS, HAS_KV_SEQLENS, HAS_SEGMENTS = 1, 2, 4, 8, 16
@@ -106,7 +106,7 @@ def _result_type(like: jax.Array, shape, dtype):
     custom VJP's cotangent types stop matching the primal's), so the result
     is `like`'s abstract value with a new shape and dtype, keeping its mesh.
     """
-    aval = jax.typeof(like)
+    aval = _compat.typeof(like)
     sharding = getattr(aval, "sharding", None)
     if isinstance(sharding, jax.sharding.NamedSharding):
         # Same (abstract) mesh, nothing partitioned, at the result's rank.

@@ -62,6 +62,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
+from . import _compat
+
 # Two of jax's internals, used as its own cuDNN attention does (no public
 # spelling yet): the result shardings of explicit-sharding types, and the set
 # of primitives whose lowering needs the devices (custom_partitioning's does,
@@ -217,6 +219,7 @@ class _Op:
         self.prim = Primitive(name)
         self.prim.multiple_results = True
         _needs_devices.add(self.prim)
+        _compat.register_shard_map_rules(self.prim)
         self.prim.def_impl(self._eager)
         self.prim.def_abstract_eval(self._abstract_eval)
         batching.primitive_batchers[self.prim] = self._batch
@@ -231,7 +234,7 @@ class _Op:
             partition=self._partition,
             infer_sharding_from_operands=self._infer,
             propagate_user_sharding=self._propagate_user,
-            sharding_rule=self._shardy_rule,
+            sharding_rule=self._shardy_rule if _compat.SHARDY_RULES else None,
         )
 
     def __call__(self, static, *operands):
@@ -250,9 +253,7 @@ class _Op:
         shapes = [a.shape for a in avals]
         roles = self.roles(static, shapes)
         mesh = getattr(getattr(avals[0], "sharding", None), "mesh", None)
-        explicit = mesh is not None and any(
-            t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())
-        )
+        explicit = _compat.is_explicit(mesh)
         if explicit:
             # Types carry shardings: the results get those the kernel runs on.
             specs = [_spec_entries(a.sharding, a.ndim) for a in avals]
@@ -264,13 +265,15 @@ class _Op:
                 spec = _spec(dims, plan)
             else:
                 spec = PartitionSpec(*([None] * len(shape)))
-            sharding = aval.sharding
+            sharding = getattr(aval, "sharding", None)  # None: older jax, no sharding in types
+            extra = {}
             if isinstance(sharding, NamedSharding):
-                sharding = NamedSharding(sharding.mesh, spec)
+                extra["sharding"] = NamedSharding(sharding.mesh, spec)
+            elif sharding is not None:
+                extra["sharding"] = sharding
             # update() keeps the manual axes the value varies over (shard_map).
             out.append(
-                aval.update(shape=tuple(shape), dtype=jnp.dtype(dtype), weak_type=False,
-                            sharding=sharding)
+                aval.update(shape=tuple(shape), dtype=jnp.dtype(dtype), weak_type=False, **extra)
             )
         return out
 
@@ -365,15 +368,15 @@ def _whole_mesh(shardings):
 
 def like_type(x, like):
     """x resharded to like's sharding where explicit-sharding types differ."""
-    want = getattr(jax.typeof(like), "sharding", None)
-    have = getattr(jax.typeof(x), "sharding", None)
+    want = getattr(_compat.typeof(like), "sharding", None)
+    have = getattr(_compat.typeof(x), "sharding", None)
     if not isinstance(want, NamedSharding) or not isinstance(have, NamedSharding):
         return x
-    if not any(t == jax.sharding.AxisType.Explicit for t in want.mesh.axis_types):
+    if not _compat.is_explicit(want.mesh) or _compat.reshard is None:
         return x
     if tuple(want.spec) == tuple(have.spec):
         return x
-    return jax.sharding.reshard(x, want)
+    return _compat.reshard(x, want)
 
 
 def shardy_rule(roles: Roles, shapes):

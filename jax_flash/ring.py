@@ -40,6 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_flash import _compat
+
 from jax_flash._kernel_call import (
     HAS_POSITION_OFFSETS,
     HAS_SEGMENT_RANGES,
@@ -211,7 +213,10 @@ def _permute_chunks(x, axis_size, axis, order, name):
             f"{name}: length {n} of axis {axis} must be a multiple of 2 * axis_size = {chunks}"
         )
     split = x.reshape(*x.shape[:axis], chunks, n // chunks, *x.shape[axis + 1 :])
-    return jnp.take(split, order, axis=axis).reshape(x.shape)
+    # A static permutation: slices and a concatenate, no gather (jax 0.5's
+    # XLA fails to verify a partitioned gather of x64 indices here).
+    parts = [lax.slice_in_dim(split, int(c), int(c) + 1, axis=axis) for c in order]
+    return jnp.concatenate(parts, axis=axis).reshape(x.shape)
 
 
 def zigzag(x: jax.Array, axis_size: int, axis: int = 1) -> jax.Array:
@@ -408,7 +413,8 @@ def _ring_backward(q, k, v, q_ids, kv_ids, out, lse, dout, cfg):
                 return _bwd(q, k_s, v_s, out, lse, dout, q_ids, ids_s, cfg, False)
 
             def hidden(k_s=k_s, v_s=v_s):
-                return jnp.zeros_like(q), jnp.zeros_like(k_s), jnp.zeros_like(v_s)
+                zeros = (jnp.zeros_like(x) for x in (q, k_s, v_s))
+                return tuple(_compat.vary_like(z, x, _varying_axes) for z, x in zip(zeros, (q, k_s, v_s)))
 
             # The branches return partials, not the travelling sums, so the
             # kernel call does not wait for the accumulators' hop.
@@ -621,7 +627,7 @@ def _varying_axes(x):
             return None
     except (ImportError, AttributeError):
         return None
-    aval = jax.typeof(x)
+    aval = _compat.typeof(x)
     manual = getattr(aval, "manual_axis_type", None) or getattr(aval, "mat", None)
     if manual is not None and hasattr(manual, "varying"):
         return frozenset(manual.varying)

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import jax
+import jax.export  # older jax does not import the submodule with jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -68,6 +69,7 @@ def _assert_same(got, want, what):
 _RUNNER = textwrap.dedent("""
     import sys
     import jax
+    import jax.export
     import numpy as np
     import jax_flash  # registers the FFI targets the module calls
 

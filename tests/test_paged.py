@@ -11,6 +11,7 @@ import pathlib
 import re
 
 import jax
+import jax.export  # older jax does not import the submodule with jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
