@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "check_helpers.cuh"
 #include "cuda/sm90/kernel_traits.cuh"
 #include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/tensor_map.h"
@@ -26,26 +27,7 @@ namespace sm90_check {
 
 using namespace jax_flash::cuda::sm90;
 
-// cudaDeviceSynchronize with a deadline: a barrier-phase bug hangs the
-// kernel, and the device time is scarce, so after `seconds` this names the
-// launch and ends the process (which tears the context down).
-inline cudaError_t SynchronizeOrDie(const char* what, double seconds = 20.0) {
-  cudaEvent_t done;
-  cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-  if (e != cudaSuccess) return e;
-  cudaEventRecord(done);
-  const auto start = std::chrono::steady_clock::now();
-  while ((e = cudaEventQuery(done)) == cudaErrorNotReady) {
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > seconds) {
-      std::printf("HANG: %s did not finish in %.0f s (a barrier phase or count is wrong): FAIL\n", what, seconds);
-      std::fflush(stdout);
-      std::_Exit(4);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  cudaEventDestroy(done);
-  return e == cudaSuccess ? cudaDeviceSynchronize() : e;
-}
+using gpu_check::SynchronizeOrDie;
 
 // s_out [128][kBlockN] float, p_in [128][kBlockN] 16-bit, o_out [128][kHeadDim] float.
 template <typename Element, int kHeadDim>

@@ -23,6 +23,7 @@
 
 #include "common/params.h"
 #include "cuda/sm90/launch.cuh"
+#include "check_helpers.cuh"
 #include "sm90_building_blocks.cuh"
 #ifdef JAX_FLASH_CHECK_SM80
 #include "cuda/sm80/launch.cuh"
@@ -32,53 +33,7 @@ namespace {
 
 using jax_flash::AttentionParams;
 using jax_flash::ContiguousBtnh;
-
-#define CHECK_CUDA(expr)                                                                  \
-  do {                                                                                    \
-    cudaError_t err_ = (expr);                                                            \
-    if (err_ != cudaSuccess) {                                                            \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(err_), __FILE__, __LINE__); \
-      std::exit(2);                                                                       \
-    }                                                                                     \
-  } while (0)
-
-template <typename Element>
-const char* TypeName() {
-  return std::is_same_v<Element, __nv_bfloat16> ? "bf16" : "f16";
-}
-template <typename Element>
-__host__ __device__ Element FromFloat(float x) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) return __float2bfloat16(x);
-  else return __float2half(x);
-}
-template <typename Element>
-__host__ __device__ float ToFloat(Element x) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) return __bfloat162float(x);
-  else return __half2float(x);
-}
-
-// Standard normal values from a counter hash (splitmix64 + Box-Muller): fixed
-// seed, reproducible, never all zeros.
-__device__ uint64_t SplitMix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-template <typename Element>
-__global__ void FillNormal(Element* x, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint64_t r = SplitMix(seed * 0x100000001B3ull + uint64_t(i));
-    const float u1 = (float((r >> 40) & 0xFFFFFF) + 0.5f) / 16777216.0f;
-    const float u2 = float(r & 0xFFFFFF) / 16777216.0f;
-    x[i] = FromFloat<Element>(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
-  }
-}
-// 0xFFFF: a NaN in both bf16 and f16; any element the kernel does not write stays NaN.
-__global__ void Poison(uint16_t* x, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = 0xFFFF;
-}
+using namespace gpu_check;
 
 // The obviously correct one: one thread per (b, h, query row), two passes over
 // the keys in float (the maximum, then the exponentials, sum and P V).
@@ -130,37 +85,6 @@ struct Case {
   bool timed;
 };
 
-float Median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Median milliseconds per launch over 20 samples of 5 back-to-back launches
-// each, after 3 warm-ups; -1 if a launch failed. Back to back, the host work
-// of a launch (tensor maps, attributes) overlaps the previous kernel instead
-// of landing between the events.
-template <typename Launch>
-float TimeLaunches(Launch launch) {
-  for (int i = 0; i < 3; ++i)
-    if (!launch().empty()) return -1.0f;
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  constexpr int kPerSample = 5;
-  std::vector<float> ms;
-  for (int i = 0; i < 20; ++i) {
-    CHECK_CUDA(cudaEventRecord(start));
-    for (int j = 0; j < kPerSample; ++j) launch();
-    CHECK_CUDA(cudaEventRecord(stop));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t / kPerSample);
-  }
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  return Median(ms);
-}
 
 const char* ScheduleName(jax_flash::cuda::sm90::Schedule s) {
   using jax_flash::cuda::sm90::Schedule;
