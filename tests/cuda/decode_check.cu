@@ -328,7 +328,6 @@ bool RunCaseAnyHead(const Case& c, std::mt19937& rng) {
   return RunCase<Element, 256>(c, rng);
 }
 
-
 // The decode shapes of issue 22: bf16, B=8, N=32, K=8, H=128, causal
 // bottom-right (contiguous) / the paged rule, full-length sequences.
 // Also, for the tuning of ChooseSplits, the contiguous call at forced split

@@ -85,7 +85,6 @@ struct Case {
   bool timed;
 };
 
-
 const char* ScheduleName(jax_flash::cuda::sm90::Schedule s) {
   using jax_flash::cuda::sm90::Schedule;
   return s == Schedule::kSerial ? "serial" : s == Schedule::kOverlap ? "overlap" : "pingpong";
