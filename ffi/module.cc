@@ -17,7 +17,7 @@ namespace nb = nanobind;
 // exported with jax.export against another layout then fails to compile with
 // "no registered implementation for jax_flash_fwd_v<N>" instead of running
 // with misread operands. "v1" is the unversioned names of earlier releases.
-#define JAX_FLASH_ABI "v3"
+#define JAX_FLASH_ABI "v4"
 
 namespace {
 
@@ -36,8 +36,6 @@ NB_MODULE(_ffi, m) {
     d["jax_flash_fwd_" JAX_FLASH_ABI] = Capsule(JaxFlashForwardCpu);
     d["jax_flash_bwd_" JAX_FLASH_ABI] = Capsule(JaxFlashBackwardCpu);
     d["jax_flash_dbias_" JAX_FLASH_ABI] = Capsule(JaxFlashBiasGradientCpu);
-    // Paged attention: CPU only so far; on CUDA jax_flash/paged.py gathers the
-    // blocks and runs jax_flash_fwd until a native paged kernel exists.
     d["jax_flash_paged_fwd_" JAX_FLASH_ABI] = Capsule(JaxFlashPagedForwardCpu);
     return d;
   });
@@ -47,6 +45,7 @@ NB_MODULE(_ffi, m) {
     d["jax_flash_fwd_" JAX_FLASH_ABI] = Capsule(JaxFlashForwardCuda);
     d["jax_flash_bwd_" JAX_FLASH_ABI] = Capsule(JaxFlashBackwardCuda);
     d["jax_flash_dbias_" JAX_FLASH_ABI] = Capsule(JaxFlashBiasGradientCuda);
+    d["jax_flash_paged_fwd_" JAX_FLASH_ABI] = Capsule(JaxFlashPagedForwardCuda);
 #endif
     return d;
   });

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_flash import _decode_scratch
 from jax_flash import _partitioning as part
 from jax_flash import _compat, _registration
 
@@ -134,9 +135,21 @@ def _forward_call(q, k, v, feature_ops, static):
 
 
 def _ffi_forward(q, k, v, feature_ops, static):
-    result_types = (_result_type(q, q.shape, q.dtype), _row_stats_type(q))  # out, lse
-    call = jax.ffi.ffi_call(_registration.FWD_TARGET, result_types, vmap_method="broadcast_all")
-    return call(q, k, v, *feature_ops, **static.attributes())
+    def call(scratch):
+        result_types = (
+            _result_type(q, q.shape, q.dtype),  # out
+            _row_stats_type(q),  # lse
+            _result_type(q, (max(scratch, 1),), jnp.float32),  # the decode path's partials (scratch)
+        )
+        ffi = jax.ffi.ffi_call(_registration.FWD_TARGET, result_types, vmap_method="broadcast_all")
+        out, lse, _ = ffi(q, k, v, *feature_ops, **static.attributes())
+        return out, lse
+
+    scratch = _decode_scratch.forward_scratch_floats(q.shape, k.shape, q.dtype, static.implementation)
+    if not scratch:
+        return call(0)
+    # A few queries over many keys: the CUDA split-KV decode kernels' partials; the CPU needs none.
+    return jax.lax.platform_dependent(cpu=lambda: call(0), default=lambda: call(scratch))
 
 
 def _uses_dq_accumulator(q, static) -> bool:

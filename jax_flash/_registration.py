@@ -5,7 +5,7 @@ CUDA kernels were built, for "CUDA"; XLA picks the handler of the backend a
 computation runs on.
 
 The names carry the version of the calls' operand and attribute layout
-(``jax_flash_fwd_v3``): a computation serialized with ``jax.export`` against
+(``jax_flash_fwd_v4``): a computation serialized with ``jax.export`` against
 another layout then fails to compile, naming the missing target, instead of
 running with misread operands. Bump ABI_VERSION here and JAX_FLASH_ABI in
 ffi/module.cc together whenever the layout changes.
@@ -27,16 +27,16 @@ except ImportError as e:  # pragma: no cover - depends on how Python was started
         "`pip install --no-build-isolation .`"
     ) from e
 
-ABI_VERSION = 3  # v1: the unversioned names ("jax_flash_fwd", ...) of earlier releases; v3: position offsets
+ABI_VERSION = 4  # v1: the unversioned names ("jax_flash_fwd", ...) of earlier releases; v3: position offsets; v4: the decode scratch result
 FWD_TARGET = f"jax_flash_fwd_v{ABI_VERSION}"
 BWD_TARGET = f"jax_flash_bwd_v{ABI_VERSION}"
 DBIAS_TARGET = f"jax_flash_dbias_v{ABI_VERSION}"
 PAGED_FWD_TARGET = f"jax_flash_paged_fwd_v{ABI_VERSION}"
 ATTENTION_TARGETS = (FWD_TARGET, BWD_TARGET, DBIAS_TARGET)
 TARGETS = ATTENTION_TARGETS + (PAGED_FWD_TARGET,)
-# The paged forward has a CPU handler only: on CUDA, jax_flash/paged.py gathers
-# the cache's blocks and calls the attention forward until a native kernel exists.
-CUDA_TARGETS = ATTENTION_TARGETS
+# Both platforms have every target (on CUDA the paged forward runs the split-KV
+# decode kernels for 16-bit inputs; float32 takes jax_flash/paged.py's gather).
+CUDA_TARGETS = TARGETS
 
 
 def _register() -> None:

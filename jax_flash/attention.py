@@ -29,7 +29,7 @@ from jax_flash._kernel_call import (
 
 MAX_HEAD_DIM = 256
 # `implementation` values and the FFI attribute each maps to.
-IMPLEMENTATIONS = {None: 0, "generic": 1, "sm80": 2}
+IMPLEMENTATIONS = {None: 0, "generic": 1, "sm80": 2, "sm90": 3}
 SUPPORTED_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
 
 
@@ -100,7 +100,10 @@ def attention(
       dropout_broadcast: one dropout mask shared by every batch entry and head
         (flax's ``broadcast_dropout``) instead of one per (batch, head).
       implementation: which CUDA kernel family runs: ``None`` picks the fastest
-        that supports the inputs, ``"sm80"`` forces the mma.sync tensor-core
+        that supports the inputs (on Hopper GPUs the sm90 forward for calls
+        without features), ``"sm90"`` forces the Hopper (wgmma / TMA) forward
+        (compute capability 9.x, 16-bit, head dim a multiple of 8, no attention
+        features yet; its backward is sm80's), ``"sm80"`` forces the mma.sync tensor-core
         kernels (float16/bfloat16, head dim a multiple of 8, compute capability
         >= 8.0; an error otherwise), ``"generic"`` the exact SIMT kernels that
         take every dtype and head dim. The mma.sync kernels cover head dims up to

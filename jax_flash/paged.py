@@ -9,11 +9,12 @@ expected vs actual shape or dtype). The computation runs:
 
 - on the CPU: the native paged kernel (``jax_flash_paged_fwd_v<N>``,
   ffi/cpu/paged_cpu.cc), which walks each sequence's blocks through its table;
-- on CUDA (and any other backend): the *gather fallback* (``_paged_gather.py``)
-  that copies each sequence's visible positions into a contiguous
-  ``[B, S, K, H]`` array and calls ``jax_flash.attention``'s forward on it.
-  It reads the cache twice (once to gather, once in attention) and is the
-  CUDA path until a native paged / split-KV kernel exists (issue 22).
+- on CUDA, 16-bit inputs: the split-KV decode kernels (ffi/cuda/decode/),
+  which read K/V through the block tables, several blocks per sequence each
+  over a share of its keys, merged by their logsumexps;
+- on CUDA, float32: the *gather fallback* (``_paged_gather.py``) that copies
+  each sequence's visible positions into a contiguous ``[B, S, K, H]`` array
+  and calls ``jax_flash.attention``'s forward on it (reading the cache twice).
 
 The two are selected by ``lax.platform_dependent``: one function, one jaxpr,
 each backend compiles its own branch.
@@ -28,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_flash import _decode_scratch
 from jax_flash import _registration
 from jax_flash._kernel_call import _result_type
 from jax_flash._paged_gather import paged_attention_by_gather
@@ -136,10 +138,13 @@ def paged_attention(
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
 def _paged(query, key_cache, value_cache, block_tables, lengths, config):
+    # CUDA: the split-KV decode kernels for 16-bit inputs, the gather through
+    # attention's forward for float32 (which the tensor-core kernels do not take).
+    on_cuda = (_native if query.dtype in (jnp.float16, jnp.bfloat16) else paged_attention_by_gather)
     return jax.lax.platform_dependent(
         query, key_cache, value_cache, block_tables, lengths,
-        cpu=functools.partial(_native_cpu, config=config),
-        default=functools.partial(paged_attention_by_gather, config=config),
+        cpu=functools.partial(_native, config=config, scratch=0),
+        default=functools.partial(on_cuda, config=config),
     )
 
 
@@ -152,19 +157,26 @@ def _paged_jvp(config, primals, tangents):
     )
 
 
-def _native_cpu(query, key_cache, value_cache, block_tables, lengths, *, config):
-    """The CPU kernel: out [..., B, Tq, N, H] and lse [..., B, Tq, N] (query dtype)."""
-    *lead, tq, n, _ = query.shape
+def _native(query, key_cache, value_cache, block_tables, lengths, *, config, scratch=None):
+    """The native kernel (the CPU's, or on CUDA the split-KV decode kernels):
+    out [..., B, Tq, N, H] and lse [..., B, Tq, N] (query dtype). `scratch`:
+    the decode partials' float32 elements (None: as CUDA needs them)."""
+    *lead, tq, n, h = query.shape
     stats = jnp.promote_types(query.dtype, jnp.float32)
+    if scratch is None:
+        num_blocks, block_size, kh, _ = key_cache.shape[-4:]
+        scratch = _decode_scratch.scratch_floats(
+            int(np.prod(lead)), tq, n, kh, block_tables.shape[-1] * block_size, h)
     result_types = (
         _result_type(query, query.shape, query.dtype),
         _result_type(query, (*lead, n, tq), stats),
+        _result_type(query, (max(scratch, 1),), jnp.float32),  # decode partials (scratch)
     )
     # broadcast_all: vmapped calls give every operand the same leading dims,
     # which the handler folds (ffi/common/paged_decode.h).
     call = jax.ffi.ffi_call(_registration.PAGED_FWD_TARGET, result_types,
                             vmap_method="broadcast_all")
-    out, lse = call(query, key_cache, value_cache, block_tables, lengths, **config.attributes())
+    out, lse, _ = call(query, key_cache, value_cache, block_tables, lengths, **config.attributes())
     return out, jnp.swapaxes(lse, -1, -2).astype(query.dtype)
 
 

@@ -138,6 +138,35 @@ def test_forced_sm80_rejects_unsupported_inputs(rng):
         jax.block_until_ready(jax_flash.attention(q, k, v, implementation="sm80"))
 
 
+ON_HOPPER = ON_GPU and jax.devices()[0].compute_capability.startswith("9")
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the sm90 family needs a compute capability 9.x GPU")
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forced_sm90_matches_reference(rng, head_dim, causal):
+    """The Hopper forward, forced: tails in both lengths, GQA, bf16; its
+    gradients come from the sm80 backward on its out and lse."""
+    q, k, v = random_qkv(rng, 2, 333, 517, 4, 2, head_dim, "bfloat16")
+    out, lse = jax_flash.attention(q, k, v, is_causal=causal, implementation="sm90", return_residual=True)
+    ref_out, ref_lse = reference_f64(q, k, v, is_causal=causal)
+    assert_close("out", out, ref_out, "bfloat16")
+    assert_close("lse", lse, np.swapaxes(ref_lse, -1, -2), "bfloat16")
+    dout = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
+    grads = jax.grad(lambda *a: jnp.sum(
+        jax_flash.attention(*a, is_causal=causal, implementation="sm90").astype(jnp.float32) * dout),
+        argnums=(0, 1, 2))(q, k, v)
+    for name, g, w in zip(("dq", "dk", "dv"), grads, reference_grads_f64(q, k, v, dout, is_causal=causal)):
+        assert_close(name, g, w, "bfloat16", GRAD_FACTOR)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="kernel families are a GPU matter")
+def test_forced_sm90_rejects_unsupported_inputs(rng):
+    q, k, v = random_qkv(rng, 1, 8, 8, 2, 2, 64, "float32")
+    with pytest.raises(Exception, match="implementation='sm90' needs a GPU of compute capability 9.x"):
+        jax.block_until_ready(jax_flash.attention(q, k, v, implementation="sm90"))
+
+
 def test_sm80_forward_long_rows(rng):
     """Several key and query blocks, causal and not, bf16 (mma path on a GPU)."""
     for causal in (False, True):

@@ -2,7 +2,7 @@
 // and CUDA registrations so the two platforms cannot drift apart.
 // (registered as jax_flash_{fwd,bwd,dbias,paged_fwd}_v<ABI>, module.cc: the
 // suffix changes with these lists; paged_fwd is CPU-only so far)
-//   jax_flash_fwd:   q, k, v, <features>                   -> out, lse
+//   jax_flash_fwd:   q, k, v, <features>                   -> out, lse, decode_scratch
 //   jax_flash_bwd:   q, k, v, out, lse, dout, <features>   -> dq, dk, dv, delta, dq_accum
 //   jax_flash_dbias: q, k, v, out, lse, dout, <features>   -> dbias, delta
 // <features>: bias, mask, q_seqlens, kv_seqlens, q_segment_ids,
@@ -51,10 +51,14 @@
         features, window_left, window_right, softcap, dropout_rate                      \
   }
 
+// decode_scratch: float32 partials of the CUDA split-KV decode path
+// (cuda/decode/launch.h: DecodeScratchFloats), one element where Python
+// foresees no use for it; the CPU ignores it.
 #define JAX_FLASH_FWD_BINDING(ctx) \
   JAX_FLASH_FEATURE_ARGS(ctx.Arg<xla::ffi::AnyBuffer>().Arg<xla::ffi::AnyBuffer>().Arg<xla::ffi::AnyBuffer>()) \
       .Ret<xla::ffi::AnyBuffer>()  /* out */ \
-      .Ret<xla::ffi::AnyBuffer>()  /* lse */
+      .Ret<xla::ffi::AnyBuffer>()  /* lse */ \
+      .Ret<xla::ffi::AnyBuffer>()  /* decode_scratch */
 
 #define JAX_FLASH_BWD_ARGS(ctx)                                                            \
   JAX_FLASH_FEATURE_ARGS(ctx.Arg<xla::ffi::AnyBuffer>() /* q */                            \
@@ -77,7 +81,7 @@
       .Ret<xla::ffi::AnyBuffer>()  /* dbias */             \
       .Ret<xla::ffi::AnyBuffer>()  /* delta (scratch) */
 
-// jax_flash_paged_fwd: q, k_cache, v_cache, block_tables, seq_lengths -> out, lse
+// jax_flash_paged_fwd: q, k_cache, v_cache, block_tables, seq_lengths -> out, lse, decode_scratch
 // (forward only; ffi/common/paged_params.h has the shapes).
 #define JAX_FLASH_PAGED_FWD_BINDING(ctx)                          \
   ctx.Arg<xla::ffi::AnyBuffer>()      /* q */                     \
@@ -89,4 +93,5 @@
       .Attr<double>("softcap")                                    \
       .Attr<int64_t>("window_left")                               \
       .Ret<xla::ffi::AnyBuffer>()     /* out */                   \
-      .Ret<xla::ffi::AnyBuffer>()     /* lse */
+      .Ret<xla::ffi::AnyBuffer>()     /* lse */                   \
+      .Ret<xla::ffi::AnyBuffer>()     /* decode_scratch */

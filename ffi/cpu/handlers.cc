@@ -50,8 +50,9 @@ ffi::Error Guarded(Fn&& fn) {
 
 ffi::Error ForwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                        JAX_FLASH_FEATURE_PARAMS, ffi::Result<ffi::AnyBuffer> out,
-                       ffi::Result<ffi::AnyBuffer> lse) {
+                       ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> decode_scratch) {
   (void)implementation;  // one CPU kernel family
+  (void)decode_scratch;  // the CUDA decode path's
   AttentionParams p;
   if (auto e = BuildForwardParams(q, k, v, *out, *lse, scale, is_causal, &p); e.failure())
     return e;
@@ -127,7 +128,8 @@ ffi::Error BiasGradientImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v
 ffi::Error PagedForwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache,
                             ffi::AnyBuffer block_tables, ffi::AnyBuffer seq_lengths, double scale,
                             double softcap, int64_t window_left, ffi::Result<ffi::AnyBuffer> out,
-                            ffi::Result<ffi::AnyBuffer> lse) {
+                            ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> decode_scratch) {
+  (void)decode_scratch;  // the CUDA decode path's
   PagedParams p;
   if (auto e = BuildPagedParams(q, k_cache, v_cache, block_tables, seq_lengths, *out, *lse, scale,
                                 softcap, window_left, &p);

@@ -11,8 +11,13 @@
 #include "common/ffi_bindings.h"
 #include "common/feature_decode.h"
 #include "common/ffi_decode.h"
+#include "common/paged_decode.h"
+#include "cuda/decode/launch.h"
 #include "cuda/generic/launch.h"
 #include "cuda/sm80/launch.h"
+#ifdef JAX_FLASH_WITH_SM90
+#include "cuda/sm90/launch.h"
+#endif
 
 namespace jax_flash::cuda {
 namespace {
@@ -46,7 +51,7 @@ ffi::Error Dispatch(ffi::DataType dtype, int64_t head_dim, Fn&& fn) {
 }
 
 // Kernel families, as the Python `implementation` argument names them.
-enum class Family : int32_t { kAuto = 0, kGeneric = 1, kSm80 = 2 };
+enum class Family : int32_t { kAuto = 0, kGeneric = 1, kSm80 = 2, kSm90 = 3 };
 
 int DeviceAttribute(cudaDeviceAttr attr) {
   int device = 0, value = 0;
@@ -67,7 +72,7 @@ bool Sm80Supports(ffi::DataType dtype, int64_t head_dim, int smem_bytes) {
 // Calls fn(Element{}, std::integral_constant<int, kHeadDim>{}) for 16-bit
 // dtypes with the head dim rounded up to 64, 128 or 256.
 template <typename Fn>
-ffi::Error DispatchSm80(ffi::DataType dtype, int64_t head_dim, Fn&& fn) {
+ffi::Error DispatchTensorCores(ffi::DataType dtype, int64_t head_dim, Fn&& fn) {
   auto by_head_dim = [&](auto element) -> std::string {
     if (head_dim <= 64) return fn(element, std::integral_constant<int, 64>{});
     if (head_dim <= 128) return fn(element, std::integral_constant<int, 128>{});
@@ -77,6 +82,22 @@ ffi::Error DispatchSm80(ffi::DataType dtype, int64_t head_dim, Fn&& fn) {
                                                       : by_head_dim(__nv_bfloat16{});
   if (!err.empty()) return ffi::Error::Internal(err);
   return ffi::Error::Success();
+}
+
+// Whether the Hopper forward (sm90/) serves this call: built with sm_90a,
+// a 9.x device, 16-bit inputs, head dim a multiple of 8 up to 256, scale > 0,
+// no features. (Its launcher checks alignment itself and fails clearly.)
+bool Sm90ForwardSupports(ffi::DataType dtype, const AttentionParams& p) {
+#ifdef JAX_FLASH_WITH_SM90
+  return (dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16) && p.shape.head_dim % 8 == 0 &&
+         p.shape.head_dim <= 256 && p.scale > 0 && !p.features.Any() &&
+         DeviceAttribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
+         DeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >=
+             sm90::ForwardSmemBytes(p.shape.head_dim);
+#else
+  (void)dtype, (void)p;
+  return false;
+#endif
 }
 
 ffi::Error PoisonAsync(cudaStream_t stream, std::initializer_list<const ffi::AnyBuffer*> bufs) {
@@ -99,9 +120,39 @@ ffi::Error DecodeFeaturesForFamily(const ffi::AnyBuffer& q, const FeatureOperand
   return ffi::Error::Success();
 }
 
+// The split-KV decode path's scratch, as a handler sees it: null partials
+// where the call needs none (one split at most), else the buffer's halves;
+// false when the buffer is smaller than the call's splits need (Python sized
+// it for other shapes): the call then stays on the training kernels.
+bool DecodeScratch(const ffi::AnyBuffer& buf, int64_t sequences, int64_t seqlen_q, int64_t num_heads,
+                   int64_t num_heads_k, int64_t seqlen_k, int64_t head_dim, float** partial_out,
+                   float** partial_lse, int* max_splits) {
+  const int64_t splits = decode::DecodeMaxSplits(sequences, seqlen_q, num_heads, num_heads_k, seqlen_k);
+  const int64_t need = decode::DecodeScratchFloats(sequences, seqlen_q, num_heads, head_dim, splits);
+  *max_splits = int(splits);
+  *partial_out = *partial_lse = nullptr;
+  if (need == 0) return true;
+  if (buf.element_type() != ffi::DataType::F32 || int64_t(buf.element_count()) < need) return false;
+  *partial_out = static_cast<float*>(buf.untyped_data());
+  *partial_lse = *partial_out + decode::DecodePartialOutFloats(sequences, seqlen_q, num_heads, head_dim, splits);
+  return true;
+}
+
+// Whether a call goes to the split-KV decode kernels (cuda/decode/launch.h's
+// routing plan): 16-bit, a few queries over more keys, features they take,
+// shared memory the device has; forced families keep their kernels.
+bool DecodeApplies(ffi::DataType dtype, const AttentionParams& p, int32_t family) {
+  const auto& s = p.shape;
+  return Family(family) == Family::kAuto && (dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16) &&
+         s.seqlen_q <= 64 && s.seqlen_q < s.seqlen_k && decode::Unsupported(p).empty() &&
+         DeviceAttribute(cudaDevAttrComputeCapabilityMajor) >= 8 &&
+         DeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >= decode::DecodeSmemBytes(s.head_dim);
+}
+
 ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                        ffi::AnyBuffer v, JAX_FLASH_FEATURE_PARAMS,
-                       ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
+                       ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                       ffi::Result<ffi::AnyBuffer> decode_scratch) {
   int32_t family = implementation;
   AttentionParams p;
   if (auto e = BuildForwardParams(q, k, v, *out, *lse, scale, is_causal, &p); e.failure())
@@ -113,10 +164,42 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   if (PoisonOutputsRequested()) {
     if (auto e = PoisonAsync(stream, {&*out, &*lse}); e.failure()) return e;
   }
+  // Decoding: a few new queries over a long cache, split over the keys.
+  if (DecodeApplies(q.element_type(), p, family)) {
+    float *partial_out, *partial_lse;
+    int max_splits;
+    const auto& s = p.shape;
+    if (DecodeScratch(*decode_scratch, s.batch, s.seqlen_q, s.num_heads, s.num_heads_k, s.seqlen_k,
+                      s.head_dim, &partial_out, &partial_lse, &max_splits)) {
+      // splits = 0: chosen from the work, capped at what the scratch holds.
+      return DispatchTensorCores(q.element_type(), s.head_dim, [&](auto element, auto head_dim) {
+        return decode::LaunchForward<decltype(element), decltype(head_dim)::value>(
+            p, max_splits == 1 ? 1 : 0, partial_out, partial_lse, stream);
+      });
+    }
+  }
   // The sm80 forward folds the scale into one FFMA after the row maximum,
   // which needs scale > 0 (a non-positive scale runs the generic kernels).
   const bool sm80_ok = p.scale > 0 && Sm80Supports(q.element_type(), p.shape.head_dim,
                                                    sm80::ForwardSmemBytes(p.shape.head_dim));
+  // The Hopper forward: plain calls (no features) on compute capability 9.x,
+  // 16-bit, head dims that are a multiple of 8 (TMA's 16-byte strides), by
+  // default and when forced. The backward stays on sm80 (same out and lse).
+  const bool sm90_ok = Sm90ForwardSupports(q.element_type(), p);
+  if (Family(family) == Family::kSm90 && !sm90_ok) {
+    return ffi::Error::InvalidArgument(
+        "jax_flash: implementation='sm90' needs a GPU of compute capability 9.x (a build with "
+        "sm_90a), float16/bfloat16 inputs, a head dim that is a multiple of 8 (at most 256), a "
+        "positive scale and no attention features (bias, masks, lengths, segments, window, soft "
+        "cap, dropout) yet");
+  }
+#ifdef JAX_FLASH_WITH_SM90
+  if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {
+    return DispatchTensorCores(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
+      return sm90::LaunchForward<decltype(element), decltype(head_dim)::value>(p, stream);
+    });
+  }
+#endif
   if (Family(family) == Family::kSm80 && !sm80_ok) {
     return ffi::Error::InvalidArgument(
         "jax_flash: implementation='sm80' needs float16/bfloat16 inputs, a positive scale, a "
@@ -124,7 +207,7 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
         "shared memory for that head dim");
   }
   if (Family(family) != Family::kGeneric && sm80_ok) {
-    return DispatchSm80(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
+    return DispatchTensorCores(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
       return sm80::LaunchForward<decltype(element), decltype(head_dim)::value>(p, stream);
     });
   }
@@ -168,7 +251,7 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
       Sm80Supports(q.element_type(), p.shape.head_dim,
                    sm80::BackwardSmemBytes(p.shape.head_dim, p.deterministic,
                                            DeviceAttribute(cudaDevAttrComputeCapabilityMajor)))) {
-    return DispatchSm80(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
+    return DispatchTensorCores(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
       return sm80::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);
     });
   }
@@ -207,6 +290,41 @@ ffi::Error BiasGradientImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
   });
 }
 
+// Paged attention on CUDA: the split-KV decode kernels reading K/V through
+// the block tables (16-bit; jax_flash/paged.py sends float32 through its
+// gather instead, so another dtype here is an error, not a fallback).
+ffi::Error PagedForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k_cache,
+                            ffi::AnyBuffer v_cache, ffi::AnyBuffer block_tables, ffi::AnyBuffer seq_lengths,
+                            double scale, double softcap, int64_t window_left,
+                            ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                            ffi::Result<ffi::AnyBuffer> decode_scratch) {
+  PagedParams p;
+  if (auto e = BuildPagedParams(q, k_cache, v_cache, block_tables, seq_lengths, *out, *lse, scale, softcap,
+                                window_left, &p);
+      e.failure())
+    return e;
+  if (PoisonOutputsRequested()) {
+    if (auto e = PoisonAsync(stream, {&*out, &*lse}); e.failure()) return e;
+  }
+  const PagedShape& s = p.shape;
+  if (q.element_type() != ffi::DataType::F16 && q.element_type() != ffi::DataType::BF16)
+    return ffi::Error::InvalidArgument("jax_flash: the CUDA paged forward takes float16/bfloat16 inputs");
+  if (auto why = decode::UnsupportedPaged(p); !why.empty())
+    return ffi::Error::InvalidArgument("jax_flash: paged attention on this GPU: " + why);
+  if (DeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) < decode::DecodeSmemBytes(s.head_dim))
+    return ffi::Error::InvalidArgument("jax_flash: paged attention at head dim " + std::to_string(s.head_dim) +
+                                       " needs more shared memory per block than this GPU has");
+  float *partial_out, *partial_lse;
+  int max_splits;
+  if (!DecodeScratch(*decode_scratch, s.outer * s.batch, s.seqlen_q, s.num_heads, s.num_heads_k,
+                     s.max_seqlen(), s.head_dim, &partial_out, &partial_lse, &max_splits))
+    return ffi::Error::InvalidArgument("jax_flash: paged attention's decode scratch is too small for its shapes");
+  return DispatchTensorCores(q.element_type(), s.head_dim, [&](auto element, auto head_dim) {
+    return decode::LaunchPagedForward<decltype(element), decltype(head_dim)::value>(
+        p, max_splits == 1 ? 1 : 0, partial_out, partial_lse, stream);
+  });
+}
+
 }  // namespace
 }  // namespace jax_flash::cuda
 
@@ -219,3 +337,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxFlashBiasGradientCuda, jax_flash::cuda::BiasGradientImpl,
     JAX_FLASH_DBIAS_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashPagedForwardCuda, jax_flash::cuda::PagedForwardImpl,
+    JAX_FLASH_PAGED_FWD_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));
