@@ -2,7 +2,8 @@
 # Shared-memory races, barrier misuse and out-of-bounds or misaligned memory
 # accesses in the tensor-core kernels, on the GPU: runs small forward+backward
 # calls (head dims 64 / 128 / 256, causal and not, lengths with tails, two
-# query heads per key head; then the feature variants: packed documents, a
+# query heads per key head; the sm90 forward where the GPU is 9.x and the
+# sm80 one; the split-KV decode kernels, contiguous and paged; then the feature variants: packed documents, a
 # window, a key-padding mask, a bias and its gradient, soft cap, dropout)
 # under compute-sanitizer's racecheck, synccheck, memcheck and initcheck
 # (reads of device memory nothing wrote), only our kernels instrumented.
@@ -30,6 +31,20 @@ for head_dim in (64, 128, 256):
         loss = lambda q, k, v: jnp.sum(jax_flash.attention(q, k, v, is_causal=causal).astype(jnp.float32))
         grads = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v)
         assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads)
+        # On 9.x the plain forward above is the sm90 kernel's; the sm80 one too.
+        out = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, is_causal=causal, implementation="sm80"))(q, k, v)
+        assert bool(jnp.isfinite(out.astype(jnp.float32)).all())
+# The decode kernels (split-KV): 4 new queries over 700 cached keys, 4 query
+# heads per key head, bottom-right causal as a window; then the paged pool.
+q = jnp.asarray(rng.standard_normal((2, 4, 8, 128)), jnp.bfloat16)
+k, v = (jnp.asarray(rng.standard_normal((2, 700, 2, 128)), jnp.bfloat16) for _ in range(2))
+out = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, local_window_size=(700, 696)))(q, k, v)
+assert bool(jnp.isfinite(out.astype(jnp.float32)).all()), "decode"
+pool_k, pool_v = (jnp.asarray(rng.standard_normal((30, 64, 2, 128)), jnp.bfloat16) for _ in range(2))
+tables = jnp.asarray(rng.permutation(30)[:24].reshape(2, 12), jnp.int32)
+lengths = jnp.asarray([700, 333], jnp.int32)
+out = jax.jit(jax_flash.paged_attention)(q, pool_k, pool_v, tables, lengths)
+assert bool(jnp.isfinite(out.astype(jnp.float32)).all()), "paged decode"
 # The feature variants (their own instantiations): packed documents, a
 # window, a key-padding mask, a bias with its gradient, soft cap, dropout.
 t, n, h = 197, 2, 128
