@@ -304,6 +304,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
                                 KMajorDescriptor<Tr>(q_tile, Tr::kQChunkBytes, kk), kk > 0 ? 1 : 0);
     WgmmaCommit();
     MbarrierWait(bars.do_full(s), parity);
+    WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
       WgmmaSS<Element, kBlockM>(dpt, KMajorDescriptor<Tr>(v_rows, Tr::kKvChunkBytes, kk),
