@@ -264,6 +264,47 @@ __device__ __forceinline__ void StoreKeyGradient(const BackwardArgs& a, void* ba
   }
 }
 
+// This thread's dS^T pairs (the A fragments of dK += dS^T Q) into the
+// [kBlockN keys][kBlockM queries] tile at `ds_tile`, rows = keys 64
+// warpgroup + row0 + 8hh, in TMA's swizzled order (row r's 16-byte chunk j
+// at j ^ (r % 8)): the MN-major A operand of dQ = dS K.
+template <typename Tr>
+__device__ __forceinline__ void StoreDsTranspose(uint32_t ds_tile, const uint32_t (&ds_frag)[Tr::kBlockM / 16][4],
+                                                 int warpgroup, int row0, int t) {
+#pragma unroll
+  for (int j = 0; j < Tr::kBlockM / 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 64 * warpgroup + row0 + 8 * hh;
+      const uint32_t addr = ds_tile + r * 128 + ((j ^ (r % 8)) * 16) + 4 * t;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(ds_frag[j / 2][(j % 2) * 2 + hh]) : "memory");
+    }
+}
+
+// dq = dS K for one warpgroup's share (issued and committed): A = dS
+// (queries x keys) from the dS^T tile rows at `ds_rows`, B = K (keys x head
+// dim) rows / column chunk at `k_cols`, both MN-major (BwdTraits: the column
+// split at 128, the key split at 64).
+template <typename Element, typename Tr>
+__device__ __forceinline__ void IssueDqProduct(float (&dq)[Tr::kDqCols / 2], uint32_t ds_rows, uint32_t k_cols) {
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < Tr::kDqKeys / 16; ++kk)
+    WgmmaSSMn<Element, Tr::kDqCols>(dq, MnMajorDescriptor(ds_rows, Tr::kDsBytes, kk),
+                                    MnMajorDescriptor(k_cols, Tr::kKvChunkBytes, kk), kk > 0 ? 1 : 0);
+  WgmmaCommit();
+}
+
+// The addresses of a warpgroup's dQ product operands (IssueDqProduct).
+template <typename Tr>
+__device__ __forceinline__ uint32_t DqDsRows(uint32_t ds_tile, int warpgroup) {
+  return ds_tile + (Tr::kDqSplitColumns ? 0 : warpgroup * 64 * 128);
+}
+template <typename Tr>
+__device__ __forceinline__ uint32_t DqKCols(uint32_t k_tile, int warpgroup) {
+  return k_tile + (Tr::kDqSplitColumns ? warpgroup * Tr::kKvChunkBytes : warpgroup * 64 * 128);
+}
+
 // One consumer warpgroup's whole tile: keys n0 + 64 warpgroup .. + 63.
 template <typename Element, typename Tr>
 __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBarriers<Tr> bars, uint32_t smem,
@@ -277,8 +318,8 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
   // dQ share: columns dq_col0 .. + dq_cols of dS K over keys dq_keys ..
   const int dq_col0 = Tr::kDqSplitColumns ? Tr::kDqCols * warpgroup : 0;
   const int dq_cols = min(Tr::kDqCols, a.head_dim - dq_col0);  // <= 0: nothing (head dims up to 64 at 128)
-  const uint32_t dq_a = smem + Tr::kDsOffset + (Tr::kDqSplitColumns ? 0 : warpgroup * 64 * 128);
-  const uint32_t dq_b = smem + Tr::kKOffset + (Tr::kDqSplitColumns ? warpgroup * Tr::kKvChunkBytes : warpgroup * 64 * 128);
+  const uint32_t dq_a = DqDsRows<Tr>(smem + Tr::kDsOffset, warpgroup);
+  const uint32_t dq_b = DqKCols<Tr>(smem + Tr::kKOffset, warpgroup);
   const uint32_t dq_stage = smem + Tr::kDqStageOffset + warpgroup * Tr::kDqStageBytes;
   const int stage_barrier = kStageBarrier + warpgroup;
 
@@ -326,7 +367,9 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j) {
       float2 lse2;
-      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y) : "r"(stats + 4 * (8 * j + 2 * t)));
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y)
+                   : "r"(stats + 4 * (8 * j + 2 * t))
+                   : "memory");
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
@@ -344,7 +387,8 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
       float2 delta;
       asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
                    : "=f"(delta.x), "=f"(delta.y)
-                   : "r"(stats + 4 * (kBlockM + 8 * j + 2 * t)));
+                   : "r"(stats + 4 * (kBlockM + 8 * j + 2 * t))
+                   : "memory");
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         dpt[4 * j + 2 * hh] = st[4 * j + 2 * hh] * (dpt[4 * j + 2 * hh] - delta.x);
@@ -368,18 +412,8 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
       WgmmaRS<Element, kHeadDim>(dk, ds_frag[kk], MnMajorDescriptor(q_tile, Tr::kQChunkBytes, kk), 1);
     WgmmaCommit();
 
-    // dS^T into buffer i % 2, rows = keys (64 warpgroup + row0 + 8hh), in
-    // TMA's swizzled order: row r's 16-byte chunk j at j ^ (r % 8). The
-    // A fragments hold exactly these pairs.
     const uint32_t ds_buf = (i % 2) * Tr::kDsBytes;
-#pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = 64 * warpgroup + row0 + 8 * hh;
-        const uint32_t addr = smem + Tr::kDsOffset + ds_buf + r * 128 + ((j ^ (r % 8)) * 16) + 4 * t;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(ds_frag[j / 2][(j % 2) * 2 + hh]) : "memory");
-      }
+    StoreDsTranspose<Tr>(smem + Tr::kDsOffset + ds_buf, ds_frag, warpgroup, row0, t);
     // The stores before the tensor cores' reads (async proxy), and, at 128,
     // the other warpgroup's too. Double buffering: a warpgroup writing step
     // i + 1's dS^T has passed step i's barrier, which the other reached
@@ -391,12 +425,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
     // dQ share = dS K: A = dS (queries x keys) from dS^T in shared memory,
     // B = K (keys x head dim), both MN-major.
     float dq[Tr::kDqCols / 2];
-    WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < Tr::kDqKeys / 16; ++kk)
-      WgmmaSSMn<Element, Tr::kDqCols>(dq, MnMajorDescriptor(dq_a + ds_buf, Tr::kDsBytes, kk),
-                                      MnMajorDescriptor(dq_b, Tr::kKvChunkBytes, kk), kk > 0 ? 1 : 0);
-    WgmmaCommit();
+    IssueDqProduct<Element, Tr>(dq, dq_a + ds_buf, dq_b);
     WgmmaWait<0>();
     FenceRegisters(dq);
     FenceRegisters(dv);
