@@ -5,7 +5,8 @@
 // one-thread-per-row kernels (from the same 16-bit out and float lse), then
 // timings (median of 20 samples after warm-up) beside the sm80 backward at
 // the same shapes. Exit code 1 on any FAIL; a hung launch ends the program
-// after 20 s.
+// after 20 s. First the building blocks alone (sm90_bwd_blocks.cuh), so that
+// a failing kernel comes with the likely culprit.
 //
 //   bash scripts/sm90_bwd_check.sh         # builds and runs this
 //   ./sm90_bwd_check --quick               # skip the 4096-long cases
@@ -24,6 +25,7 @@
 #include "common/params.h"
 #include "cuda/sm90/bwd_launch.cuh"
 #include "check_helpers.cuh"
+#include "sm90_bwd_blocks.cuh"
 #ifdef JAX_FLASH_CHECK_SM80
 #include "cuda/sm80/launch.cuh"
 #endif
@@ -378,6 +380,9 @@ int main(int argc, char** argv) {
       cases.push_back({4, 4096, 4096, 16, 16, 128, bool(causal), true});
     }
   int failures = 0;
+  failures += !sm90_bwd_check::CheckBwdBuildingBlocks<__nv_bfloat16, 64>("bf16");
+  failures += !sm90_bwd_check::CheckBwdBuildingBlocks<__nv_bfloat16, 128>("bf16");
+  failures += !sm90_bwd_check::CheckBwdBuildingBlocks<__half, 128>("f16");
   failures += !RejectsUnsupported<__nv_bfloat16>();
   for (const Case& c : cases) {
     failures += !RunCaseAnyHead<__nv_bfloat16>(c);
