@@ -27,9 +27,9 @@
 // Why dQ goes through shared memory and cp.reduce.async.bulk rather than
 // red.global.add.f32 from registers: the accumulator's blocked layout
 // (sm80/dq_accum.cuh) makes each 8-row group of a warpgroup's 64-column
-// share one contiguous run (2 KiB at 128, 2 KiB at 64), so the share is 8
-// bulk requests instead of 1024 per-thread float2 reds per warpgroup, the
-// issue slots and registers of the consumers stay free (the copy engine
+// share one contiguous run (8 rows x 64 columns: 2 KiB), so the share is 8
+// bulk requests (2 per warp) instead of 2048 float2 reds (16 per thread),
+// the issue slots and registers of the consumers stay free (the copy engine
 // runs it while the next step's products run), and the existing sm80
 // accumulator clear and conversion serve unchanged. The non-tensor bulk
 // form needs no tensor map over the blocked layout (whose last partial
@@ -40,7 +40,8 @@
 // counts its previous phase as done, pipeline.cuh). kv_full is used once
 // (parity 0). Named barriers: kDsBarrier (both consumer warpgroups: every
 // dS^T of a step written, at 128) and kStageBarrier + warpgroup (one
-// warpgroup: its dS^T written, at 64; its dQ staging free / written).
+// warpgroup: its dS^T written, at 64). The dQ staging needs only warp
+// syncs (each warp stages and sends its own rows).
 #pragma once
 
 #include <cuda.h>
@@ -196,17 +197,19 @@ __device__ __forceinline__ void StageRowStats(const BackwardArgs& a, BwdBarriers
   }
 }
 
-// The bulk reduce-adds of one warpgroup's dQ share, staged at `stage` as
-// StageDq leaves it: columns col0 .. col0 + cols of query rows m0 .. m0 + 63
-// (those below seqlen_q). Full 8-row groups are one run each in the
-// accumulator's blocked layout, a partial last group's rows (row-major
-// there) one run per row. By one thread.
+// The bulk reduce-adds of one warp's rows of its warpgroup's dQ share
+// (rows 16 warp .. + 15 of the step's queries m0 .., those below seqlen_q;
+// columns col0 .. col0 + cols), staged at `stage` as StageDq leaves them.
+// Full 8-row groups are one run each in the accumulator's blocked layout, a
+// partial last group's rows (row-major there) one run per row. By one lane.
 template <typename Tr>
-__device__ __forceinline__ void ReduceDqShare(const BackwardArgs& a, uint32_t stage, int b, int h, int m0,
-                                              int col0, int cols) {
+__device__ __forceinline__ void ReduceDqRows(const BackwardArgs& a, uint32_t stage, int b, int h, int m0, int warp,
+                                             int col0, int cols) {
   const int d = a.head_dim, rows = min(Tr::kBlockM, a.seqlen_q - m0);
   float* const head_rows = a.dq_accum + ((int64_t(b) * a.num_heads + h) * a.seqlen_q + m0) * d;
-  for (int r0 = 0; r0 < rows; r0 += 8) {
+#pragma unroll
+  for (int r0 = 16 * warp; r0 < 16 * warp + 16; r0 += 8) {
+    if (r0 >= rows) break;
     const uint32_t src = stage + uint32_t(r0 * cols * 4);
     if (r0 + 8 <= rows) {
       BulkReduceAddF32(head_rows + int64_t(r0) * d + col0 * 8, src, uint32_t(8 * cols * 4));
@@ -219,7 +222,7 @@ __device__ __forceinline__ void ReduceDqShare(const BackwardArgs& a, uint32_t st
 }
 
 // dQ share accumulator (m64n64: row 16 warp + g + 8hh, column 8j + 2t + e)
-// into the staging in the order ReduceDqShare sends: per 8-row group
+// into the staging in the order ReduceDqRows sends: per 8-row group
 // (cols * 8 floats), full groups as 8 x 8 blocks (block c / 8, row-major
 // inside: a warp's float2 stores of one (j, hh) fill 64 consecutive floats,
 // conflict-free), a partial group row-major. Columns from `cols` on (past
@@ -435,18 +438,19 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
     // Q, dO and the row statistics of stage s are read.
     if (lane == 0) MbarrierArrive(bars.empty(s));
 
-    // The staging is free once the previous step's bulk reduces have read it.
-    // (Unconditional barriers: a branch on dq_cols around them serialized
-    // the wgmmas as above; with dq_cols <= 0 nothing is staged or sent.)
-    if (tid == 0) BulkWaitRead<0>();
-    NamedBarrierSync(stage_barrier, 128);
+    // Each warp stages and sends its own 16 rows (2 groups), so only warp
+    // syncs order the staging: free again once the lane that sent the
+    // previous step's reduces has seen them read; the lanes' stores before
+    // its copy (async proxy). With dq_cols <= 0 nothing is staged or sent.
+    if (lane == 0) BulkWaitRead<0>();
+    __syncwarp();
     StageDq<Tr>(a, dq, dq_stage, m0, dq_cols, warp, g, t);
     FenceProxyAsync();
-    NamedBarrierSync(stage_barrier, 128);
-    if (tid == 0 && dq_cols > 0)
-      ReduceDqShare<Tr>(a, dq_stage, tile.b, steps.head(i, tile.hk, a.group), m0, dq_col0, dq_cols);
+    __syncwarp();
+    if (lane == 0 && dq_cols > 0)
+      ReduceDqRows<Tr>(a, dq_stage, tile.b, steps.head(i, tile.hk, a.group), m0, warp, dq_col0, dq_cols);
   }
-  if (tid == 0) BulkWait<0>();  // the block's shared memory stays until the last reduce has run
+  if (lane == 0) BulkWait<0>();  // the block's shared memory stays until the last reduce has run
 
   StoreKeyGradient<Element, kHeadDim>(a, a.dk, dk, a.scale, wg_n0 + row0, tile.b, tile.hk, t);
   StoreKeyGradient<Element, kHeadDim>(a, a.dv, dv, 1.0f, wg_n0 + row0, tile.b, tile.hk, t);
