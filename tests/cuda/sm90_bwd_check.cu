@@ -143,7 +143,7 @@ struct Case {
 
 struct TimingRow {
   std::string shape;
-  double sm90 = 0, sm80 = 0;
+  double sm90 = 0, sm90_serial = 0, sm80 = 0;
 };
 std::vector<TimingRow> timing_rows;
 
@@ -272,13 +272,21 @@ bool RunCase(const Case& c) {
     return ok;
   };
 
-  auto launch90 = [&] { return jax_flash::cuda::sm90::LaunchBackward<Element, kHeadDim>(p, 0); };
-  const bool ok = run_and_check("sm90", launch90);
+  // Both schedules (bwd_kernel_traits.cuh), the default (kEarlyS) first:
+  // a failure of only one points at its step order.
+  using jax_flash::cuda::sm90::BwdSchedule;
+  using jax_flash::cuda::sm90::LaunchBackwardScheduled;
+  auto launch90 = [&] { return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kEarlyS>(p, 0); };
+  auto launch90_serial = [&] { return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kSerial>(p, 0); };
+  bool ok = run_and_check("sm90 early-S (default)", launch90);
+  ok &= run_and_check("sm90 serial", launch90_serial);
   TimingRow row;
   if (ok && c.timed) {
-    const float ms = TimeLaunches(launch90);
+    const float ms = TimeLaunches(launch90), ms_serial = TimeLaunches(launch90_serial);
     row.sm90 = ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0;
-    std::printf("  time sm90: %.3f ms, %.1f TFLOP/s\n", ms, row.sm90);
+    row.sm90_serial = ms_serial > 0 ? flops / (ms_serial * 1e-3) / 1e12 : 0.0;
+    std::printf("  time sm90 early-S: %.3f ms, %.1f TFLOP/s; serial: %.3f ms, %.1f TFLOP/s\n", ms, row.sm90,
+                ms_serial, row.sm90_serial);
   }
 #ifdef JAX_FLASH_CHECK_SM80
   // sm80's backward on the same inputs: its errors show what the tolerance
@@ -390,14 +398,16 @@ int main(int argc, char** argv) {
   }
   if (!timing_rows.empty()) {
     std::printf("\nTFLOP/s (2.5 x 4 B N T S H, halved when causal; delta pass + kernel + dQ conversion; median of 20 x 5)\n");
-    std::printf("%-40s %8s %8s %8s\n", "shape", "sm90", "sm80", "ratio");
+    std::printf("%-40s %8s %8s %8s %8s\n", "shape", "early-S", "serial", "sm80", "ratio");
     for (const TimingRow& r : timing_rows)
-      std::printf("%-40s %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm80, r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
+      std::printf("%-40s %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm90_serial, r.sm80,
+                  r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
   }
   std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ALL PASS", failures);
   if (failures)
     std::printf(
-        "where to look: only dv wrong -> P^T (lse staging, masks) or dO's MN-major descriptor; dv right, dk "
+        "where to look: only the early-S schedule fails -> bwd_kernel.cuh's step order (send_dq after the "
+        "next S^T, the wgmma waits); only dv wrong -> P^T (lse staging, masks) or dO's MN-major descriptor; dv right, dk "
         "wrong -> dS^T (delta, dP^T = V dO^T) or Q's MN-major descriptor; dk, dv right, dq wrong -> the dS^T "
         "smem tile / WgmmaSSMn descriptors or the dQ staging and bulk reduces (blocked layout, tails); only "
         "GQA or T != S fails -> BwdSteps / BwdTile; a HANG -> barrier phases (empty / q_full / do_full "

@@ -48,6 +48,7 @@
 #include <math_constants.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/params.h"
 #include "cuda/row_stats.cuh"
@@ -308,45 +309,89 @@ __device__ __forceinline__ uint32_t DqKCols(uint32_t k_tile, int warpgroup) {
   return k_tile + (Tr::kDqSplitColumns ? warpgroup * Tr::kKvChunkBytes : warpgroup * 64 * 128);
 }
 
+// A copy of `x` the compiler cannot see through: addresses derived from it
+// at their use are recomputed there instead of hoisted out of the step
+// loop, where their descriptors (64-bit, one per k step) took the registers
+// that ptxas then spilled (kEarlyS at 128).
+__device__ __forceinline__ uint32_t Opaque(uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 // One consumer warpgroup's whole tile: keys n0 + 64 warpgroup .. + 63.
-template <typename Element, typename Tr>
+// kEarlyS (BwdSchedule::kEarlyS): step i's dQ share is staged and sent
+// after step i + 1's S^T is issued, so that the tensor cores run S^T under
+// the staging; kSerial: each step's share right after its product.
+template <typename Element, typename Tr, bool kEarlyS>
 __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBarriers<Tr> bars, uint32_t smem,
                                                     int warpgroup, const BwdTile& tile, const BwdSteps<Tr>& steps) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockM = Tr::kBlockM;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int row0 = warp * 16 + g;  // this thread's keys in the warpgroup: row0, row0 + 8
   const int wg_n0 = tile.n_block * Tr::kBlockN + 64 * warpgroup;
-  const uint32_t k_rows = smem + Tr::kKOffset + warpgroup * 64 * 128;
-  const uint32_t v_rows = smem + Tr::kVOffset + warpgroup * 64 * 128;
   // dQ share: columns dq_col0 .. + dq_cols of dS K over keys dq_keys ..
   const int dq_col0 = Tr::kDqSplitColumns ? Tr::kDqCols * warpgroup : 0;
   const int dq_cols = min(Tr::kDqCols, a.head_dim - dq_col0);  // <= 0: nothing (head dims up to 64 at 128)
-  const uint32_t dq_a = DqDsRows<Tr>(smem + Tr::kDsOffset, warpgroup);
-  const uint32_t dq_b = DqKCols<Tr>(smem + Tr::kKOffset, warpgroup);
-  const uint32_t dq_stage = smem + Tr::kDqStageOffset + warpgroup * Tr::kDqStageBytes;
   const int stage_barrier = kStageBarrier + warpgroup;
 
   float dk[kHeadDim / 2], dv[kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = dv[i] = 0.0f;
 
-  MbarrierWait(bars.kv_full(), 0);
-  for (int i = 0; i < steps.count; ++i) {
+  // S^T = K Q^T [64 keys][64 queries] of step i, raw, issued and committed.
+  float st[kBlockM / 2];
+  auto issue_s = [&](int i) {
     const int s = i % Tr::kStages;
-    const uint32_t parity = (i / Tr::kStages) & 1;
-    const int m0 = steps.m0(i);
-    const uint32_t q_tile = smem + Tr::kQOffset + s * Tr::kQTileBytes;
-    const uint32_t do_tile = smem + Tr::kDoOffset + s * Tr::kQTileBytes;
-
-    // S^T = K Q^T and dP^T = V dO^T [64 keys][64 queries], raw.
-    float st[kBlockM / 2], dpt[kBlockM / 2];
-    MbarrierWait(bars.q_full(s), parity);
+    const uint32_t base = Opaque(smem);
+    const uint32_t q_tile = base + Tr::kQOffset + s * Tr::kQTileBytes;
+    const uint32_t k_rows = base + Tr::kKOffset + warpgroup * 64 * 128;
+    MbarrierWait(bars.q_full(s), (i / Tr::kStages) & 1);
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
       WgmmaSS<Element, kBlockM>(st, KMajorDescriptor<Tr>(k_rows, Tr::kKvChunkBytes, kk),
                                 KMajorDescriptor<Tr>(q_tile, Tr::kQChunkBytes, kk), kk > 0 ? 1 : 0);
     WgmmaCommit();
+  };
+
+  // The dQ share of step i (in dq, its product done) through the staging
+  // into the accumulator. Each warp stages and sends its own 16 rows (2
+  // groups), so only warp syncs order the staging: free again once the lane
+  // that sent the previous step's reduces has seen them read; the lanes'
+  // stores before its copy (async proxy). With dq_cols <= 0 nothing is
+  // staged or sent.
+  float dq[Tr::kDqCols / 2];
+  auto send_dq = [&](int i) {
+    const int m0 = steps.m0(i);
+    if (lane == 0) BulkWaitRead<0>();
+    __syncwarp();
+    const uint32_t dq_stage = Opaque(smem) + Tr::kDqStageOffset + warpgroup * Tr::kDqStageBytes;
+    StageDq<Tr>(a, dq, dq_stage, m0, dq_cols, warp, g, t);
+    FenceProxyAsync();
+    __syncwarp();
+    if (lane == 0 && dq_cols > 0)
+      ReduceDqRows<Tr>(a, dq_stage, tile.b, steps.head(i, tile.hk, a.group), m0, warp, dq_col0, dq_cols);
+  };
+
+  MbarrierWait(bars.kv_full(), 0);
+  // Step i up to its dQ product (done, in dq). kSendPrevious (kEarlyS, all
+  // steps but the first): step i - 1's dQ share is sent right after step
+  // i's S^T is issued, so that S^T runs under it. (Issuing S^T at the end
+  // of step i - 1 instead kept it in flight across the loop's back edge,
+  // where ptxas serialized every wgmma, C7514.)
+  auto step = [&](int i, auto send_previous) {
+    constexpr bool kSendPrevious = decltype(send_previous)::value;
+    const int s = i % Tr::kStages;
+    const uint32_t parity = (i / Tr::kStages) & 1;
+    const int m0 = steps.m0(i);
+    issue_s(i);
+    if constexpr (kSendPrevious) send_dq(i - 1);
+    // dP^T = V dO^T [64 keys][64 queries], raw.
+    float dpt[kBlockM / 2];
+    const uint32_t base = Opaque(smem);
+    const uint32_t q_tile = base + Tr::kQOffset + s * Tr::kQTileBytes;
+    const uint32_t do_tile = base + Tr::kDoOffset + s * Tr::kQTileBytes;
+    const uint32_t v_rows = base + Tr::kVOffset + warpgroup * 64 * 128;
     MbarrierWait(bars.do_full(s), parity);
     WgmmaFence();
 #pragma unroll
@@ -427,8 +472,9 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
 
     // dQ share = dS K: A = dS (queries x keys) from dS^T in shared memory,
     // B = K (keys x head dim), both MN-major.
-    float dq[Tr::kDqCols / 2];
-    IssueDqProduct<Element, Tr>(dq, dq_a + ds_buf, dq_b);
+    const uint32_t dq_base = Opaque(smem);
+    IssueDqProduct<Element, Tr>(dq, DqDsRows<Tr>(dq_base + Tr::kDsOffset, warpgroup) + ds_buf,
+                                DqKCols<Tr>(dq_base + Tr::kKOffset, warpgroup));
     WgmmaWait<0>();
     FenceRegisters(dq);
     FenceRegisters(dv);
@@ -437,18 +483,18 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
     for (int kk = 0; kk < kBlockM / 16; ++kk) FenceRegisters(p_frag[kk]), FenceRegisters(ds_frag[kk]);
     // Q, dO and the row statistics of stage s are read.
     if (lane == 0) MbarrierArrive(bars.empty(s));
-
-    // Each warp stages and sends its own 16 rows (2 groups), so only warp
-    // syncs order the staging: free again once the lane that sent the
-    // previous step's reduces has seen them read; the lanes' stores before
-    // its copy (async proxy). With dq_cols <= 0 nothing is staged or sent.
-    if (lane == 0) BulkWaitRead<0>();
-    __syncwarp();
-    StageDq<Tr>(a, dq, dq_stage, m0, dq_cols, warp, g, t);
-    FenceProxyAsync();
-    __syncwarp();
-    if (lane == 0 && dq_cols > 0)
-      ReduceDqRows<Tr>(a, dq_stage, tile.b, steps.head(i, tile.hk, a.group), m0, warp, dq_col0, dq_cols);
+  };
+  if constexpr (kEarlyS) {
+    if (steps.count > 0) {
+      step(0, std::false_type{});
+      for (int i = 1; i < steps.count; ++i) step(i, std::true_type{});
+      send_dq(steps.count - 1);
+    }
+  } else {
+    for (int i = 0; i < steps.count; ++i) {
+      step(i, std::false_type{});
+      send_dq(i);
+    }
   }
   if (lane == 0) BulkWait<0>();  // the block's shared memory stays until the last reduce has run
 
@@ -457,7 +503,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
 }
 
 // grid: key_blocks * num_heads_k * batch blocks, one tile each (BwdTile).
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, BwdSchedule kSchedule>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     BackwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                    const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
@@ -481,7 +527,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     else if (threadIdx.x / 32 == 1) StageRowStats<Tr>(a, bars, smem, tile, steps, threadIdx.x % 32);
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
-    ConsumeBackwardTile<Element, Tr>(a, bars, smem, warpgroup - 1, tile, steps);
+    ConsumeBackwardTile<Element, Tr, kSchedule == BwdSchedule::kEarlyS>(a, bars, smem, warpgroup - 1, tile, steps);
   }
 }
 

@@ -4,6 +4,13 @@
 
 namespace jax_flash::cuda::sm90 {
 
+// How a consumer warpgroup orders a step's products (bwd_kernel.cuh):
+//   kSerial: S^T, dP^T, dV / dK, dQ, then the dQ staging, step after step.
+//   kEarlyS: the next step's S^T issued before this step's dQ staging, so
+//            the tensor cores run it under the staging (the default; the
+//            check program times both).
+enum class BwdSchedule { kSerial, kEarlyS };
+
 template <int kHeadDim_>
 struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_;  // 64 or 128 (256: not yet, see below)
@@ -27,6 +34,7 @@ struct BwdTraits {
   static constexpr int kBlockM = 64;
   // Q/dO ring depth: the copies of step m + 1 run under step m's products.
   static constexpr int kStages = 2;
+  static constexpr BwdSchedule kDefaultSchedule = BwdSchedule::kEarlyS;
 
   // dQ = dS K [kBlockM x kHeadDim] per step. At 128 the two consumer
   // warpgroups split its columns (64 each, one 128-byte chunk of K: a wgmma
@@ -41,12 +49,13 @@ struct BwdTraits {
   static constexpr int kDqKeys = kDqSplitColumns ? kBlockN : 64;  // k of one warpgroup's dQ product
   static constexpr int kDqCols = 64;                              // N of one warpgroup's dQ product
 
-  // setmaxnreg: 128 x 40 + 256 x 232 = 64512 of the SM's 65536. The
-  // forward's 24 for the producer made ptxas spill 36 bytes there (its two
-  // roles keep the step's coordinates live); the consumers fit 232 without
-  // spills (ptxas, both head dims).
-  static constexpr int kProducerRegisters = 40;
-  static constexpr int kConsumerRegisters = 232;
+  // setmaxnreg as the forward (kernel_traits.cuh): 128 x 24 + 256 x 240 =
+  // 64512 of the SM's 65536. The consumers need the 240 (kEarlyS at 128
+  // spilled descriptors at 232); the producer's two roles then spill a few
+  // words there (ptxas: 28 bytes at 128, 20 at 64, in thread 0's and warp
+  // 1's step loops: local accesses off the consumers' path).
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
 
   // Tiles as TMA's 128-byte swizzle writes them (wgmma.cuh): column chunks
   // of 64 16-bit elements, [rows][128 B] each, 1024-byte atoms of 8 rows.

@@ -23,8 +23,8 @@ inline std::string DescribeBackward(const AttentionShape& s, int head_dim_padded
          std::to_string(head_dim_padded) + ")";
 }
 
-template <typename Element, int kHeadDim>
-std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
+template <typename Element, int kHeadDim, BwdSchedule kSchedule>
+std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t stream) {
   using Tr = BwdTraits<kHeadDim>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   const auto& s = p.shape;
@@ -114,7 +114,7 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
     args.scale = float(p.scale);
     args.is_causal = p.is_causal;
 
-    auto kernel = BackwardKernel<Element, kHeadDim>;
+    auto kernel = BackwardKernel<Element, kHeadDim, kSchedule>;
     if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 backward kernel"); !e.empty())
       return e + " (" + what + ")";
     kernel<<<unsigned(tiles), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, do_map, args);
@@ -128,6 +128,11 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
     if (auto e = CheckLaunch("dq convert kernel"); !e.empty()) return e + " (" + what + ")";
   }
   return {};
+}
+
+template <typename Element, int kHeadDim>
+std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
+  return LaunchBackwardScheduled<Element, kHeadDim, BwdTraits<kHeadDim>::kDefaultSchedule>(p, stream);
 }
 
 #define JAX_FLASH_INSTANTIATE_SM90_BWD(Element)                                            \
