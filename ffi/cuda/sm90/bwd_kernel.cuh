@@ -15,14 +15,17 @@
 //     warp 1: per step, wait empty[s]; lse (log2 units) and delta of the 64
 //       queries into shared memory; each lane arrives on do_full[s]
 //   warpgroups 1, 2 (consumers, 240 registers), 64 keys each; per step:
-//     S^T = K Q^T, dP^T = V dO^T (wgmma, smem x smem, issued together);
-//     P^T = exp2(S^T scale log2(e) - lse2), dS^T = P^T (dP^T - delta), both
-//     to 16-bit A fragments; dV += P^T dO, dK += dS^T Q (wgmma, registers x
-//     smem, in registers over all steps); dS^T to shared memory;
-//     dQ_share = dS K (wgmma, smem x smem, both operands MN-major); arrive
-//     empty[s]; dQ_share through shared memory into the float32 accumulator
-//     by bulk reduce-adds (below).
-//   Epilogue: dK * scale and dV to global memory in the input dtype.
+//     S^T = K Q^T (wgmma, smem x smem); [kEarlyS: the previous step's dQ
+//     share sent here, under S^T]; dP^T = V dO^T; P^T = exp2(S^T scale
+//     log2(e) - lse2) while dP^T runs, dS^T = P^T (dP^T - delta), both to
+//     16-bit A fragments; dV += P^T dO, dK += dS^T Q (wgmma, registers x
+//     smem, in registers over all steps); dS^T to shared memory (named
+//     barrier); dQ_share = dS K (wgmma, smem x smem, both operands MN-major);
+//     wait; arrive empty[s]; [kSerial: dQ_share sent here]. Sending: the
+//     share through shared memory into the float32 accumulator by bulk
+//     reduce-adds (below).
+//   Epilogue: dK * scale and dV straight from registers to global memory in
+//   the input dtype (once per tile).
 //
 // Why dQ goes through shared memory and cp.reduce.async.bulk rather than
 // red.global.add.f32 from registers: the accumulator's blocked layout
