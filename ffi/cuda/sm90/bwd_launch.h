@@ -16,7 +16,7 @@ namespace jax_flash::cuda::sm90 {
 inline bool BackwardCoversHeadDim(int64_t head_dim) { return head_dim >= 1 && head_dim <= 128; }
 
 // Shared memory (bytes) of the backward serving a head dim (<= 128), for
-// the dispatch to check against the device (129 KiB at 64, 193 KiB at 128).
+// the dispatch to check against the device (130 KiB at 64, 194 KiB at 128).
 inline int BackwardSmemBytes(int64_t head_dim) {
   return head_dim <= 64 ? BwdTraits<64>::kSmemBytes : BwdTraits<128>::kSmemBytes;
 }
