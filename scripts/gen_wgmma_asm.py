@@ -8,6 +8,7 @@ import pathlib
 
 SS_WIDTHS = (64, 80, 128, 176)  # S = Q K^T: N = kBlockN
 RS_WIDTHS = (64, 128, 256)  # O += P V: N = kHeadDim
+SS_MN_WIDTHS = (64,)  # backward dQ = dS K: both operands MN-major
 
 
 def operands(count, start=0):
@@ -53,6 +54,18 @@ def main():
             f'      "{{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, p, 1, 1, 1;\\n}}\\n"',
             f"      : {accumulators(r)}",
             '      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d))',
+        ]))
+    for n in SS_MN_WIDTHS:
+        r = n // 2
+        out.append(f"\n// m64n{n}k16, A and B from shared memory, both MN-major (imm-trans-a = imm-trans-b = 1).\n")
+        out.append(macro(f"JAX_FLASH_WGMMA_SS_MN_{n}", [
+            "  asm volatile(",
+            f'      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"',
+            f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32." TYPE "." TYPE " "',
+            f'      "{{{operands(r)}}}, "',
+            f'      "%{r}, %{r + 1}, p, 1, 1, 1, 1;\\n}}\\n"',
+            f"      : {accumulators(r)}",
+            '      : "l"(a_desc), "l"(b_desc), "r"(scale_d))',
         ]))
     path = pathlib.Path(__file__).resolve().parent.parent / "ffi/cuda/sm90/wgmma_asm.inc"
     path.write_text("".join(out))

@@ -100,6 +100,15 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[N / 2], const uint32_t (&a)[4
   }
 }
 
+// d[64 x N] (+)= A[64 x 16] B[16 x N]; A and B MN-major in shared memory
+// (M, N contiguous: both transposed by the hardware). The backward's dQ =
+// dS K reads dS from its stored transpose dS^T and K from its own tile.
+template <typename Element, int N>
+__device__ __forceinline__ void WgmmaSSMn(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  static_assert(N == 64, "add the width to scripts/gen_wgmma_asm.py");
+  if constexpr (kIsBf16<Element>) JAX_FLASH_WGMMA_SS_MN_64("bf16"); else JAX_FLASH_WGMMA_SS_MN_64("f16");
+}
+
 // Two floats as one 32-bit register of two 16-bit values (low half = a).
 template <typename Element>
 __device__ __forceinline__ uint32_t PackPair(float a, float b) {

@@ -1,0 +1,537 @@
+// FlashAttention backward for Hopper (sm_90a), float16/bfloat16, plain and
+// causal, GQA: FlashAttention-3's structure (warp specialization, TMA ring,
+// wgmma, S^T = K Q^T so that P^T and dS^T come out as the A operands of dV
+// and dK) in our own code. Runs between sm80's DeltaAndClearKernel (delta =
+// rowsum(dO * O), the float32 dQ accumulator zeroed) and DqConvertKernel
+// (dQ = scale * accumulator in the input dtype); bwd_launch.cuh.
+//
+// One block per tile (128 keys, key head, batch), three warpgroups:
+//
+//   warpgroup 0 (producer, 24 registers):
+//     thread 0: K, V of the tile once -> kv_full; then for each step (query
+//       head g of the key head's group, query block m that sees the tile;
+//       causal: m from the diagonal down), into stage s = step % 2:
+//       wait empty[s]; Q -> q_full[s]; dO -> do_full[s]
+//     warp 1: per step, wait empty[s]; lse (log2 units) and delta of the 64
+//       queries into shared memory; each lane arrives on do_full[s]
+//   warpgroups 1, 2 (consumers, 240 registers), 64 keys each; per step:
+//     S^T = K Q^T (wgmma, smem x smem); [kEarlyS: the previous step's dQ
+//     share sent here, under S^T]; dP^T = V dO^T; P^T = exp2(S^T scale
+//     log2(e) - lse2) while dP^T runs, dS^T = P^T (dP^T - delta), both to
+//     16-bit A fragments; dV += P^T dO, dK += dS^T Q (wgmma, registers x
+//     smem, in registers over all steps); dS^T to shared memory (named
+//     barrier); dQ_share = dS K (wgmma, smem x smem, both operands MN-major);
+//     wait; arrive empty[s]; [kSerial: dQ_share sent here]. Sending: the
+//     share through shared memory into the float32 accumulator by bulk
+//     reduce-adds (below).
+//   Epilogue: dK * scale and dV straight from registers to global memory in
+//   the input dtype (once per tile).
+//
+// Why dQ goes through shared memory and cp.reduce.async.bulk rather than
+// red.global.add.f32 from registers: the accumulator's blocked layout
+// (sm80/dq_accum.cuh) makes each 8-row group of a warpgroup's 64-column
+// share one contiguous run (8 rows x 64 columns: 2 KiB), so the share is 8
+// bulk requests (2 per warp) instead of 2048 float2 reds (16 per thread),
+// the issue slots and registers of the consumers stay free (the copy engine
+// runs it while the next step's products run), and the existing sm80
+// accumulator clear and conversion serve unchanged. The non-tensor bulk
+// form needs no tensor map over the blocked layout (whose last partial
+// group is row-major); cp.reduce.async.bulk.tensor would.
+//
+// Barrier phases: step i uses stage i % 2 in parity (i / 2) & 1 on q_full,
+// do_full and empty; producers wait on empty from parity 1 (a fresh barrier
+// counts its previous phase as done, pipeline.cuh). kv_full is used once
+// (parity 0). Named barriers: kDsBarrier (both consumer warpgroups: every
+// dS^T of a step written, at 128) and kStageBarrier + warpgroup (one
+// warpgroup: its dS^T written, at 64). The dQ staging needs only warp
+// syncs (each warp stages and sends its own rows).
+#pragma once
+
+#include <cuda.h>
+#include <math_constants.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/params.h"
+#include "cuda/row_stats.cuh"
+#include "cuda/sm90/bulk_reduce.cuh"
+#include "cuda/sm90/bwd_kernel_traits.cuh"
+#include "cuda/sm90/pipeline.cuh"  // LoadTile, KMajorDescriptor, PrefetchTensorMap
+#include "cuda/sm90/softmax.cuh"   // OnlineSoftmax::ToFragments
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace jax_flash::cuda::sm90 {
+
+// What the kernel reads besides the tensor maps.
+struct BackwardArgs {
+  void* dk;  // [B, Tk, K, H] strided like k
+  void* dv;  // [B, Tk, K, H] strided like k
+  const float* lse;    // [B, N, Tq], natural log
+  const float* delta;  // [B, N, Tq]
+  float* dq_accum;     // [B, N, Tq, H] floats in sm80's blocked layout (dq_accum.cuh)
+  Strides k_stride;
+  int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, group, head_dim;
+  int key_blocks;    // ceil(seqlen_k / kBlockN)
+  float scale_log2;  // scale * log2(e), scale > 0
+  float scale;
+  bool is_causal;
+};
+
+constexpr int kDsBarrier = 1;
+constexpr int kStageBarrier = 2;  // + consumer warpgroup
+
+// The tile of block `tile`: causal, key blocks outermost from the first (it
+// sees every query block: the heaviest tiles launch first, the light ones
+// fill the end); otherwise a head's key blocks are consecutive, so blocks
+// running together share its Q, dO and dQ rows in L2.
+struct BwdTile {
+  int n_block, hk, b;
+  __device__ BwdTile(const BackwardArgs& a, int tile) {
+    int rest;
+    if (a.is_causal) {
+      n_block = tile / (a.num_heads_k * a.batch);
+      rest = tile % (a.num_heads_k * a.batch);
+    } else {
+      n_block = tile % a.key_blocks;
+      rest = tile / a.key_blocks;
+    }
+    hk = rest % a.num_heads_k;
+    b = rest / a.num_heads_k;
+  }
+};
+
+template <typename Tr>
+struct BwdBarriers {
+  uint32_t base;
+  __device__ uint32_t kv_full() const { return base; }
+  __device__ uint32_t q_full(int s) const { return base + 8 * (1 + s); }
+  __device__ uint32_t do_full(int s) const { return base + 8 * (1 + Tr::kStages + s); }
+  // Stage s free again: every consumer warp is past its step's products
+  // (one arrival per warp, its lane 0 after the wgmma wait).
+  __device__ uint32_t empty(int s) const { return base + 8 * (1 + 2 * Tr::kStages + s); }
+
+  // By one thread, before the __syncthreads that publishes them. do_full
+  // takes the TMA thread's arrival (with dO's bytes) and one per lane of the
+  // warp that stages lse and delta.
+  __device__ void Init() const {
+    MbarrierInit(kv_full(), 1);
+    for (int s = 0; s < Tr::kStages; ++s) {
+      MbarrierInit(q_full(s), 1);
+      MbarrierInit(do_full(s), 1 + 32);
+      MbarrierInit(empty(s), Tr::kConsumerWarps);
+    }
+    FenceBarrierInit();
+  }
+};
+
+// The steps of a tile: query heads of the key head's group outermost, then
+// the query blocks that see the tile's keys (causal: those whose last query
+// reaches the first key, n0 = kBlockN * n_block).
+template <typename Tr>
+struct BwdSteps {
+  int m_first, m_count, count;
+  __device__ BwdSteps(const BackwardArgs& a, int n_block) {
+    const int m_blocks = (a.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+    m_first = a.is_causal ? min(n_block * Tr::kBlockN / Tr::kBlockM, m_blocks) : 0;
+    m_count = m_blocks - m_first;
+    count = m_count * a.group;
+  }
+  __device__ int m0(int i) const { return (m_first + i % m_count) * Tr::kBlockM; }
+  __device__ int head(int i, int hk, int group) const { return hk * group + i / m_count; }
+};
+
+// MN-major descriptor (wgmma.cuh) of a tile's rows from `rows` on, k16 step
+// kk (16 rows of 128 bytes); `chunk_bytes`: its 64-column chunks' stride.
+__device__ __forceinline__ uint64_t MnMajorDescriptor(uint32_t rows, int chunk_bytes, int kk) {
+  return SmemDescriptor(rows + kk * 16 * 128, chunk_bytes, 1024);
+}
+
+// Thread 0 of the producer: the tile's K and V, then Q and dO per step.
+template <typename Tr>
+__device__ __forceinline__ void ProduceBackwardTile(const CUtensorMap* q_map, const CUtensorMap* k_map,
+                                                    const CUtensorMap* v_map, const CUtensorMap* do_map,
+                                                    const BackwardArgs& a, BwdBarriers<Tr> bars, uint32_t smem,
+                                                    const BwdTile& tile, const BwdSteps<Tr>& steps) {
+  PrefetchTensorMap(q_map);
+  PrefetchTensorMap(k_map);
+  PrefetchTensorMap(v_map);
+  PrefetchTensorMap(do_map);
+  const int n0 = tile.n_block * Tr::kBlockN;
+  MbarrierArriveExpectTx(bars.kv_full(), 2 * Tr::kKvTileBytes);
+  LoadTile<Tr>(smem + Tr::kKOffset, Tr::kKvChunkBytes, k_map, bars.kv_full(), n0, tile.hk, tile.b);
+  LoadTile<Tr>(smem + Tr::kVOffset, Tr::kKvChunkBytes, v_map, bars.kv_full(), n0, tile.hk, tile.b);
+  for (int i = 0; i < steps.count; ++i) {
+    const int s = i % Tr::kStages;
+    const uint32_t parity = (i / Tr::kStages) & 1;
+    const int m0 = steps.m0(i), h = steps.head(i, tile.hk, a.group);
+    MbarrierWait(bars.empty(s), parity ^ 1);
+    MbarrierArriveExpectTx(bars.q_full(s), Tr::kQTileBytes);
+    LoadTile<Tr>(smem + Tr::kQOffset + s * Tr::kQTileBytes, Tr::kQChunkBytes, q_map, bars.q_full(s), m0, h,
+                 tile.b);
+    MbarrierArriveExpectTx(bars.do_full(s), Tr::kQTileBytes);
+    LoadTile<Tr>(smem + Tr::kDoOffset + s * Tr::kQTileBytes, Tr::kQChunkBytes, do_map, bars.do_full(s), m0, h,
+                 tile.b);
+  }
+}
+
+// Warp 1 of the producer: per step, lse in log2 units (+inf past seqlen_q,
+// so that those queries' P is 0; Log2Lse: also for rows that saw no key)
+// and delta (0 past seqlen_q) of the step's queries, [lse2 x 64][delta x 64].
+template <typename Tr>
+__device__ __forceinline__ void StageRowStats(const BackwardArgs& a, BwdBarriers<Tr> bars, uint32_t smem,
+                                              const BwdTile& tile, const BwdSteps<Tr>& steps, int lane) {
+  for (int i = 0; i < steps.count; ++i) {
+    const int s = i % Tr::kStages;
+    const uint32_t parity = (i / Tr::kStages) & 1;
+    const int m0 = steps.m0(i), h = steps.head(i, tile.hk, a.group);
+    const int64_t row0 = (int64_t(tile.b) * a.num_heads + h) * a.seqlen_q;
+    MbarrierWait(bars.empty(s), parity ^ 1);
+    const uint32_t stats = smem + Tr::kStatOffset + s * Tr::kStatBytes;
+#pragma unroll
+    for (int r = lane; r < Tr::kBlockM; r += 32) {
+      const int q = m0 + r;
+      const float lse2 = q < a.seqlen_q ? Log2Lse(a.lse[row0 + q]) : CUDART_INF_F;
+      const float delta = q < a.seqlen_q ? a.delta[row0 + q] : 0.0f;
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(stats + 4 * r), "f"(lse2) : "memory");
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(stats + 4 * (Tr::kBlockM + r)), "f"(delta) : "memory");
+    }
+    MbarrierArrive(bars.do_full(s));  // release: the stores above are visible to the waiters
+  }
+}
+
+// The bulk reduce-adds of one warp's rows of its warpgroup's dQ share
+// (rows 16 warp .. + 15 of the step's queries m0 .., those below seqlen_q;
+// columns col0 .. col0 + cols), staged at `stage` as StageDq leaves them.
+// Full 8-row groups are one run each in the accumulator's blocked layout, a
+// partial last group's rows (row-major there) one run per row. By one lane.
+template <typename Tr>
+__device__ __forceinline__ void ReduceDqRows(const BackwardArgs& a, uint32_t stage, int b, int h, int m0, int warp,
+                                             int col0, int cols) {
+  const int d = a.head_dim, rows = min(Tr::kBlockM, a.seqlen_q - m0);
+  float* const head_rows = a.dq_accum + ((int64_t(b) * a.num_heads + h) * a.seqlen_q + m0) * d;
+#pragma unroll
+  for (int r0 = 16 * warp; r0 < 16 * warp + 16; r0 += 8) {
+    if (r0 >= rows) break;
+    const uint32_t src = stage + uint32_t(r0 * cols * 4);
+    if (r0 + 8 <= rows) {
+      BulkReduceAddF32(head_rows + int64_t(r0) * d + col0 * 8, src, uint32_t(8 * cols * 4));
+    } else {
+      for (int r = r0; r < rows; ++r)
+        BulkReduceAddF32(head_rows + int64_t(r) * d + col0, src + uint32_t((r - r0) * cols * 4), uint32_t(cols * 4));
+    }
+  }
+  BulkCommit();
+}
+
+// dQ share accumulator (m64n64: row 16 warp + g + 8hh, column 8j + 2t + e)
+// into the staging in the order ReduceDqRows sends: per 8-row group
+// (cols * 8 floats), full groups as 8 x 8 blocks (block c / 8, row-major
+// inside: a warp's float2 stores of one (j, hh) fill 64 consecutive floats,
+// conflict-free), a partial group row-major. Columns from `cols` on (past
+// head_dim) are not staged.
+template <typename Tr>
+__device__ __forceinline__ void StageDq(const BackwardArgs& a, const float (&dq)[Tr::kDqCols / 2], uint32_t stage,
+                                        int m0, int cols, int warp, int g, int t) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int group = 2 * warp + hh;
+    const bool full = m0 + 8 * group + 8 <= a.seqlen_q;
+#pragma unroll
+    for (int j = 0; j < Tr::kDqCols / 8; ++j) {
+      const int c = 8 * j + 2 * t;
+      if (c >= cols) continue;
+      const int offset = group * 8 * cols + (full ? j * 64 + g * 8 + 2 * t : g * cols + c);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(stage + 4 * offset), "f"(dq[4 * j + 2 * hh]),
+                   "f"(dq[4 * j + 2 * hh + 1])
+                   : "memory");
+    }
+  }
+}
+
+// dK (times scale) or dV rows of this thread to global memory: 32-bit pairs
+// (head_dim is a multiple of 8; the launch checks 16-byte strides).
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void StoreKeyGradient(const BackwardArgs& a, void* base, const float (&acc)[kHeadDim / 2],
+                                                 float scale, int key0, int b, int hk, int t) {
+  Element* rows = static_cast<Element*>(base) + int64_t(b) * a.k_stride.batch + int64_t(hk) * a.k_stride.head;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int key = key0 + 8 * hh;
+    if (key >= a.seqlen_k) continue;
+    Element* row = rows + int64_t(key) * a.k_stride.row;
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      const int col = 8 * j + 2 * t;
+      if (col < a.head_dim)
+        *reinterpret_cast<uint32_t*>(row + col) =
+            PackPair<Element>(acc[4 * j + 2 * hh] * scale, acc[4 * j + 2 * hh + 1] * scale);
+    }
+  }
+}
+
+// This thread's dS^T pairs (the A fragments of dK += dS^T Q) into the
+// [kBlockN keys][kBlockM queries] tile at `ds_tile`, rows = keys 64
+// warpgroup + row0 + 8hh, in TMA's swizzled order (row r's 16-byte chunk j
+// at j ^ (r % 8)): the MN-major A operand of dQ = dS K.
+template <typename Tr>
+__device__ __forceinline__ void StoreDsTranspose(uint32_t ds_tile, const uint32_t (&ds_frag)[Tr::kBlockM / 16][4],
+                                                 int warpgroup, int row0, int t) {
+#pragma unroll
+  for (int j = 0; j < Tr::kBlockM / 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 64 * warpgroup + row0 + 8 * hh;
+      const uint32_t addr = ds_tile + r * 128 + ((j ^ (r % 8)) * 16) + 4 * t;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(ds_frag[j / 2][(j % 2) * 2 + hh]) : "memory");
+    }
+}
+
+// dq = dS K for one warpgroup's share (issued and committed): A = dS
+// (queries x keys) from the dS^T tile rows at `ds_rows`, B = K (keys x head
+// dim) rows / column chunk at `k_cols`, both MN-major (BwdTraits: the column
+// split at 128, the key split at 64).
+template <typename Element, typename Tr>
+__device__ __forceinline__ void IssueDqProduct(float (&dq)[Tr::kDqCols / 2], uint32_t ds_rows, uint32_t k_cols) {
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < Tr::kDqKeys / 16; ++kk)
+    WgmmaSSMn<Element, Tr::kDqCols>(dq, MnMajorDescriptor(ds_rows, Tr::kDsBytes, kk),
+                                    MnMajorDescriptor(k_cols, Tr::kKvChunkBytes, kk), kk > 0 ? 1 : 0);
+  WgmmaCommit();
+}
+
+// The addresses of a warpgroup's dQ product operands (IssueDqProduct).
+template <typename Tr>
+__device__ __forceinline__ uint32_t DqDsRows(uint32_t ds_tile, int warpgroup) {
+  return ds_tile + (Tr::kDqSplitColumns ? 0 : warpgroup * 64 * 128);
+}
+template <typename Tr>
+__device__ __forceinline__ uint32_t DqKCols(uint32_t k_tile, int warpgroup) {
+  return k_tile + (Tr::kDqSplitColumns ? warpgroup * Tr::kKvChunkBytes : warpgroup * 64 * 128);
+}
+
+// A copy of `x` the compiler cannot see through: addresses derived from it
+// at their use are recomputed there instead of hoisted out of the step
+// loop, where their descriptors (64-bit, one per k step) took the registers
+// that ptxas then spilled (kEarlyS at 128).
+__device__ __forceinline__ uint32_t Opaque(uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
+// One consumer warpgroup's whole tile: keys n0 + 64 warpgroup .. + 63.
+// kEarlyS (BwdSchedule::kEarlyS): step i's dQ share is staged and sent
+// after step i + 1's S^T is issued, so that the tensor cores run S^T under
+// the staging; kSerial: each step's share right after its product.
+template <typename Element, typename Tr, bool kEarlyS>
+__device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBarriers<Tr> bars, uint32_t smem,
+                                                    int warpgroup, const BwdTile& tile, const BwdSteps<Tr>& steps) {
+  constexpr int kHeadDim = Tr::kHeadDim, kBlockM = Tr::kBlockM;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int row0 = warp * 16 + g;  // this thread's keys in the warpgroup: row0, row0 + 8
+  const int wg_n0 = tile.n_block * Tr::kBlockN + 64 * warpgroup;
+  // dQ share: columns dq_col0 .. + dq_cols of dS K over keys dq_keys ..
+  const int dq_col0 = Tr::kDqSplitColumns ? Tr::kDqCols * warpgroup : 0;
+  const int dq_cols = min(Tr::kDqCols, a.head_dim - dq_col0);  // <= 0: nothing (head dims up to 64 at 128)
+  const int stage_barrier = kStageBarrier + warpgroup;
+
+  float dk[kHeadDim / 2], dv[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = dv[i] = 0.0f;
+
+  // S^T = K Q^T [64 keys][64 queries] of step i, raw, issued and committed.
+  float st[kBlockM / 2];
+  auto issue_s = [&](int i) {
+    const int s = i % Tr::kStages;
+    const uint32_t base = Opaque(smem);
+    const uint32_t q_tile = base + Tr::kQOffset + s * Tr::kQTileBytes;
+    const uint32_t k_rows = base + Tr::kKOffset + warpgroup * 64 * 128;
+    MbarrierWait(bars.q_full(s), (i / Tr::kStages) & 1);
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      WgmmaSS<Element, kBlockM>(st, KMajorDescriptor<Tr>(k_rows, Tr::kKvChunkBytes, kk),
+                                KMajorDescriptor<Tr>(q_tile, Tr::kQChunkBytes, kk), kk > 0 ? 1 : 0);
+    WgmmaCommit();
+  };
+
+  // The dQ share of step i (in dq, its product done) through the staging
+  // into the accumulator. Each warp stages and sends its own 16 rows (2
+  // groups), so only warp syncs order the staging: free again once the lane
+  // that sent the previous step's reduces has seen them read; the lanes'
+  // stores before its copy (async proxy). With dq_cols <= 0 nothing is
+  // staged or sent.
+  float dq[Tr::kDqCols / 2];
+  auto send_dq = [&](int i) {
+    const int m0 = steps.m0(i);
+    if (lane == 0) BulkWaitRead<0>();
+    __syncwarp();
+    const uint32_t dq_stage = Opaque(smem) + Tr::kDqStageOffset + warpgroup * Tr::kDqStageBytes;
+    StageDq<Tr>(a, dq, dq_stage, m0, dq_cols, warp, g, t);
+    FenceProxyAsync();
+    __syncwarp();
+    if (lane == 0 && dq_cols > 0)
+      ReduceDqRows<Tr>(a, dq_stage, tile.b, steps.head(i, tile.hk, a.group), m0, warp, dq_col0, dq_cols);
+  };
+
+  MbarrierWait(bars.kv_full(), 0);
+  // Step i up to its dQ product (done, in dq). kSendPrevious (kEarlyS, all
+  // steps but the first): step i - 1's dQ share is sent right after step
+  // i's S^T is issued, so that S^T runs under it. (Issuing S^T at the end
+  // of step i - 1 instead kept it in flight across the loop's back edge,
+  // where ptxas serialized every wgmma, C7514.)
+  auto step = [&](int i, auto send_previous) {
+    constexpr bool kSendPrevious = decltype(send_previous)::value;
+    const int s = i % Tr::kStages;
+    const uint32_t parity = (i / Tr::kStages) & 1;
+    const int m0 = steps.m0(i);
+    issue_s(i);
+    if constexpr (kSendPrevious) send_dq(i - 1);
+    // dP^T = V dO^T [64 keys][64 queries], raw.
+    float dpt[kBlockM / 2];
+    const uint32_t base = Opaque(smem);
+    const uint32_t q_tile = base + Tr::kQOffset + s * Tr::kQTileBytes;
+    const uint32_t do_tile = base + Tr::kDoOffset + s * Tr::kQTileBytes;
+    const uint32_t v_rows = base + Tr::kVOffset + warpgroup * 64 * 128;
+    MbarrierWait(bars.do_full(s), parity);
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      WgmmaSS<Element, kBlockM>(dpt, KMajorDescriptor<Tr>(v_rows, Tr::kKvChunkBytes, kk),
+                                KMajorDescriptor<Tr>(do_tile, Tr::kQChunkBytes, kk), kk > 0 ? 1 : 0);
+    WgmmaCommit();
+
+    // P^T while dP^T is still on the tensor cores. Column c of the thread's
+    // accumulators is query m0 + 8j + 2t + e; its lse2 and delta pairs come
+    // from the stage's row statistics.
+    const uint32_t stats = smem + Tr::kStatOffset + s * Tr::kStatBytes;
+    WgmmaWait<1>();
+    FenceRegisters(st);
+    // Masks: keys past seqlen_k (TMA's zero rows would give P = 2^-lse2) and,
+    // causal, keys after the query: key <= q + diagonal (a select per
+    // element; a branch around them, even a warp-uniform one, made ptxas
+    // serialize every wgmma of the kernel, C7520, as dP^T is in flight here).
+    const int diagonal = a.is_causal ? m0 - wg_n0 : INT32_MAX / 2;  // query - key offset, block-relative
+    const int key_limit = a.seqlen_k - wg_n0;
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      float2 lse2;
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y)
+                   : "r"(stats + 4 * (8 * j + 2 * t))
+                   : "memory");
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = st[4 * j + 2 * hh + e];
+          const int key = row0 + 8 * hh, q = 8 * j + 2 * t + e;
+          x = key < key_limit && key <= q + diagonal ? x : -CUDART_INF_F;
+          x = FastExp2(fmaf(x, a.scale_log2, -(e ? lse2.y : lse2.x)));
+        }
+    }
+    WgmmaWait<0>();
+    FenceRegisters(dpt);
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      float2 delta;
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                   : "=f"(delta.x), "=f"(delta.y)
+                   : "r"(stats + 4 * (kBlockM + 8 * j + 2 * t))
+                   : "memory");
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        dpt[4 * j + 2 * hh] = st[4 * j + 2 * hh] * (dpt[4 * j + 2 * hh] - delta.x);
+        dpt[4 * j + 2 * hh + 1] = st[4 * j + 2 * hh + 1] * (dpt[4 * j + 2 * hh + 1] - delta.y);
+      }
+    }
+    uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
+    OnlineSoftmax<kBlockM, kHeadDim>::template ToFragments<Element>(st, p_frag);
+    OnlineSoftmax<kBlockM, kHeadDim>::template ToFragments<Element>(dpt, ds_frag);
+
+    // dV += P^T dO, dK += dS^T Q (the step's queries are the k of both; dO
+    // and Q [queries][head dim] are MN-major B operands).
+    FenceRegisters(dv);
+    FenceRegisters(dk);
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      WgmmaRS<Element, kHeadDim>(dv, p_frag[kk], MnMajorDescriptor(do_tile, Tr::kQChunkBytes, kk), 1);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      WgmmaRS<Element, kHeadDim>(dk, ds_frag[kk], MnMajorDescriptor(q_tile, Tr::kQChunkBytes, kk), 1);
+    WgmmaCommit();
+
+    const uint32_t ds_buf = (i % 2) * Tr::kDsBytes;
+    StoreDsTranspose<Tr>(smem + Tr::kDsOffset + ds_buf, ds_frag, warpgroup, row0, t);
+    // The stores before the tensor cores' reads (async proxy), and, at 128,
+    // the other warpgroup's too. Double buffering: a warpgroup writing step
+    // i + 1's dS^T has passed step i's barrier, which the other reached
+    // only after its step i - 1 dQ product (same buffer) completed.
+    FenceProxyAsync();
+    if constexpr (Tr::kDqSplitColumns) NamedBarrierSync(kDsBarrier, 256);
+    else NamedBarrierSync(stage_barrier, 128);
+
+    // dQ share = dS K: A = dS (queries x keys) from dS^T in shared memory,
+    // B = K (keys x head dim), both MN-major.
+    const uint32_t dq_base = Opaque(smem);
+    IssueDqProduct<Element, Tr>(dq, DqDsRows<Tr>(dq_base + Tr::kDsOffset, warpgroup) + ds_buf,
+                                DqKCols<Tr>(dq_base + Tr::kKOffset, warpgroup));
+    WgmmaWait<0>();
+    FenceRegisters(dq);
+    FenceRegisters(dv);
+    FenceRegisters(dk);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) FenceRegisters(p_frag[kk]), FenceRegisters(ds_frag[kk]);
+    // Q, dO and the row statistics of stage s are read.
+    if (lane == 0) MbarrierArrive(bars.empty(s));
+  };
+  if constexpr (kEarlyS) {
+    if (steps.count > 0) {
+      step(0, std::false_type{});
+      for (int i = 1; i < steps.count; ++i) step(i, std::true_type{});
+      send_dq(steps.count - 1);
+    }
+  } else {
+    for (int i = 0; i < steps.count; ++i) {
+      step(i, std::false_type{});
+      send_dq(i);
+    }
+  }
+  if (lane == 0) BulkWait<0>();  // the block's shared memory stays until the last reduce has run
+
+  StoreKeyGradient<Element, kHeadDim>(a, a.dk, dk, a.scale, wg_n0 + row0, tile.b, tile.hk, t);
+  StoreKeyGradient<Element, kHeadDim>(a, a.dv, dv, 1.0f, wg_n0 + row0, tile.b, tile.hk, t);
+}
+
+// grid: key_blocks * num_heads_k * batch blocks, one tile each (BwdTile).
+template <typename Element, int kHeadDim, BwdSchedule kSchedule>
+__global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
+    BackwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                   const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
+                   const BackwardArgs a) {
+  using Tr = BwdTraits<kHeadDim>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // Swizzled tiles need 1024-byte aligned atoms (kSmemBytes includes the slack).
+  const uint32_t smem = (SmemAddress(smem_raw) + 1023u) & ~1023u;
+  const BwdBarriers<Tr> bars{smem + Tr::kBarrierOffset};
+  if (threadIdx.x == 0) bars.Init();
+  __syncthreads();
+
+  // Every role derives the same tile and steps, so their phases agree.
+  const BwdTile tile(a, int(blockIdx.x));
+  const BwdSteps<Tr> steps(a, tile.n_block);
+  // setmaxnreg needs each warpgroup's role as one branch of a single if/else.
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    RegistersDecrease<Tr::kProducerRegisters>();
+    if (threadIdx.x == 0) ProduceBackwardTile<Tr>(&q_map, &k_map, &v_map, &do_map, a, bars, smem, tile, steps);
+    else if (threadIdx.x / 32 == 1) StageRowStats<Tr>(a, bars, smem, tile, steps, threadIdx.x % 32);
+  } else {
+    RegistersIncrease<Tr::kConsumerRegisters>();
+    ConsumeBackwardTile<Element, Tr, kSchedule == BwdSchedule::kEarlyS>(a, bars, smem, warpgroup - 1, tile, steps);
+  }
+}
+
+}  // namespace jax_flash::cuda::sm90

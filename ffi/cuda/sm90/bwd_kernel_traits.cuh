@@ -1,0 +1,99 @@
+// Tile sizes, warpgroup roles and the shared-memory map of the Hopper
+// backward (bwd_kernel.cuh), per padded head dim, in this one place.
+#pragma once
+
+namespace jax_flash::cuda::sm90 {
+
+// How a consumer warpgroup orders a step's products (bwd_kernel.cuh):
+//   kSerial: S^T, dP^T, dV / dK, dQ, then the dQ staging, step after step.
+//   kEarlyS: the next step's S^T issued before this step's dQ staging, so
+//            the tensor cores run it under the staging (the default; the
+//            check program times both).
+enum class BwdSchedule { kSerial, kEarlyS };
+
+template <int kHeadDim_>
+struct BwdTraits {
+  static constexpr int kHeadDim = kHeadDim_;  // 64 or 128 (256: not yet, see below)
+  static_assert(kHeadDim == 64 || kHeadDim == 128,
+                "the sm90 backward covers head dims 64 and 128; at 256 dK and dV alone take 256 "
+                "registers per consumer thread (FlashAttention-3 splits them differently there)");
+
+  // Warpgroup 0 produces (thread 0 issues the TMA copies, warp 1 stages lse
+  // and delta), warpgroups 1 and 2 consume, each owning 64 keys (one wgmma
+  // M) of the block: dK and dV of its keys stay in its registers over all
+  // query blocks.
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
+  static constexpr int kBlockN = 64 * kConsumerWarpgroups;  // keys per tile
+  // Queries per step. Per consumer thread: dK and dV kHeadDim / 2 floats
+  // each, S^T and dP^T kBlockM / 2 each, dQ's share kBlockM / 2: at 128,
+  // 64 + 64 + 32 + 32 (+ 32 for dQ, after S^T and dP^T are 16-bit
+  // fragments of 16 each) of the 240 registers. FlashAttention-3's choice at
+  // 128 as well (64 x 128).
+  static constexpr int kBlockM = 64;
+  // Q/dO ring depth: the copies of step m + 1 run under step m's products.
+  static constexpr int kStages = 2;
+  static constexpr BwdSchedule kDefaultSchedule = BwdSchedule::kEarlyS;
+
+  // dQ = dS K [kBlockM x kHeadDim] per step. At 128 the two consumer
+  // warpgroups split its columns (64 each, one 128-byte chunk of K: a wgmma
+  // N of 64 over all 128 keys, reading both warpgroups' dS^T, which costs a
+  // 256-thread barrier per step). At 64 a column split would give N = 32,
+  // half a swizzled row of K, which the MN-major descriptors do not
+  // describe; there each warpgroup instead computes the whole dQ from its
+  // own 64 keys (N = 64, no barrier between warpgroups) and both add into
+  // the accumulator (twice the reduction traffic of the split, which is
+  // the smaller one at 64).
+  static constexpr bool kDqSplitColumns = kHeadDim == 128;
+  static constexpr int kDqKeys = kDqSplitColumns ? kBlockN : 64;  // k of one warpgroup's dQ product
+  static constexpr int kDqCols = 64;                              // N of one warpgroup's dQ product
+
+  // setmaxnreg as the forward (kernel_traits.cuh): 128 x 24 + 256 x 240 =
+  // 64512 of the SM's 65536. The consumers need the 240 (kEarlyS at 128
+  // spilled descriptors at 232); the producer's two roles then spill a few
+  // words there (ptxas: 28 bytes at 128, 20 at 64, in thread 0's and warp
+  // 1's step loops: local accesses off the consumers' path).
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+
+  // Tiles as TMA's 128-byte swizzle writes them (wgmma.cuh): column chunks
+  // of 64 16-bit elements, [rows][128 B] each, 1024-byte atoms of 8 rows.
+  static constexpr int kChunkCols = 64;
+  static constexpr int kChunks = kHeadDim / kChunkCols;
+  static constexpr int kKvChunkBytes = kBlockN * 128;  // one column chunk of K or V
+  static constexpr int kQChunkBytes = kBlockM * 128;   // one column chunk of Q or dO
+  static constexpr int kKvTileBytes = kKvChunkBytes * kChunks;
+  static constexpr int kQTileBytes = kQChunkBytes * kChunks;
+  // dS^T of one step: [kBlockN keys][kBlockM queries] 16-bit, one 128-byte
+  // swizzled chunk (kBlockM = 64), the A operand (MN-major) of dQ = dS K.
+  // Two buffers: a warpgroup may write step m + 1's while the other still
+  // reads step m's (bwd_kernel.cuh).
+  static_assert(kBlockM == 64, "dS^T is one 128-byte column chunk");
+  static constexpr int kDsBytes = kBlockN * 128;
+  // Each consumer warpgroup's float32 dQ share [kBlockM][kDqCols], staged
+  // in the accumulator's blocked order (sm80/dq_accum.cuh) for one bulk
+  // reduce-add per 8-row group.
+  static constexpr int kDqStageBytes = kBlockM * kDqCols * 4;
+  // lse (log2 units) and delta of a step's kBlockM queries.
+  static constexpr int kStatBytes = 2 * kBlockM * 4;
+
+  // Shared memory: K, V, the Q stages, the dO stages, the two dS^T buffers,
+  // the dQ staging per consumer warpgroup, the lse/delta stages, then the
+  // mbarriers. The base is rounded up to 1024 bytes inside the kernel, hence
+  // the extra 1024 requested.
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kKvTileBytes;
+  static constexpr int kQOffset = kVOffset + kKvTileBytes;
+  static constexpr int kDoOffset = kQOffset + kStages * kQTileBytes;
+  static constexpr int kDsOffset = kDoOffset + kStages * kQTileBytes;
+  static constexpr int kDqStageOffset = kDsOffset + 2 * kDsBytes;
+  static constexpr int kStatOffset = kDqStageOffset + kConsumerWarpgroups * kDqStageBytes;
+  static constexpr int kBarrierOffset = kStatOffset + kStages * kStatBytes;
+  // kv_full, then per stage q_full, do_full, empty.
+  static constexpr int kBarriers = 1 + 3 * kStages;
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KiB per block");
+};
+
+}  // namespace jax_flash::cuda::sm90

@@ -1,0 +1,142 @@
+// Launch template of the sm90 backward; instantiated per dtype in bwd_launch_<dtype>.cu.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "cuda/generic/launch.cuh"    // CheckLaunch, PrepareSmem, CheckGrid, CeilDiv
+#include "cuda/sm80/bwd_kernels.cuh"  // DeltaAndClearKernel, DqConvertKernel (reused as they are)
+#include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90/bwd_launch.h"
+#include "cuda/sm90/tensor_map.h"
+
+namespace jax_flash::cuda::sm90 {
+
+// "sm90 backward kernel (B=.., Tq=.., Tk=.., N=.., K=.., H=.. in kHeadDim ..)" for errors.
+inline std::string DescribeBackward(const AttentionShape& s, int head_dim_padded) {
+  return "sm90 backward kernel (B=" + std::to_string(s.batch) + ", Tq=" + std::to_string(s.seqlen_q) +
+         ", Tk=" + std::to_string(s.seqlen_k) + ", N=" + std::to_string(s.num_heads) +
+         ", K=" + std::to_string(s.num_heads_k) + ", H=" + std::to_string(s.head_dim) + " in " +
+         std::to_string(head_dim_padded) + ")";
+}
+
+template <typename Element, int kHeadDim, BwdSchedule kSchedule>
+std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t stream) {
+  using Tr = BwdTraits<kHeadDim>;
+  static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
+  const auto& s = p.shape;
+  const std::string what = DescribeBackward(s, kHeadDim);
+  auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
+  if (p.features.Any()) return fail("attention features are not supported yet");
+  if (p.deterministic) return fail("no deterministic variant yet (dQ is summed by atomic adds)");
+  if (p.dq_accum == nullptr) return fail("needs the float32 dQ accumulator");
+  if (!(p.scale > 0.0)) return fail("needs scale > 0");
+  if (s.head_dim < 8 || s.head_dim > kHeadDim || s.head_dim % 8 != 0)
+    return fail("head_dim must be a multiple of 8 in [8, kHeadDim]");
+  if (s.num_heads_k < 1 || s.num_heads % s.num_heads_k != 0) return fail("key heads must divide query heads");
+  if (auto e = CheckGrid(s); !e.empty()) return e;  // sm80's delta and dQ conversion grids
+  // Positions, steps and tile indices are int32 inside the kernel.
+  if (s.seqlen_q > INT32_MAX - 2 * Tr::kBlockM || s.seqlen_k > INT32_MAX - Tr::kBlockN)
+    return fail("seqlen_q and seqlen_k must be below 2^31 - 256");
+  if (s.seqlen_q * s.head_dim / 8 > int64_t(INT32_MAX) - 256)  // DqConvertKernel's 32-bit index
+    return fail("seqlen_q * head_dim must be below 2^34");
+  const int64_t key_blocks = CeilDiv(s.seqlen_k, Tr::kBlockN);
+  const int64_t tiles = key_blocks * s.num_heads_k * s.batch;
+  if (tiles >= int64_t(INT32_MAX) || CeilDiv(s.seqlen_q, Tr::kBlockM) * s.group() >= int64_t(INT32_MAX))
+    return fail("fewer than 2^31 tiles (128 keys x key heads x batch) and steps per call");
+  for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out), p.dout, static_cast<const void*>(p.dq),
+                          static_cast<const void*>(p.dk), static_cast<const void*>(p.dv),
+                          static_cast<const void*>(p.dq_accum)})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      return fail("q, k, v, out, dout, dq, dk, dv and the dQ accumulator must be 16-byte aligned");
+  // dk, dv take k's strides; the delta pass and the conversion read out,
+  // dout and write dq with q's, in 16-byte accesses (a size-1 dim's stride
+  // only ever multiplies 0).
+  auto misaligned = [](int64_t size, int64_t stride) { return size > 1 && (stride * 2) % 16 != 0; };
+  if (misaligned(s.seqlen_q, p.q_stride.row) || misaligned(s.num_heads, p.q_stride.head) ||
+      misaligned(s.batch, p.q_stride.batch) || misaligned(s.seqlen_k, p.k_stride.row) ||
+      misaligned(s.num_heads_k, p.k_stride.head) || misaligned(s.batch, p.k_stride.batch))
+    return fail("strides in bytes must be multiples of 16");
+  if (s.batch == 0 || s.num_heads == 0) return {};  // nothing to write
+
+  const int64_t rows = s.batch * s.num_heads * s.seqlen_q;
+  if (rows > 0) {
+    sm80::DeltaAndClearKernel<Element, kHeadDim>
+        <<<unsigned(CeilDiv(rows, sm80::DeltaLayout<kHeadDim>::kRowsPerBlock)), 256, 0, stream>>>(p, true);
+    if (auto e = CheckLaunch("delta kernel"); !e.empty()) return e + " (" + what + ")";
+  }
+
+  if (tiles > 0) {
+    constexpr CUtensorMapDataType kType = std::is_same_v<Element, __nv_bfloat16>
+                                              ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    // seqlen_q = 0 still needs valid maps; the kernel then loads no Q or dO
+    // (no steps) and writes zero dK, dV.
+    const int64_t seqlen_q_map = s.seqlen_q > 0 ? s.seqlen_q : 1;
+    alignas(64) CUtensorMap q_map, k_map, v_map, do_map;
+    struct MapSpec {
+      CUtensorMap* map;
+      const void* base;
+      int64_t seq, heads;
+      const Strides& stride;
+      int box_rows;
+      const char* name;
+    };
+    const MapSpec specs[4] = {{&q_map, p.q, seqlen_q_map, s.num_heads, p.q_stride, Tr::kBlockM, "q"},
+                              {&do_map, p.dout, seqlen_q_map, s.num_heads, p.q_stride, Tr::kBlockM, "dout"},
+                              {&k_map, p.k, s.seqlen_k, s.num_heads_k, p.k_stride, Tr::kBlockN, "k"},
+                              {&v_map, p.v, s.seqlen_k, s.num_heads_k, p.k_stride, Tr::kBlockN, "v"}};
+    for (const MapSpec& m : specs)
+      if (auto e = EncodeBtnhMap(m.map, kType, m.base, s.batch, m.seq, m.heads, s.head_dim, m.stride, m.box_rows,
+                                 m.name);
+          !e.empty())
+        return e + " (" + what + ")";
+
+    BackwardArgs args;
+    args.dk = p.dk;
+    args.dv = p.dv;
+    args.lse = static_cast<const float*>(p.lse);
+    args.delta = static_cast<const float*>(p.delta);
+    args.dq_accum = p.dq_accum;
+    args.k_stride = p.k_stride;
+    args.batch = int(s.batch);
+    args.seqlen_q = int(s.seqlen_q);
+    args.seqlen_k = int(s.seqlen_k);
+    args.num_heads = int(s.num_heads);
+    args.num_heads_k = int(s.num_heads_k);
+    args.group = int(s.group());
+    args.head_dim = int(s.head_dim);
+    args.key_blocks = int(key_blocks);
+    args.scale_log2 = float(p.scale) * kLog2e;
+    args.scale = float(p.scale);
+    args.is_causal = p.is_causal;
+
+    auto kernel = BackwardKernel<Element, kHeadDim, kSchedule>;
+    if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 backward kernel"); !e.empty())
+      return e + " (" + what + ")";
+    kernel<<<unsigned(tiles), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, do_map, args);
+    if (auto e = CheckLaunch("sm90 backward kernel"); !e.empty()) return e + " (" + what + ")";
+  }
+
+  if (s.seqlen_q > 0) {
+    const dim3 convert_grid(unsigned(CeilDiv(s.seqlen_q * s.head_dim / 8, 256)), unsigned(s.num_heads),
+                            unsigned(s.batch));
+    sm80::DqConvertKernel<Element><<<convert_grid, 256, 0, stream>>>(p);
+    if (auto e = CheckLaunch("dq convert kernel"); !e.empty()) return e + " (" + what + ")";
+  }
+  return {};
+}
+
+template <typename Element, int kHeadDim>
+std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
+  return LaunchBackwardScheduled<Element, kHeadDim, BwdTraits<kHeadDim>::kDefaultSchedule>(p, stream);
+}
+
+#define JAX_FLASH_INSTANTIATE_SM90_BWD(Element)                                            \
+  template std::string LaunchBackward<Element, 64>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchBackward<Element, 128>(const AttentionParams&, cudaStream_t);
+
+}  // namespace jax_flash::cuda::sm90

@@ -1,0 +1,34 @@
+// Host launchers of the Hopper backward (bwd_kernel.cuh); empty string on
+// success, else a message naming the kernel and shape.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "common/params.h"
+#include "cuda/sm90/bwd_kernel_traits.cuh"
+
+namespace jax_flash::cuda::sm90 {
+
+// Whether the sm90 backward has an instantiation for this head dim (it
+// covers head dims up to 128: 64 and 128 padded; 256 runs sm80's).
+inline bool BackwardCoversHeadDim(int64_t head_dim) { return head_dim >= 1 && head_dim <= 128; }
+
+// Shared memory (bytes) of the backward serving a head dim (<= 128), for
+// the dispatch to check against the device (130 KiB at 64, 194 KiB at 128).
+inline int BackwardSmemBytes(int64_t head_dim) {
+  return head_dim <= 64 ? BwdTraits<64>::kSmemBytes : BwdTraits<128>::kSmemBytes;
+}
+
+// kHeadDim 64 or 128; p.shape.head_dim a multiple of 8 up to kHeadDim. No
+// attention features, not deterministic (dQ is summed by float atomics in
+// the copy engine), scale > 0, p.dq_accum holding batch * heads * seqlen_q *
+// head_dim floats of scratch; q, k, v, out, dout, dq, dk, dv 16-byte
+// aligned with byte strides that are multiples of 16. Runs sm80's delta
+// pass (which also zeroes dq_accum), the sm90 kernel, then sm80's dQ
+// conversion. Needs a compute capability 9.0 device.
+template <typename Element, int kHeadDim>
+std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream);
+
+}  // namespace jax_flash::cuda::sm90

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds and runs tests/cuda/sm90_bwd_check.cu on a Hopper GPU: the sm90
+# backward's dq, dk, dv against a float reference on every case (PASS/FAIL
+# per case, exit code 1 on any FAIL), then TFLOP/s at T=S=4096 beside the
+# sm80 backward (which also runs every case, uncounted, to show what the
+# tolerance allows a known-good kernel).
+#
+#   bash scripts/sm90_bwd_check.sh             # from the worktree root
+#   SM80=0 bash scripts/sm90_bwd_check.sh      # without the sm80 comparison (faster build)
+#   ARGS=--quick bash scripts/sm90_bwd_check.sh  # skip the 4096-long cases
+# Writes the binary and the log under ${OUT:-build-sm90-bwd-check}.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out=${OUT:-build-sm90-bwd-check}
+mkdir -p "$out"
+jax_include=$(python3 -c "import jax; print(jax.ffi.include_dir())")
+defines=()
+if [[ "${SM80:-1}" == 1 ]]; then defines+=(-DJAX_FLASH_CHECK_SM80); fi
+start=$(date +%s)
+nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr \
+  -Iffi -isystem "$jax_include" "${defines[@]}" -Xptxas -v \
+  tests/cuda/sm90_bwd_check.cu -o "$out/sm90_bwd_check" 2> "$out/ptxas.log"
+echo "built in $(( $(date +%s) - start )) s; registers / spills of the backward kernels:"
+awk '/Compiling entry/ {n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n)}
+     /spill stores/ {spill = $5 " B spill stores, " $9 " B loads"}
+     /Used [0-9]+ registers/ && n ~ /BackwardKernel|DkvKernel/ {print "  " n ": " $5 " registers, " spill}' "$out/ptxas.log"
+# The sm90 kernels' few spilled words are the producer warpgroup's (24
+# registers, bwd_kernel_traits.cuh); where cuobjdump is at hand, the local
+# accesses on each side of its setmaxnreg.dec show that the consumers have none.
+if command -v cuobjdump > /dev/null; then
+  cuobjdump -sass "$out/sm90_bwd_check" | awk '
+    /Function :/ {name = $3; on = index($0, "BackwardKernel") > 0 && index($0, "sm90") > 0; side = "consumer"; next}
+    on && /USETMAXREG.DEALLOC/ {side = "producer"}
+    on && /STL|LDL/ {count[name " " side]++}
+    END {for (k in count) print "  local accesses " k ": " count[k]}'
+fi
+if grep -q "C75[0-9][0-9]" "$out/ptxas.log"; then echo "  WARNING: ptxas serialized wgmma somewhere:"; grep "C75[0-9][0-9]" "$out/ptxas.log"; fi
+# The program ends itself on a hung launch (20 s); the timeout is a backstop.
+timeout "${CHECK_TIMEOUT:-600}" "$out/sm90_bwd_check" ${ARGS:-} 2>&1 | tee "$out/sm90_bwd_check.log"
