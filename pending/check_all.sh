@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU checks of pending/'s patches (README.md's table) in one device
+# call: every build first, side by side on the machine's cores, then each
+# check in turn under its own time limit, one log per check in $OUT and a
+# PASS / FAIL line per check in $OUT/summary.txt. A patch's check runs on a
+# copy of the tree with that patch applied (/tmp/pending_<name>), so the
+# checks do not see each other's patches.
+#
+#   bash pending/check_all.sh                      # every check below
+#   bash pending/check_all.sh sm90_bwd decode_prefetch cmd_buffer   # some
+#
+# Checks:
+#   sm90_bwd         scripts/sm90_bwd_check.sh (the Hopper backward; its dispatch
+#                    patch needs it to pass)
+#   sm90_fwd         scripts/sm90_check.sh (the Hopper forward: plain schedules,
+#                    feature variants, both causal tile orders)
+#   decode_prefetch  scripts/decode_check.sh with decode-table-prefetch.patch
+#   cmd_buffer       the package built with cmd-buffer.patch, then
+#                    tests/test_command_buffers.py
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$PWD
+OUT=${OUT:-/tmp/pending_out}
+mkdir -p "$OUT"
+checks=("$@")
+[ ${#checks[@]} -gt 0 ] || checks=(sm90_bwd sm90_fwd decode_prefetch cmd_buffer)
+note() { echo "$*" | tee -a "$OUT/summary.txt"; }
+wants() { local c; for c in "${checks[@]}"; do [ "$c" = "$1" ] && return 0; done; return 1; }
+
+# A copy of the tree with one patch applied (tracked files only).
+patched_copy() {  # name patch
+  local dir=/tmp/pending_$1
+  rm -rf "$dir" && mkdir -p "$dir"
+  git ls-files -z | xargs -0 cp --parents -t "$dir"
+  (cd "$dir" && git init -q && git apply "$root/pending/$2") || return 1
+  echo "$dir"
+}
+
+# The package build that cmd_buffer needs starts first, in the background;
+# the standalone checks (which build their own programs with nvcc, then run
+# them) go on meanwhile, the machine having 16 cores.
+pids=()
+if wants cmd_buffer; then
+  dir=$(patched_copy cmd cmd-buffer.patch) || note "cmd_buffer: the patch does not apply"
+  if [ -n "${dir:-}" ]; then
+    (cd "$dir" && CMAKE_BUILD_PARALLEL_LEVEL=8 python3 -m pip install -q --no-build-isolation --no-deps . \
+      > "$OUT/cmd_buffer_build.log" 2>&1; echo "rc=$?" >> "$OUT/cmd_buffer_build.log") &
+    pids+=($!)
+  fi
+fi
+if wants decode_prefetch; then
+  patched_copy prefetch decode-table-prefetch.patch > /dev/null || note "decode_prefetch: the patch does not apply"
+fi
+
+run_check() {  # name limit command...
+  local name=$1 limit=$2; shift 2
+  local start=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  note "$name: $([ $rc = 0 ] && echo PASS || echo "FAIL (rc=$rc)") in $(( $(date +%s) - start )) s; $(grep -E "ALL PASS|failure|failed|passed" "$OUT/$name.log" | tail -1)"
+}
+if wants sm90_bwd; then run_check sm90_bwd "${BWD_LIMIT:-300}" env OUT=/tmp/sm90_bwd bash scripts/sm90_bwd_check.sh; fi
+if wants decode_prefetch && [ -d /tmp/pending_prefetch ]; then
+  run_check decode_prefetch "${DECODE_LIMIT:-240}" env OUT=/tmp/decode_prefetch bash /tmp/pending_prefetch/scripts/decode_check.sh
+fi
+if wants sm90_fwd; then run_check sm90_fwd "${FWD_LIMIT:-420}" env OUT=/tmp/sm90_fwd ARGS="${FWD_ARGS:-}" bash scripts/sm90_check.sh; fi
+for pid in "${pids[@]}"; do wait "$pid"; done
+if wants cmd_buffer && grep -q "rc=0" "$OUT/cmd_buffer_build.log" 2>/dev/null; then
+  (cd /tmp && run_check cmd_buffer "${CMD_LIMIT:-300}" python3 -m pytest /tmp/pending_cmd/tests/test_command_buffers.py -q -rA)
+elif wants cmd_buffer; then
+  note "cmd_buffer: build failed ($(tail -3 "$OUT/cmd_buffer_build.log" | tr '\n' ' '))"
+fi
+echo "== summary"; cat "$OUT/summary.txt"
