@@ -23,18 +23,26 @@ fi
 
 cd /tmp  # import the installed package, not the source tree
 note "$(python3 -c "import jax, jax_flash; print(jax.__version__, jax.devices(), jax_flash.build_info())" 2>&1)"
-# Two pytest processes side by side (the suite is compile-bound; 16 host
-# cores): test_attention.py and the rest. No preallocation, so both fit.
+# The suite is compile-bound (16 host cores): with pytest-xdist (the H200's
+# image has it) PYTEST_WORKERS processes share the GPU (no preallocation, so
+# all fit; 8 ran the suite but test_attention.py in 128 s, v18), else two
+# processes side by side, test_attention.py and the rest.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 if [ "${TESTS:-1}" != 0 ]; then
 start=$(date +%s)
-python3 -m pytest "$OLDPWD/tests/test_attention.py" -q ${PYTEST_ARGS:-} > "$OUT/pytest_attention.log" 2>&1 &
-pid1=$!
-python3 -m pytest "$OLDPWD/tests" --ignore="$OLDPWD/tests/test_attention.py" -q ${PYTEST_ARGS:-} > "$OUT/pytest_rest.log" 2>&1 &
-pid2=$!
-wait $pid1; rc1=$?; wait $pid2; rc2=$?
-note "pytest rc=$rc1/$rc2 in $(( $(date +%s) - start )) s"
-for f in "$OUT"/pytest_attention.log "$OUT"/pytest_rest.log; do note "$(grep -E "^FAILED" "$f" | head -20; tail -1 "$f")"; done
+if python3 -c "import xdist" 2> /dev/null && [ "${PYTEST_WORKERS:-8}" != 0 ]; then
+  python3 -m pytest "$OLDPWD/tests" -q -n "${PYTEST_WORKERS:-8}" -rfE -p no:cacheprovider ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1
+  note "pytest rc=$? in $(( $(date +%s) - start )) s"
+  note "$(grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20; tail -1 "$OUT/pytest.log")"
+else
+  python3 -m pytest "$OLDPWD/tests/test_attention.py" -q ${PYTEST_ARGS:-} > "$OUT/pytest_attention.log" 2>&1 &
+  pid1=$!
+  python3 -m pytest "$OLDPWD/tests" --ignore="$OLDPWD/tests/test_attention.py" -q ${PYTEST_ARGS:-} > "$OUT/pytest_rest.log" 2>&1 &
+  pid2=$!
+  wait $pid1; rc1=$?; wait $pid2; rc2=$?
+  note "pytest rc=$rc1/$rc2 in $(( $(date +%s) - start )) s"
+  for f in "$OUT"/pytest_attention.log "$OUT"/pytest_rest.log; do note "$(grep -E "^FAILED" "$f" | head -20; tail -1 "$f")"; done
+fi
 fi
 if [ -n "${LONG_ARGS:-}" ]; then python3 "$OLDPWD/scripts/long_sequence.py" $LONG_ARGS > "$OUT/long.log" 2>&1; note "$(tail -3 "$OUT/long.log")"; fi
 if [ -n "${BENCH_ARGS:-}" ]; then
