@@ -572,6 +572,11 @@ def _resolve(parser, args):
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, preset.get(name, default))
+    if args.ragged_points and args.preset != "decode":
+        parser.error("--ragged-points runs only in --preset decode")
+    if any(tq != 1 for tq, _ in args.ragged_points or ()):
+        parser.error("--ragged-points takes Tq = 1 (1:S): the contiguous calls have no per-sequence "
+                     "bottom-right alignment")
     if args.preset == "decode":
         for name in ("decode_points", *benchmark_decode.DECODE_DEFAULTS):
             if getattr(args, name) is None:
@@ -636,6 +641,9 @@ def _parser() -> argparse.ArgumentParser:
     decode = parser.add_argument_group("--preset decode")
     decode.add_argument("--decode-points", nargs="+", type=benchmark_decode.point, metavar="TQ:S",
                         help="new tokens : cached tokens per sequence")
+    decode.add_argument("--ragged-points", nargs="+", type=benchmark_decode.point, metavar="1:S",
+                        help="points whose B sequences have lengths spread over 1..S (Tq = 1; "
+                             "e.g. 1:32768); after --decode-points")
     decode.add_argument("--batch", type=int, help=f"B (default {benchmark_decode.DECODE_DEFAULTS['batch']})")
     decode.add_argument("--heads", type=int, help=f"N (default {benchmark_decode.DECODE_DEFAULTS['heads']})")
     decode.add_argument("--kv-heads", type=int, help=f"K (default {benchmark_decode.DECODE_DEFAULTS['kv_heads']})")
@@ -693,15 +701,17 @@ def decode_main(args):
     dtype = jnp.dtype(args.dtype)
     rows = []
     for head_dim in args.head_dim:
-        for seed, (tq, seqlen) in enumerate(args.decode_points):
+        points = [(p, False) for p in args.decode_points] + [(p, True) for p in args.ragged_points or ()]
+        for seed, ((tq, seqlen), ragged) in enumerate(points):
             rows += benchmark_decode.run_point(
                 args.impl, args.batch, tq, seqlen, args.heads, args.kv_heads, head_dim, dtype, args.block_size,
-                args.iters, args.min_sample_ms / 1e3, seed, _median_seconds, _fa3_import)
+                args.iters, args.min_sample_ms / 1e3, seed, _median_seconds, _fa3_import, ragged)
     os.makedirs(args.out, exist_ok=True)
     meta = {"jax": jax.__version__, "device": jax.devices()[0].device_kind, "build": jax_flash.build_info(),
             "fa3": fa3_info, "iters": args.iters, "min_sample_ms": args.min_sample_ms, "preset": "decode",
             "copy_bytes_per_s": benchmark_decode.COPY_BYTES_PER_S, "block_size": args.block_size,
-            "decode_points": [list(p) for p in args.decode_points]}
+            "decode_points": [list(p) for p in args.decode_points],
+            "ragged_points": [list(p) for p in args.ragged_points or ()]}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     text = f"## Decode\n\n{benchmark_decode.DECODE_TABLE_NOTE}\n\n{benchmark_decode.decode_table(rows)}"

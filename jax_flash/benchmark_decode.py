@@ -22,6 +22,13 @@ bottom-right alignment decoding needs). The implementations get it as:
   fa3              FlashAttention-3's flash_mha, is_causal=Tq > 1 (its causal mask is
                    bottom-right aligned).
 
+Ragged points (--ragged-points TQ:S, Tq = 1): the B sequences' lengths
+spread evenly over 1..S (ragged_lengths), a serving batch's mix; the floor
+is then the bytes of the keys the lengths cover, and the implementations
+take the lengths as jax_flash's and jax.nn.dot_product_attention's
+key_value_seq_lengths and paged_attention's own (FA3's flash_mha takes none:
+n/a). A time in proportion to the keys read is issue 22's target there.
+
 Timing is the harness's (benchmark._median_seconds: compile, warm up, samples
 of back-to-back calls lasting --min-sample-ms, the median of --iters). Every
 row also records its largest difference from the jax_flash row of its point
@@ -50,13 +57,20 @@ class Unsupported(Exception):
     """fa3 that does not import: an n/a row."""
 
 
-def kv_bytes(batch, seqlen, kv_heads, head_dim, dtype) -> int:
-    """Bytes of K and V a decode step reads at least: 2 * B * S * K * H * itemsize."""
-    return 2 * batch * seqlen * kv_heads * head_dim * jnp.dtype(dtype).itemsize
+def kv_bytes(batch, seqlen, kv_heads, head_dim, dtype, lengths=None) -> int:
+    """Bytes of K and V a decode step reads at least: 2 * B * S * K * H * itemsize, with
+    B * S the sum of the sequences' lengths where they are given (ragged points)."""
+    positions = batch * seqlen if lengths is None else int(np.sum(lengths))
+    return 2 * positions * kv_heads * head_dim * jnp.dtype(dtype).itemsize
 
 
-def floor_us(batch, seqlen, kv_heads, head_dim, dtype) -> float:
-    return kv_bytes(batch, seqlen, kv_heads, head_dim, dtype) / COPY_BYTES_PER_S * 1e6
+def floor_us(batch, seqlen, kv_heads, head_dim, dtype, lengths=None) -> float:
+    return kv_bytes(batch, seqlen, kv_heads, head_dim, dtype, lengths) / COPY_BYTES_PER_S * 1e6
+
+
+def ragged_lengths(batch: int, seqlen: int) -> np.ndarray:
+    """A ragged batch's lengths: evenly spread over 1..S (the last sequence full)."""
+    return np.maximum(1, np.round(np.arange(1, batch + 1) * seqlen / batch)).astype(np.int32)
 
 
 def point(text: str) -> tuple:
@@ -70,10 +84,14 @@ def point(text: str) -> tuple:
     return tq, s
 
 
-def decode_inputs(batch, tq, seqlen, heads, kv_heads, head_dim, dtype, block_size, seed) -> dict:
+def decode_inputs(batch, tq, seqlen, heads, kv_heads, head_dim, dtype, block_size, seed, ragged=False) -> dict:
     """One point's arrays, made on the device (1 GiB each at S = 131072) and shared by every
-    implementation: q, k, v; the same k, v as a shuffled pool with its block tables and lengths;
-    and the bottom-right causal mask for jax.nn.dot_product_attention (None at Tq = 1)."""
+    implementation: q, k, v; the same k, v as a shuffled pool with its block tables and lengths
+    (all S, or ragged_lengths, which also go to the contiguous calls as "kv_lengths", None when
+    not ragged); and the bottom-right causal mask for jax.nn.dot_product_attention (None at Tq = 1)."""
+    if ragged and tq != 1:
+        raise ValueError(f"ragged points take Tq = 1 (the contiguous calls have no per-sequence "
+                         f"bottom-right alignment); got Tq = {tq}")
     if seqlen % block_size:
         raise ValueError(f"--block-size {block_size} does not divide S = {seqlen}")
     blocks = batch * (seqlen // block_size)
@@ -82,7 +100,8 @@ def decode_inputs(batch, tq, seqlen, heads, kv_heads, head_dim, dtype, block_siz
     arrays = _random_arrays(jax.random.key(seed), jnp.asarray(order), batch, tq, seqlen, heads, kv_heads,
                             head_dim, jnp.dtype(dtype), block_size)
     arrays["block_tables"] = jnp.asarray(order.reshape(batch, -1))
-    arrays["lengths"] = jnp.full((batch,), seqlen, jnp.int32)
+    arrays["lengths"] = jnp.asarray(ragged_lengths(batch, seqlen) if ragged else np.full(batch, seqlen, np.int32))
+    arrays["kv_lengths"] = arrays["lengths"] if ragged else None
     arrays["mask"] = None
     if tq > 1:
         arrays["mask"] = jnp.asarray(np.arange(seqlen)[None, :] <= seqlen - tq + np.arange(tq)[:, None])[None, None]
@@ -100,41 +119,48 @@ def _random_arrays(key, order, batch, tq, seqlen, heads, kv_heads, head_dim, dty
     return {"q": q, "k": k, "v": v, "key_cache": pool(k), "value_cache": pool(v)}
 
 
-def decode_fn(impl: str, fa3_import=None):
+def decode_fn(impl: str, fa3_import=None, ragged=False):
     """(fn, the names of its arrays in decode_inputs): fn(*arrays) -> [B, Tq, N, H]."""
     if impl == "jax_flash":
-        def attn(q, k, v):
+        def attn(q, k, v, lengths):
             tq, s = q.shape[1], k.shape[1]
-            return jax_flash.attention(q, k, v, local_window_size=(s, s - tq) if tq > 1 else None)
-        return attn, ("q", "k", "v")
+            return jax_flash.attention(q, k, v, local_window_size=(s, s - tq) if tq > 1 else None,
+                                       key_value_seq_lengths=lengths)
+        return attn, ("q", "k", "v", "kv_lengths")
     if impl == "jax_flash_paged":
         return jax_flash.paged_attention, ("q", "key_cache", "value_cache", "block_tables", "lengths")
     if impl in ("cudnn", "xla"):
-        def attn(q, k, v, mask):
-            return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)
-        return attn, ("q", "k", "v", "mask")
+        def attn(q, k, v, mask, lengths):
+            return jax.nn.dot_product_attention(q, k, v, mask=mask, key_value_seq_lengths=lengths,
+                                                implementation=impl)
+        return attn, ("q", "k", "v", "mask", "kv_lengths")
     if impl == "fa3":
         fa3, why = fa3_import()
         if fa3 is None:
             raise Unsupported(f"fa3 not importable ({why})")
+        if ragged:
+            raise Unsupported("fa3: flash_mha takes no per-sequence lengths")
         return (lambda q, k, v: fa3.flash_mha(q, k, v, is_causal=q.shape[1] > 1)), ("q", "k", "v")
     raise ValueError(f"unknown decode implementation {impl!r}")
 
 
 def run_point(impls, batch, tq, seqlen, heads, kv_heads, head_dim, dtype, block_size, iters, min_sample_s,
-              seed, median_seconds, fa3_import) -> list:
+              seed, median_seconds, fa3_import, ragged=False) -> list:
     """A row per implementation at one (Tq, S), printed as it comes; a failure is that row's error."""
-    fields = {"variant": "decode", "batch": batch, "tq": tq, "seqlen": seqlen, "heads": heads,
-              "kv_heads": kv_heads, "head_dim": head_dim, "dtype": jnp.dtype(dtype).name,
-              "floor_us": floor_us(batch, seqlen, kv_heads, head_dim, dtype)}
-    arrays = decode_inputs(batch, tq, seqlen, heads, kv_heads, head_dim, dtype, block_size, seed)
+    lengths = ragged_lengths(batch, seqlen) if ragged else None
+    fields = {"variant": "decode_ragged" if ragged else "decode", "batch": batch, "tq": tq, "seqlen": seqlen,
+              "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": jnp.dtype(dtype).name,
+              "floor_us": floor_us(batch, seqlen, kv_heads, head_dim, dtype, lengths)}
+    if ragged:
+        fields["lengths"] = lengths.tolist()
+    arrays = decode_inputs(batch, tq, seqlen, heads, kv_heads, head_dim, dtype, block_size, seed, ragged)
     baseline, rows = None, []
     for impl in impls:
         row = {"impl": impl, **fields}
         if impl == "jax_flash_paged":
             row["block_size"] = block_size
         try:
-            fn, names = decode_fn(impl, fa3_import)
+            fn, names = decode_fn(impl, fa3_import, ragged)
             fwd, args = jax.jit(fn), tuple(arrays[n] for n in names)
             out = np.asarray(fwd(*args), np.float32)
             seconds = median_seconds(fwd, args, iters, min_sample_s)
@@ -154,15 +180,20 @@ def run_point(impls, batch, tq, seqlen, heads, kv_heads, head_dim, dtype, block_
 
 def _row_line(r) -> str:
     if "error" in r:
-        return f"{r['impl']} Tq={r['tq']} S={r['seqlen']}: {r['error']}"
+        return f"{r['impl']} Tq={r['tq']} S={_s_label(r)}: {r['error']}"
     diff = f", max diff vs jax_flash {r['max_diff_vs_jax_flash']:.2e}" if "max_diff_vs_jax_flash" in r else ""
-    return (f"{r['impl']} Tq={r['tq']} S={r['seqlen']}: {r['fwd_us']:.1f} us "
+    return (f"{r['impl']} Tq={r['tq']} S={_s_label(r)}: {r['fwd_us']:.1f} us "
             f"({r['vs_floor']:.2f}x the {r['floor_us']:.1f} us floor){diff}")
 
 
 DECODE_TABLE_NOTE = (
     "Forward time in microseconds (its ratio to the floor in parentheses); floor: the bytes of K and V\n"
-    "read (2*B*S*K*H*itemsize) at 4.3e12 B/s. n/a: not importable; err: failed (results.json says why).")
+    "read (2*B*S*K*H*itemsize) at 4.3e12 B/s. n/a: not importable; err: failed (results.json says why).\n"
+    "S = 1..S (ragged): the sequences' lengths spread over 1..S, the floor over the keys they cover.")
+
+
+def _s_label(r) -> str:
+    return f"1..{r['seqlen']} (ragged)" if r["variant"] == "decode_ragged" else str(r["seqlen"])
 
 
 def decode_table(rows) -> str:
@@ -170,7 +201,7 @@ def decode_table(rows) -> str:
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     by_point = {}
     for r in rows:
-        by_point.setdefault((r["batch"], r["tq"], r["seqlen"], r["heads"], r["kv_heads"], r["head_dim"]), {})[
+        by_point.setdefault((r["batch"], r["tq"], _s_label(r), r["heads"], r["kv_heads"], r["head_dim"]), {})[
             r["impl"]] = r
     lines = ["| B | Tq | S | N | K | H | " + " | ".join(f"{i} us" for i in impls) + " | floor us |",
              "|" + "---|" * (7 + len(impls))]

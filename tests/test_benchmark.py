@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jax_flash
 import jax_flash.benchmark as benchmark
 from jax_flash import reference
 from helpers import to_f64_cpu
@@ -317,6 +318,43 @@ def test_decode_preset_writes_the_latency_table_with_the_floor(tmp_path, monkeyp
     for cells in lines:
         assert cells[6].strip().endswith("x)") and cells[10].strip() == "n/a", cells
         assert float(cells[11]) == pytest.approx(2 * 2 * int(cells[2]) * 2 * 32 * 4 / 4.3e12 * 1e6, abs=0.05)
+
+
+def test_decode_ragged_point_reads_the_lengths_and_floors_on_their_keys(tmp_path, monkeypatch):
+    """--ragged-points: lengths spread over 1..S, every implementation masked by them (checked
+    against jax_flash, which the test below checks against the reference), the floor over the
+    keys the lengths cover, FA3 n/a, the S cell marked ragged."""
+    from jax_flash import benchmark_decode as decode
+
+    _not_importable(monkeypatch)
+    impls = ["jax_flash", "jax_flash_paged", "xla", "fa3"]
+    args = [a for a in DECODE_TINY if a not in ("1:64", "5:96")]
+    args[args.index("--decode-points") + 1:args.index("--decode-points") + 1] = ["1:64"]
+    benchmark.main(args + ["--ragged-points", "1:96", "--impl", *impls, "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    ragged = [r for r in rows if r["variant"] == "decode_ragged"]
+    assert [r["impl"] for r in ragged] == impls
+    lengths = decode.ragged_lengths(2, 96)
+    assert lengths.tolist() == [48, 96] and all(r["lengths"] == [48, 96] for r in ragged)
+    for r in ragged:
+        np.testing.assert_allclose(r["floor_us"], 2 * (48 + 96) * 2 * 32 * 4 / 4.3e12 * 1e6, rtol=1e-12)
+        if r["impl"] == "fa3":
+            assert r["unsupported"], r
+        else:
+            tf32 = r["impl"] == "xla" and jax.default_backend() == "gpu"
+            assert r["max_diff_vs_jax_flash"] < (3e-3 if tf32 else 1e-5), r
+    # The lengths matter: the first sequence's output differs from attention over all 96 keys.
+    arrays = decode.decode_inputs(2, 1, 96, 4, 2, 32, jnp.float32, 16, seed=1, ragged=True)
+    masked = jax_flash.attention(arrays["q"], arrays["k"], arrays["v"], key_value_seq_lengths=arrays["kv_lengths"])
+    full = jax_flash.attention(arrays["q"], arrays["k"], arrays["v"])
+    assert not np.allclose(masked[0], full[0]) and np.allclose(masked[1], full[1], rtol=1e-6, atol=1e-6)
+    table = (tmp_path / "results.md").read_text()
+    assert "| 2 | 1 | 1..96 (ragged) |" in table
+
+
+def test_decode_ragged_points_refuse_more_than_one_new_token(tmp_path):
+    with pytest.raises(SystemExit):
+        benchmark.main(DECODE_TINY + ["--ragged-points", "4:96", "--out", str(tmp_path)])
 
 
 @pytest.mark.parametrize("tq, seqlen", [(1, 40), (6, 48)])
