@@ -12,8 +12,12 @@
 # Checks:
 #   sm90_bwd         scripts/sm90_bwd_check.sh (the Hopper backward; its dispatch
 #                    patch needs it to pass)
-#   sm90_fwd         scripts/sm90_check.sh (the Hopper forward: plain schedules,
-#                    feature variants, both causal tile orders)
+#   sm90_fwd_plain   scripts/sm90_check.sh ARGS=--plain with sm90-features.patch
+#                    (the Hopper forward's plain schedules and both causal tile
+#                    orders, on the patch's reworked producer and scheduler)
+#   sm90_fwd_features the same with ARGS=--features (the feature variants against
+#                    their reference, the issue-19 feature table); each half
+#                    about one 10-minute call
 #   decode_prefetch  scripts/decode_check.sh with decode-table-prefetch.patch
 #   cmd_buffer       the package built with cmd-buffer.patch, then
 #                    tests/test_command_buffers.py
@@ -26,7 +30,7 @@ root=$PWD
 OUT=${OUT:-/tmp/pending_out}
 mkdir -p "$OUT"
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(sm90_bwd sm90_fwd decode_prefetch cmd_buffer wheel)
+[ ${#checks[@]} -gt 0 ] || checks=(sm90_bwd decode_prefetch cmd_buffer wheel)  # the sm90_fwd halves: one call each
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 wants() { local c; for c in "${checks[@]}"; do [ "$c" = "$1" ] && return 0; done; return 1; }
 
@@ -54,6 +58,9 @@ fi
 if wants decode_prefetch; then
   patched_copy prefetch decode-table-prefetch.patch > /dev/null || note "decode_prefetch: the patch does not apply"
 fi
+if wants sm90_fwd_plain || wants sm90_fwd_features; then
+  patched_copy feat sm90-features.patch > /dev/null || note "sm90_fwd: sm90-features.patch does not apply"
+fi
 if wants wheel; then
   (WHEELHOUSE=$root/.whl bash scripts/build_wheel.sh > "$OUT/wheel_build.log" 2>&1; echo "rc=$?" >> "$OUT/wheel_build.log") &
   pids+=($!)
@@ -70,7 +77,12 @@ if wants sm90_bwd; then run_check sm90_bwd "${BWD_LIMIT:-300}" env OUT=/tmp/sm90
 if wants decode_prefetch && [ -d /tmp/pending_prefetch ]; then
   run_check decode_prefetch "${DECODE_LIMIT:-240}" env OUT=/tmp/decode_prefetch bash /tmp/pending_prefetch/scripts/decode_check.sh
 fi
-if wants sm90_fwd; then run_check sm90_fwd "${FWD_LIMIT:-420}" env OUT=/tmp/sm90_fwd ARGS="${FWD_ARGS:-}" bash scripts/sm90_check.sh; fi
+for half in plain features; do
+  if wants sm90_fwd_$half && [ -d /tmp/pending_feat ]; then
+    run_check sm90_fwd_$half "${FWD_LIMIT:-540}" env OUT=/tmp/sm90_fwd ARGS="--$half ${FWD_ARGS:-}" \
+      bash /tmp/pending_feat/scripts/sm90_check.sh
+  fi
+done
 for pid in "${pids[@]}"; do wait "$pid"; done
 if wants cmd_buffer && grep -q "rc=0" "$OUT/cmd_buffer_build.log" 2>/dev/null; then
   (cd /tmp && run_check cmd_buffer "${CMD_LIMIT:-300}" python3 -m pytest /tmp/pending_cmd/tests/test_command_buffers.py -q -rA)
