@@ -18,6 +18,9 @@
 #   sm90_fwd_features the same with ARGS=--features (the feature variants against
 #                    their reference, the issue-19 feature table); each half
 #                    about one 10-minute call
+#   sm90_fwd_h64     the head-dim-64 cases with two and three consumer warpgroups
+#                    (sm90-features.patch + sm90-h64-3wg.patch), SM80=0 ARGS=--h64:
+#                    correctness of both and their timing table
 #   decode_prefetch  scripts/decode_check.sh with decode-table-prefetch.patch
 #   cmd_buffer       the package built with cmd-buffer.patch, then
 #                    tests/test_command_buffers.py
@@ -34,12 +37,13 @@ checks=("$@")
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 wants() { local c; for c in "${checks[@]}"; do [ "$c" = "$1" ] && return 0; done; return 1; }
 
-# A copy of the tree with one patch applied (tracked files only).
-patched_copy() {  # name patch
-  local dir=/tmp/pending_$1
+# A copy of the tree with patches applied in order (tracked files only).
+patched_copy() {  # name patch...
+  local dir=/tmp/pending_$1 patch
+  shift
   rm -rf "$dir" && mkdir -p "$dir"
   git ls-files -z | xargs -0 cp --parents -t "$dir"
-  (cd "$dir" && git init -q && git apply "$root/pending/$2") || return 1
+  (cd "$dir" && git init -q && for patch in "$@"; do git apply "$root/pending/$patch" || exit 1; done) || return 1
   echo "$dir"
 }
 
@@ -57,6 +61,9 @@ if wants cmd_buffer; then
 fi
 if wants decode_prefetch; then
   patched_copy prefetch decode-table-prefetch.patch > /dev/null || note "decode_prefetch: the patch does not apply"
+fi
+if wants sm90_fwd_h64; then
+  patched_copy h64 sm90-features.patch sm90-h64-3wg.patch > /dev/null || note "sm90_fwd_h64: the patches do not apply"
 fi
 if wants sm90_fwd_plain || wants sm90_fwd_features; then
   patched_copy feat sm90-features.patch > /dev/null || note "sm90_fwd: sm90-features.patch does not apply"
@@ -76,6 +83,10 @@ run_check() {  # name limit command...
 if wants sm90_bwd; then run_check sm90_bwd "${BWD_LIMIT:-300}" env OUT=/tmp/sm90_bwd bash scripts/sm90_bwd_check.sh; fi
 if wants decode_prefetch && [ -d /tmp/pending_prefetch ]; then
   run_check decode_prefetch "${DECODE_LIMIT:-240}" env OUT=/tmp/decode_prefetch bash /tmp/pending_prefetch/scripts/decode_check.sh
+fi
+if wants sm90_fwd_h64 && [ -d /tmp/pending_h64 ]; then
+  run_check sm90_fwd_h64 "${FWD_LIMIT:-540}" env OUT=/tmp/sm90_h64 SM80=0 ARGS="--h64 ${FWD_ARGS:-}" \
+    bash /tmp/pending_h64/scripts/sm90_check.sh
 fi
 for half in plain features; do
   if wants sm90_fwd_$half && [ -d /tmp/pending_feat ]; then
