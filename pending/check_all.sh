@@ -80,7 +80,11 @@ run_check() {  # name limit command...
   local rc=$?
   note "$name: $([ $rc = 0 ] && echo PASS || echo "FAIL (rc=$rc)") in $(( $(date +%s) - start )) s; $(grep -E "ALL PASS|failure|failed|passed" "$OUT/$name.log" | tail -1)"
 }
-if wants sm90_bwd; then run_check sm90_bwd "${BWD_LIMIT:-300}" env OUT=/tmp/sm90_bwd bash scripts/sm90_bwd_check.sh; fi
+# The backward's first run: no sm80 comparison, no 4096-long cases (BWD_ARGS="" SM80=1 for the full check).
+if wants sm90_bwd; then
+  run_check sm90_bwd "${BWD_LIMIT:-300}" env OUT=/tmp/sm90_bwd SM80="${SM80:-0}" ARGS="${BWD_ARGS---quick}" \
+    bash scripts/sm90_bwd_check.sh
+fi
 if wants decode_prefetch && [ -d /tmp/pending_prefetch ]; then
   run_check decode_prefetch "${DECODE_LIMIT:-240}" env OUT=/tmp/decode_prefetch bash /tmp/pending_prefetch/scripts/decode_check.sh
 fi

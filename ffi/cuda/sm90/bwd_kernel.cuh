@@ -335,7 +335,6 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
   // dQ share: columns dq_col0 .. + dq_cols of dS K over keys dq_keys ..
   const int dq_col0 = Tr::kDqSplitColumns ? Tr::kDqCols * warpgroup : 0;
   const int dq_cols = min(Tr::kDqCols, a.head_dim - dq_col0);  // <= 0: nothing (head dims up to 64 at 128)
-  const int stage_barrier = kStageBarrier + warpgroup;
 
   float dk[kHeadDim / 2], dv[kHeadDim / 2];
 #pragma unroll
@@ -449,6 +448,11 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
     uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
     OnlineSoftmax<kBlockM, kHeadDim>::template ToFragments<Element>(st, p_frag);
     OnlineSoftmax<kBlockM, kHeadDim>::template ToFragments<Element>(dpt, ds_frag);
+    // dS^T to shared memory before the products below take ds_frag as their
+    // A operand: the PTX rules leave reading an in-flight wgmma's A
+    // registers undefined (FlashAttention-3 also stores first).
+    const uint32_t ds_buf = (i % 2) * Tr::kDsBytes;
+    StoreDsTranspose<Tr>(smem + Tr::kDsOffset + ds_buf, ds_frag, warpgroup, row0, t);
 
     // dV += P^T dO, dK += dS^T Q (the step's queries are the k of both; dO
     // and Q [queries][head dim] are MN-major B operands).
@@ -463,15 +467,15 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
       WgmmaRS<Element, kHeadDim>(dk, ds_frag[kk], MnMajorDescriptor(q_tile, Tr::kQChunkBytes, kk), 1);
     WgmmaCommit();
 
-    const uint32_t ds_buf = (i % 2) * Tr::kDsBytes;
-    StoreDsTranspose<Tr>(smem + Tr::kDsOffset + ds_buf, ds_frag, warpgroup, row0, t);
     // The stores before the tensor cores' reads (async proxy), and, at 128,
     // the other warpgroup's too. Double buffering: a warpgroup writing step
     // i + 1's dS^T has passed step i's barrier, which the other reached
     // only after its step i - 1 dQ product (same buffer) completed.
     FenceProxyAsync();
     if constexpr (Tr::kDqSplitColumns) NamedBarrierSync(kDsBarrier, 256);
-    else NamedBarrierSync(stage_barrier, 128);
+    // (Literal ids per warpgroup: a computed one makes ptxas reserve all 16.)
+    else if (warpgroup == 0) NamedBarrierSync(kStageBarrier, 128);
+    else NamedBarrierSync(kStageBarrier + 1, 128);
 
     // dQ share = dS K: A = dS (queries x keys) from dS^T in shared memory,
     // B = K (keys x head dim), both MN-major.
@@ -484,7 +488,9 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
     FenceRegisters(dk);
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) FenceRegisters(p_frag[kk]), FenceRegisters(ds_frag[kk]);
-    // Q, dO and the row statistics of stage s are read.
+    // Q, dO and the row statistics of stage s are read, by every lane of
+    // the warp (the statistics by plain loads) before lane 0 releases it.
+    __syncwarp();
     if (lane == 0) MbarrierArrive(bars.empty(s));
   };
   if constexpr (kEarlyS) {
