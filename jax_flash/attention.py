@@ -101,9 +101,12 @@ def attention(
         (flax's ``broadcast_dropout``) instead of one per (batch, head).
       implementation: which CUDA kernel family runs: ``None`` picks the fastest
         that supports the inputs (on Hopper GPUs the sm90 forward for calls
-        without features), ``"sm90"`` forces the Hopper (wgmma / TMA) forward
-        (compute capability 9.x, 16-bit, head dim a multiple of 8, no attention
-        features yet; its backward is sm80's), ``"sm80"`` forces the mma.sync tensor-core
+        without features, and the sm90 backward for those with head dims from
+        72 to 128 that are not ``deterministic``), ``"sm90"`` forces the Hopper
+        (wgmma / TMA) forward (compute capability 9.x, 16-bit, head dim a
+        multiple of 8, no attention features yet) and, where it covers the call
+        (head dim <= 128, not deterministic), the Hopper backward (sm80's
+        otherwise), ``"sm80"`` forces the mma.sync tensor-core
         kernels (float16/bfloat16, head dim a multiple of 8, compute capability
         >= 8.0; an error otherwise), ``"generic"`` the exact SIMT kernels that
         take every dtype and head dim. The mma.sync kernels cover head dims up to

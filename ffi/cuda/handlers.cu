@@ -16,6 +16,7 @@
 #include "cuda/generic/launch.h"
 #include "cuda/sm80/launch.h"
 #ifdef JAX_FLASH_WITH_SM90
+#include "cuda/sm90/bwd_launch.h"
 #include "cuda/sm90/launch.h"
 #endif
 
@@ -94,6 +95,24 @@ bool Sm90ForwardSupports(ffi::DataType dtype, const AttentionParams& p) {
          DeviceAttribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
          DeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >=
              sm90::ForwardSmemBytes(p.shape.head_dim);
+#else
+  (void)dtype, (void)p;
+  return false;
+#endif
+}
+
+// Whether the Hopper backward (sm90/bwd_*) serves this call: as the forward
+// (Sm90ForwardSupports), head dims up to 128 (256 stays on sm80's fused
+// backward), not deterministic (dQ is summed by atomic adds), with the
+// float32 dQ accumulator. Decided after the features are decoded.
+bool Sm90BackwardSupports(ffi::DataType dtype, const AttentionParams& p) {
+#ifdef JAX_FLASH_WITH_SM90
+  return (dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16) && p.shape.head_dim % 8 == 0 &&
+         sm90::BackwardCoversHeadDim(p.shape.head_dim) && p.scale > 0 && !p.features.Any() &&
+         !p.deterministic && p.dq_accum != nullptr &&
+         DeviceAttribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
+         DeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >=
+             sm90::BackwardSmemBytes(p.shape.head_dim);
 #else
   (void)dtype, (void)p;
   return false;
@@ -245,6 +264,27 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                        /*sm80_has_features=*/!p.deterministic, &family, &p);
       e.failure())
     return e;
+  // The Hopper backward: plain, non-deterministic 16-bit calls on compute
+  // capability 9.x up to head dim 128 when sm90 is forced; by default only
+  // above 64, where it is 1.20-1.27x sm80's (H=128, T=4096, bf16 / f16,
+  // causal or not). At 64 it measured 0.99x (non-causal) and 0.91-0.93x
+  // (causal) of sm80's, so sm80 keeps those (session 16, sm90_bwd_check).
+  // Other sm90-forced calls run sm80's backward, as before: the forward's
+  // family does not bind the backward's.
+  const bool sm90_ok = Sm90BackwardSupports(q.element_type(), p) &&
+                       (Family(family) == Family::kSm90 || p.shape.head_dim > 64);
+#ifdef JAX_FLASH_WITH_SM90
+  if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {
+    return DispatchTensorCores(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) -> std::string {
+      if constexpr (decltype(head_dim)::value <= 128)
+        return sm90::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);
+      else
+        return "jax_flash: the sm90 backward has no head dim 256 kernel";  // Sm90BackwardSupports excludes it
+    });
+  }
+#else
+  (void)sm90_ok;
+#endif
   // The mma.sync backward covers head dims up to 128, and 256 when fused
   // (deterministic at 256 stays generic).
   if (Family(family) != Family::kGeneric && (p.shape.head_dim <= 128 || !p.deterministic) &&
@@ -328,15 +368,26 @@ ffi::Error PagedForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
 }  // namespace
 }  // namespace jax_flash::cuda
 
+// Command-buffer (CUDA graph) compatible: the handlers only launch kernels
+// and memsets on XLA's stream, use no memory but their buffers (scratch is an
+// extra result), never synchronize or query the stream, and launch the same
+// work for the same shapes and attributes (the host-side queries, occupancy,
+// function attributes and TMA descriptors, are not stream work). XLA then
+// captures the calls into its command buffers (tests/test_command_buffers.py
+// checks the results are bitwise those of plain stream execution).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxFlashForwardCuda, jax_flash::cuda::ForwardImpl,
-    JAX_FLASH_FWD_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));
+    JAX_FLASH_FWD_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxFlashBackwardCuda, jax_flash::cuda::BackwardImpl,
-    JAX_FLASH_BWD_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));
+    JAX_FLASH_BWD_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxFlashBiasGradientCuda, jax_flash::cuda::BiasGradientImpl,
-    JAX_FLASH_DBIAS_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));
+    JAX_FLASH_DBIAS_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxFlashPagedForwardCuda, jax_flash::cuda::PagedForwardImpl,
-    JAX_FLASH_PAGED_FWD_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));
+    JAX_FLASH_PAGED_FWD_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});

@@ -147,27 +147,40 @@ struct TimingRow {
 };
 std::vector<TimingRow> timing_rows;
 
-// Error of one gradient against its reference: |got - want| <= tol (rms
-// |want| + |want|), rms over the tensor. The rms term: each element is a
-// sum of many 16-bit-rounded P / dS terms, whose rounding errors scale with
-// the tensor's typical size rather than with the (possibly cancelling)
-// element. Returns the worst error / allowed ratio; counts bad elements.
+// Error of one gradient against its reference: |got - want| <= tol (scale +
+// |want|) + 1e-5. The scale is the larger of the tensor's rms |want| and the
+// element's row's (its H values): each element is a sum of many
+// 16-bit-rounded P / dS terms, whose rounding errors scale with the terms'
+// size rather than with the (possibly cancelling) element, and a row's rms
+// measures its terms. The row term matters for causal: the first keys'
+// dK / dV and the first queries' dQ sum terms ten times the tensor's rms
+// (P near 1); with the tensor's rms alone, bf16's rounding of those P and
+// dS failed 1-3 elements per million at 1.0-1.3x the tolerance, identically
+// in both schedules (session 16's first run). The 1e-5 floor: exact zeros
+// (a query that sees one key has dS = P (dP - delta) = 0) come out as
+// float32 rounding of dP - delta, about 1e-6.
+// Returns the worst error / allowed ratio; counts bad elements.
 template <typename Element>
-double Compare(const std::vector<Element>& got, const std::vector<float>& want, double tol,
-               int64_t* bad, int64_t* first_bad) {
+double Compare(const std::vector<Element>& got, const std::vector<float>& want, int H, double tol, int64_t* bad,
+               int64_t* first_bad) {
   double sum_sq = 0;
   for (float w : want) sum_sq += double(w) * w;
   const double rms = want.empty() ? 0.0 : std::sqrt(sum_sq / double(want.size()));
   double worst = 0;
   *bad = 0, *first_bad = -1;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double g = ToFloat(got[i]), w = want[i], e = std::fabs(g - w);
-    const double allowed = tol * (rms + std::fabs(w)) + 1e-6;
-    if (!(e <= allowed)) {  // NaN (unwritten) fails too
-      if (*first_bad < 0) *first_bad = int64_t(i);
-      ++*bad;
+  for (size_t row = 0; row < got.size(); row += H) {
+    double row_sq = 0;
+    for (int d = 0; d < H; ++d) row_sq += double(want[row + d]) * want[row + d];
+    const double scale = std::max(rms, std::sqrt(row_sq / H));
+    for (size_t i = row; i < row + H; ++i) {
+      const double g = ToFloat(got[i]), w = want[i], e = std::fabs(g - w);
+      const double allowed = tol * (scale + std::fabs(w)) + 1e-5;
+      if (!(e <= allowed)) {  // NaN (unwritten) fails too
+        if (*first_bad < 0) *first_bad = int64_t(i);
+        ++*bad;
+      }
+      worst = std::isfinite(e) ? std::max(worst, e / allowed) : INFINITY;
     }
-    worst = std::isfinite(e) ? std::max(worst, e / allowed) : INFINITY;
   }
   return worst;
 }
@@ -251,9 +264,9 @@ bool RunCase(const Case& c) {
     CHECK_CUDA(cudaMemcpy(got_dk.data(), dk, kv_elems * 2, cudaMemcpyDeviceToHost));
     CHECK_CUDA(cudaMemcpy(got_dv.data(), dv, kv_elems * 2, cudaMemcpyDeviceToHost));
     int64_t bad[3], first[3];
-    const double r_dq = Compare(got_dq, want_dq, tol, &bad[0], &first[0]);
-    const double r_dk = Compare(got_dk, want_dk, tol, &bad[1], &first[1]);
-    const double r_dv = Compare(got_dv, want_dv, tol, &bad[2], &first[2]);
+    const double r_dq = Compare(got_dq, want_dq, c.H, tol, &bad[0], &first[0]);
+    const double r_dk = Compare(got_dk, want_dk, c.H, tol, &bad[1], &first[1]);
+    const double r_dv = Compare(got_dv, want_dv, c.H, tol, &bad[2], &first[2]);
     const bool ok = bad[0] == 0 && bad[1] == 0 && bad[2] == 0;
     std::printf("%s: worst err / tol dq %.2f dk %.2f dv %.2f: %s\n", what, r_dq, r_dk, r_dv, ok ? "PASS" : "FAIL");
     const char* names[3] = {"dq", "dk", "dv"};
