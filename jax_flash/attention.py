@@ -100,13 +100,15 @@ def attention(
       dropout_broadcast: one dropout mask shared by every batch entry and head
         (flax's ``broadcast_dropout``) instead of one per (batch, head).
       implementation: which CUDA kernel family runs: ``None`` picks the fastest
-        that supports the inputs (on Hopper GPUs the sm90 forward for calls
-        without features, and the sm90 backward for those with head dims from
-        72 to 128 that are not ``deterministic``), ``"sm90"`` forces the Hopper
-        (wgmma / TMA) forward (compute capability 9.x, 16-bit, head dim a
-        multiple of 8, no attention features yet) and, where it covers the call
-        (head dim <= 128, not deterministic), the Hopper backward (sm80's
-        otherwise), ``"sm80"`` forces the mma.sync tensor-core
+        that supports the inputs. On Hopper GPUs that is the sm90 forward for
+        calls without a bias, boolean mask or dropout (with sequence lengths,
+        segment ids, windows, position offsets or a soft cap only at head dims
+        up to 128), and the sm90 backward for calls without features at head
+        dims from 72 to 128 that are not ``deterministic``. ``"sm90"`` forces
+        the Hopper (wgmma / TMA) forward (compute capability 9.x, 16-bit, head
+        dim a multiple of 8, those features) and, where it covers the call
+        (no features, head dim <= 128, not deterministic), the Hopper backward
+        (sm80's otherwise); ``"sm80"`` forces the mma.sync tensor-core
         kernels (float16/bfloat16, head dim a multiple of 8, compute capability
         >= 8.0; an error otherwise), ``"generic"`` the exact SIMT kernels that
         take every dtype and head dim. The mma.sync kernels cover head dims up to

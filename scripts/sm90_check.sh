@@ -6,6 +6,7 @@
 #   bash scripts/sm90_check.sh             # from the worktree root
 #   SM80=0 bash scripts/sm90_check.sh      # without the sm80 comparison (faster build)
 #   ARGS=--quick bash scripts/sm90_check.sh  # skip the 4096-long cases
+#   ARGS="--plain" / ARGS="--features" bash scripts/sm90_check.sh  # one half (each fits a 10-minute slot)
 # Writes the binary and the log under ${OUT:-build-sm90-check}.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -1,7 +1,10 @@
-"""The sm90 forward's persistent tile order (ffi/cuda/sm90/tile_scheduler.cuh)
-on the host: every tile dealt to exactly one block, causal tiles heaviest
-first, causal work balanced across blocks to within one tile. nvcc builds
-tests/cpp/sm90_tile_scheduler_test.cu as a plain program; skipped without nvcc."""
+"""The sm90 forward's persistent tile orders (ffi/cuda/sm90/tile_scheduler.cuh)
+on the host, order 0 and the L2-aware sectioned one: every tile dealt to
+exactly one block, causal tiles heaviest first within each section, a
+section's tiles its own heads', causal work balanced across blocks to within
+one tile per section; the section sizes (SectionHeads, CausalSection). nvcc
+builds tests/cpp/sm90_tile_scheduler_test.cu as a plain program; skipped
+without nvcc."""
 
 import shutil
 

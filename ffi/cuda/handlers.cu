@@ -85,13 +85,23 @@ ffi::Error DispatchTensorCores(ffi::DataType dtype, int64_t head_dim, Fn&& fn) {
   return ffi::Error::Success();
 }
 
+// The attention features the Hopper forward's variants take
+// (sm90::LaunchForwardWithFeatures): lengths, windows, position offsets,
+// segment ids and the soft cap, at head dims up to 128. A bias, a boolean
+// mask and dropout (and features at 256) stay on the sm80 forward.
+bool Sm90TakesFeatures(const AttentionParams& p) {
+  const AttentionFeatures& f = p.features;
+  return !f.Any() || (p.shape.head_dim <= 128 && !f.bias && !f.mask && !(f.dropout_rate > 0.0));
+}
+
 // Whether the Hopper forward (sm90/) serves this call: built with sm_90a,
 // a 9.x device, 16-bit inputs, head dim a multiple of 8 up to 256, scale > 0,
-// no features. (Its launcher checks alignment itself and fails clearly.)
+// features it takes (Sm90TakesFeatures). (Its launcher checks alignment
+// itself and fails clearly.)
 bool Sm90ForwardSupports(ffi::DataType dtype, const AttentionParams& p) {
 #ifdef JAX_FLASH_WITH_SM90
   return (dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16) && p.shape.head_dim % 8 == 0 &&
-         p.shape.head_dim <= 256 && p.scale > 0 && !p.features.Any() &&
+         p.shape.head_dim <= 256 && p.scale > 0 && Sm90TakesFeatures(p) &&
          DeviceAttribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
          DeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >=
              sm90::ForwardSmemBytes(p.shape.head_dim);
@@ -201,21 +211,27 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   // which needs scale > 0 (a non-positive scale runs the generic kernels).
   const bool sm80_ok = p.scale > 0 && Sm80Supports(q.element_type(), p.shape.head_dim,
                                                    sm80::ForwardSmemBytes(p.shape.head_dim));
-  // The Hopper forward: plain calls (no features) on compute capability 9.x,
-  // 16-bit, head dims that are a multiple of 8 (TMA's 16-byte strides), by
-  // default and when forced. The backward stays on sm80 (same out and lse).
+  // The Hopper forward: plain calls and those with the features it takes
+  // (Sm90TakesFeatures) on compute capability 9.x, 16-bit, head dims that are
+  // a multiple of 8 (TMA's 16-byte strides), by default and when forced. The
+  // backward stays on sm80 (same out and lse: the soft cap's tanh is the
+  // sm80 forward's).
   const bool sm90_ok = Sm90ForwardSupports(q.element_type(), p);
   if (Family(family) == Family::kSm90 && !sm90_ok) {
     return ffi::Error::InvalidArgument(
         "jax_flash: implementation='sm90' needs a GPU of compute capability 9.x (a build with "
         "sm_90a), float16/bfloat16 inputs, a head dim that is a multiple of 8 (at most 256), a "
-        "positive scale and no attention features (bias, masks, lengths, segments, window, soft "
-        "cap, dropout) yet");
+        "positive scale, and no bias, boolean mask or dropout (lengths, segments, window, offsets "
+        "and soft cap at head dims up to 128)");
   }
 #ifdef JAX_FLASH_WITH_SM90
   if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {
     return DispatchTensorCores(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
-      return sm90::LaunchForward<decltype(element), decltype(head_dim)::value>(p, stream);
+      constexpr int kHeadDim = decltype(head_dim)::value;
+      if constexpr (kHeadDim <= 128) {
+        if (p.features.Any()) return sm90::LaunchForwardWithFeatures<decltype(element), kHeadDim>(p, stream);
+      }
+      return sm90::LaunchForward<decltype(element), kHeadDim>(p, stream);
     });
   }
 #endif

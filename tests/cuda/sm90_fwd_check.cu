@@ -3,12 +3,19 @@
 // (and padded ones) x causal x shapes with tails and GQA, every output element
 // and every lse against a float reference computed on the GPU by a
 // one-thread-per-row kernel, then timings (median of 20 samples after
-// warm-up) beside the sm80 forward at the same shapes. Exit code 1 on any FAIL.
+// warm-up) beside the sm80 forward at the same shapes. Causal cases also run
+// the L2-aware sectioned tile order (tile_scheduler.cuh; forced small
+// sections for correctness, the launch's own sizes for the timings, which
+// say which order is faster). Then the feature variants
+// (sm90_feature_check.cuh): each feature against a float reference of its
+// own, and the issue-19 feature table's timings. Exit code 1 on any FAIL.
 // First the building blocks alone (sm90_building_blocks.cuh), so that a
 // failing kernel comes with the likely culprit.
 //
 //   bash scripts/sm90_check.sh            # builds and runs this
 //   ./sm90_fwd_check --quick              # skip the 4096-long cases
+//   ./sm90_fwd_check --plain | --features # only the plain kernel's / the feature variants' cases
+// (flags combine: --features --quick is the feature cases' correctness alone)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -25,6 +32,7 @@
 #include "cuda/sm90/launch.cuh"
 #include "check_helpers.cuh"
 #include "sm90_building_blocks.cuh"
+#include "sm90_feature_check.cuh"
 #ifdef JAX_FLASH_CHECK_SM80
 #include "cuda/sm80/launch.cuh"
 #endif
@@ -74,6 +82,7 @@ __global__ void ReferenceForward(const Element* q, const Element* k, const Eleme
 struct TimingRow {
   std::string shape;
   double serial = 0, overlap = 0, pingpong = 0, overlap176 = 0, pingpong176 = 0, sm80 = 0;
+  double sections = 0;  // the default schedule in the sectioned causal order
   const char* default_schedule = "";
 };
 std::vector<TimingRow> timing_rows;
@@ -93,10 +102,17 @@ const char* ScheduleName(jax_flash::cuda::sm90::Schedule s) {
 // Every schedule of the kernel (kernel_traits.cuh), so that a failure of one
 // points at its schedule rather than at the shared parts.
 // block_n 176 (at 128 only): the candidate key block (kernel_traits.cuh).
+// order / section_pairs: the causal tile order (launch.cuh's CausalOrder;
+// section_pairs > 0 forces the section size).
 template <typename Element, int kHeadDim>
 std::string LaunchScheduled(jax_flash::cuda::sm90::Schedule schedule, const AttentionParams& p, int max_blocks,
-                            int block_n) {
+                            int block_n,
+                            jax_flash::cuda::sm90::CausalOrder order = jax_flash::cuda::sm90::CausalOrder::kDefault,
+                            int section_pairs = 0) {
   using namespace jax_flash::cuda::sm90;
+  if (order != CausalOrder::kDefault)  // the default schedule only
+    return LaunchForwardScheduled<Element, kHeadDim, FwdTraits<kHeadDim>::kDefaultSchedule>(p, 0, max_blocks, order,
+                                                                                             section_pairs);
   if constexpr (kHeadDim == 128) {
     if (block_n == 176) {
       if (schedule == Schedule::kOverlap)
@@ -161,24 +177,44 @@ bool RunCase(const Case& c) {
   // blocks, so that each block runs several tiles (phases across tiles);
   // at 128 also the 176-key candidate (overlap and ping-pong, also on 7).
   constexpr Schedule kDefault = jax_flash::cuda::sm90::FwdTraits<kHeadDim>::kDefaultSchedule;
+  // Causal: the sectioned order too, in sections of 1 and 3 pairs (many
+  // sections, a partial last one, GQA groups split) on 7 blocks and the
+  // full grid, and timed (where they are the launch's own sizes).
+  using jax_flash::cuda::sm90::CausalOrder;
   struct Run {
     Schedule schedule;
     int max_blocks, block_n;
+    CausalOrder order = CausalOrder::kDefault;
+    int section_pairs = 0;
   };
   std::vector<Run> runs = {{Schedule::kSerial, 0, 0}, {Schedule::kOverlap, 0, 0}, {Schedule::kPingPong, 0, 0},
                            {kDefault, 7, 0}};
   if (kHeadDim == 128)
     runs.insert(runs.end(), {{Schedule::kOverlap, 0, 176}, {Schedule::kPingPong, 0, 176}, {Schedule::kPingPong, 7, 176}});
+  if (c.causal) {
+    if (c.timed) {
+      runs.push_back({kDefault, 0, 0, CausalOrder::kSections, 0});
+    } else {
+      runs.insert(runs.end(), {{kDefault, 7, 0, CausalOrder::kSections, 1}, {kDefault, 0, 0, CausalOrder::kSections, 3}});
+    }
+  }
   for (const Run& run : runs) {
     const Schedule schedule = run.schedule;
-    auto launch = [&] { return LaunchScheduled<Element, kHeadDim>(schedule, p, run.max_blocks, run.block_n); };
-    const bool is_default = schedule == kDefault && run.max_blocks == 0 && run.block_n == 0;
+    auto launch = [&] {
+      return LaunchScheduled<Element, kHeadDim>(schedule, p, run.max_blocks, run.block_n, run.order, run.section_pairs);
+    };
+    const bool sectioned = run.order == CausalOrder::kSections;
+    const bool is_default = schedule == kDefault && run.max_blocks == 0 && run.block_n == 0 && !sectioned;
     if (run.max_blocks > 0 && c.timed) continue;  // the full-grid runs cover these sizes
-    char name[240];
-    std::snprintf(name, sizeof name, "%s H=%d (kHeadDim %d) B=%d T=%d S=%d N=%d K=%d causal=%d scale=%.3g %s%s%s%s",
+    char sections[64] = "";
+    if (sectioned)
+      std::snprintf(sections, sizeof sections, run.section_pairs ? " sections of %d pairs" : " sections (launch's size)",
+                    run.section_pairs);
+    char name[300];
+    std::snprintf(name, sizeof name, "%s H=%d (kHeadDim %d) B=%d T=%d S=%d N=%d K=%d causal=%d scale=%.3g %s%s%s%s%s",
                   TypeName<Element>(), c.H, kHeadDim, c.B, c.T, c.S, c.N, c.K, int(c.causal), p.scale,
                   ScheduleName(schedule), run.block_n ? " 176 keys" : "", is_default ? " (default)" : "",
-                  run.max_blocks ? " on 7 blocks" : "");
+                  run.max_blocks ? " on 7 blocks" : "", sections);
     Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(out), q_elems);
     Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(lse), lse_elems * 2);
     CHECK_CUDA(cudaGetLastError());
@@ -238,11 +274,13 @@ bool RunCase(const Case& c) {
     }
     if (ok && c.timed) {
       const float ms = TimeLaunches(launch);
-      std::printf("  time sm90 %s%s: %.3f ms, %.1f TFLOP/s\n", ScheduleName(schedule),
-                  run.block_n ? " 176 keys" : "", ms, flops / (ms * 1e-3) / 1e12);
+      std::printf("  time sm90 %s%s%s: %.3f ms, %.1f TFLOP/s\n", ScheduleName(schedule),
+                  run.block_n ? " 176 keys" : "", sections, ms, flops / (ms * 1e-3) / 1e12);
       if (is_default) best_ms = ms;
       const double tflops = ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0;
-      if (run.block_n == 176)
+      if (sectioned)
+        row.sections = tflops;
+      else if (run.block_n == 176)
         (schedule == Schedule::kOverlap ? row.overlap176 : row.pingpong176) = tflops;
       else
         (schedule == Schedule::kSerial ? row.serial : schedule == Schedule::kOverlap ? row.overlap : row.pingpong) =
@@ -297,7 +335,12 @@ bool RejectsMisaligned() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false, plain = true, features = true;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--plain") == 0) features = false;
+    if (std::strcmp(argv[i], "--features") == 0) plain = false;
+  }
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
@@ -320,30 +363,57 @@ int main(int argc, char** argv) {
     cases.push_back({2, 257, 333, 2, 1, 96, bool(causal), 0, false});
     cases.push_back({2, 257, 333, 2, 1, 200, bool(causal), 0, false});
   }
-  if (!quick)
+  if (!quick) {
     for (int causal : {0, 1}) {
       cases.push_back({4, 4096, 4096, 32, 32, 64, bool(causal), 0, true});
       cases.push_back({4, 4096, 4096, 16, 16, 128, bool(causal), 0, true});
       cases.push_back({4, 4096, 4096, 8, 8, 256, bool(causal), 0, true});
     }
+    // The causal shapes that lag FlashAttention-3 most (short T, many
+    // heads), for the tile order's timings.
+    cases.push_back({4, 1024, 1024, 16, 16, 128, true, 0, true});
+    cases.push_back({4, 4096, 4096, 16, 16, 64, true, 0, true});
+    cases.push_back({4, 1024, 1024, 8, 8, 256, true, 0, true});
+  }
   int failures = 0;
   failures += !sm90_check::CheckBuildingBlocks<__nv_bfloat16, 64>("bf16");
   failures += !sm90_check::CheckBuildingBlocks<__nv_bfloat16, 128>("bf16");
   failures += !sm90_check::CheckBuildingBlocks<__nv_bfloat16, 256>("bf16");
   failures += !sm90_check::CheckBuildingBlocks<__half, 128>("f16");
   failures += !RejectsMisaligned<__nv_bfloat16>();
+  failures += !sm90_feature_check::RejectsBias<__nv_bfloat16>();
   for (const Case& c : cases) {
+    if (!plain) break;
     failures += !RunCaseAnyHead<__nv_bfloat16>(c);
     failures += !RunCaseAnyHead<__half>(c);
   }
+  for (const sm90_feature_check::FeatureCase& c : sm90_feature_check::FeatureCases(quick)) {
+    if (!features) break;
+    failures += !sm90_feature_check::RunFeatureCaseAnyHead<__nv_bfloat16>(c);
+    if (!c.timed) failures += !sm90_feature_check::RunFeatureCaseAnyHead<__half>(c);
+  }
   if (!timing_rows.empty()) {
     std::printf("\nTFLOP/s (4 B N T S H, halved when causal; median of 20 x 5 launches)\n");
-    std::printf("%-40s %8s %8s %8s %8s %8s %8s  default\n", "shape", "serial", "overlap", "pingpong", "ov176",
-                "pp176", "sm80");
-    for (const TimingRow& r : timing_rows)
-      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f  %s\n", r.shape.c_str(), r.serial, r.overlap,
-                  r.pingpong, r.overlap176, r.pingpong176, r.sm80, r.default_schedule);
+    std::printf("%-40s %8s %8s %8s %8s %8s %8s %8s  default\n", "shape", "serial", "overlap", "pingpong", "ov176",
+                "pp176", "sections", "sm80");
+    for (const TimingRow& r : timing_rows) {
+      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f  %s\n", r.shape.c_str(), r.serial, r.overlap,
+                  r.pingpong, r.overlap176, r.pingpong176, r.sections, r.sm80, r.default_schedule);
+    }
+    // The causal order: the sectioned one (default schedule) against order 0
+    // (the same schedule's column), per causal shape.
+    std::printf("\ncausal tile order (default schedule; launch.cuh's DefaultCausalOrder: sections up to head "
+                "dim 128, all heads above):\n");
+    for (const TimingRow& r : timing_rows) {
+      if (r.sections <= 0) continue;
+      const std::string def = r.default_schedule;
+      const double order0 = def == "serial" ? r.serial : def == "overlap" ? r.overlap : r.pingpong;
+      std::printf("  %-40s all heads %7.1f, sections %7.1f: %s faster (%.3fx)\n", r.shape.c_str(), order0,
+                  r.sections, r.sections > order0 ? "sections" : "all heads",
+                  order0 > 0 ? r.sections / order0 : 0.0);
+    }
   }
+  sm90_feature_check::PrintFeatureTimings();
   std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ALL PASS", failures);
   if (failures)
     std::printf(
@@ -352,6 +422,9 @@ int main(int argc, char** argv) {
         "fragment order (softmax.cuh ToFragments); blocks pass but every schedule fails -> masks, "
         "softmax, epilogue or the ring's phases; only overlap/pingpong fail -> fwd_kernel.cuh's step "
         "(waits, turns); only 'on 7 blocks' fails -> phases across tiles (q_empty, pipe, tile_iter); "
-        "padded head dims only -> TMA fill beyond head_dim or the epilogue's column bound.\n");
+        "padded head dims only -> TMA fill beyond head_dim or the epilogue's column bound; only 'sections' "
+        "runs fail -> tile_scheduler.cuh's Next/Decode (holes, tile_iter); only feature cases fail -> "
+        "feature_mask.cuh (FeatureKeyBlocks ranges: producer and consumers must agree; FeatureBlockMask: bounds "
+        "or ids; soft cap).\n");
   return failures ? 1 : 0;
 }

@@ -1,5 +1,7 @@
-// FlashAttention forward for Hopper (sm_90a), float16/bfloat16, no attention
-// features beyond causal: FlashAttention-3's design in our own code.
+// FlashAttention forward for Hopper (sm_90a), float16/bfloat16, causal, and
+// in its feature variants (kFeatures, feature_mask.cuh) lengths, windows,
+// position offsets, segment ids and the soft cap: FlashAttention-3's design
+// in our own code.
 //
 // A persistent grid (one block per SM) walks tiles of (128 query rows, head,
 // batch) in tile_scheduler.cuh's order; each block has three warpgroups:
@@ -10,6 +12,7 @@
 //       wait k_empty[s]; K tile -> k_full[s];
 //       (after the first K) wait q_empty; Q tile -> q_full;
 //       wait v_empty[s]; V tile -> v_full[s]
+//     (a tile without key blocks: wait q_empty, arrive q_full, no copy)
 //   warpgroups 1, 2 (consumers, 240 registers), 64 query rows each:
 //     wait q_full; for each key block: wait k_full[s], S = Q K^T (wgmma,
 //     smem x smem), arrive k_empty[s]; mask, online softmax in registers,
@@ -29,6 +32,11 @@
 //              warpgroup's softmax runs under the other's products.
 // Key blocks run last to first so the ones needing masks (the causal
 // diagonal, the seqlen_k tail) come first and the rest skip mask arithmetic.
+// A tile's key blocks are [lo, hi) (KeyBlocks): [0, its causal or seqlen_k
+// end) in the plain kernel; in the feature variants the mask policy's range,
+// and each block decides per warp whether it needs the element masks
+// (ApplyFeatures), in one loop body (their positions vary: window edges,
+// document boundaries).
 #pragma once
 
 #include <cuda.h>
@@ -39,6 +47,7 @@
 
 #include "common/params.h"
 #include "cuda/sm90/epilogue.cuh"
+#include "cuda/sm90/feature_mask.cuh"
 #include "cuda/sm90/kernel_traits.cuh"
 #include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/softmax.cuh"
@@ -58,11 +67,17 @@ constexpr int kTurnBarrier = 3;
 // block's count of earlier tiles (pipeline.cuh). The head and batch are
 // decoded from `tile` again for the epilogue, their only user: kept live
 // through the loop they made the 256 kernel spill.
-template <typename Element, typename Tr, Schedule kSchedule>
-__device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileScheduler& scheduler,
-                                            Barriers<Tr> bars, uint32_t smem, int warpgroup, int tile,
-                                            int m0, int n_blocks, int pipe, int tile_iter) {
+// Key blocks keys.hi - 1 down to keys.lo. Feature variants: `params`, `h`
+// and `b` for the mask policy's per-block questions (the plain kernel
+// ignores them).
+template <typename Element, typename Tr, Schedule kSchedule, Features kFeatures>
+__device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const AttentionParams& params,
+                                            const TileScheduler& scheduler, Barriers<Tr> bars, uint32_t smem,
+                                            int warpgroup, int tile, int m0, int h, int b, KeyBlocks keys,
+                                            int pipe, int tile_iter) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockN = Tr::kBlockN;
+  constexpr bool kAnyFeature = kFeatures != Features::kNone;
+  const int n_hi = keys.hi, n_blocks = keys.hi - keys.lo;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, t = lane % 4;
   const int row0 = warp * 16 + lane / 4;  // this thread's rows in the warpgroup: row0, row0 + 8
   const int wg_m0 = m0 + 64 * warpgroup;
@@ -73,14 +88,28 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
   OnlineSoftmax<kBlockN, kHeadDim> softmax(a.scale_log2);
 
-  // Key blocks from first_masked on need masks; block i of the loop is key
-  // block n_blocks - 1 - i.
+  // Plain kernel: key blocks from first_masked on need masks; block i of the
+  // loop is key block n_hi - 1 - i. Feature variants: every block goes
+  // through ApplyFeatures (is_masked: the softmax's masked path for all).
   const int limit = a.is_causal ? min(a.seqlen_k, m0 + 1) : a.seqlen_k;
   const int first_masked = limit / kBlockN;
-  auto is_masked = [&](int i) { return n_blocks - 1 - i >= first_masked; };
-  auto mask = [&](float (&s)[kBlockN / 2], int i) {
-    const int n0 = (n_blocks - 1 - i) * kBlockN;
-    MaskLogits<kBlockN>(s, 64 * warpgroup + row0, t, min(kBlockN, a.seqlen_k - n0), m0 - n0, a.is_causal);
+  // The feature variants' masks of block i come from prepare(i), called
+  // before its S is issued (BlockMask); the plain kernel's need nothing.
+  auto is_masked = [&](int i) { return kAnyFeature || n_hi - 1 - i >= first_masked; };
+  auto prepare = [&](int i) {
+    BlockMask m{};
+    if constexpr (kAnyFeature)
+      m = FeatureBlockMask<kBlockN>(params, b, h, wg_m0 + 16 * warp, wg_m0 + row0, t, (n_hi - 1 - i) * kBlockN);
+    return m;
+  };
+  auto mask = [&](float (&s)[kBlockN / 2], int i, const BlockMask& block_mask) {
+    const int n0 = (n_hi - 1 - i) * kBlockN;
+    if constexpr (kAnyFeature) {
+      ApplyFeatures<Element, kBlockN, kFeatures == Features::kMasksSoftcap>(
+          s, SoftcapFactors{a.softcap_scale, a.softcap_unscale}, block_mask);
+    } else {
+      MaskLogits<kBlockN>(s, 64 * warpgroup + row0, t, min(kBlockN, a.seqlen_k - n0), m0 - n0, a.is_causal);
+    }
   };
 
   // S = Q K^T [64 rows][kBlockN] for block i, issued and committed (raw logits).
@@ -152,11 +181,12 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
       constexpr bool kMasked = decltype(masked)::value;
       float s[kBlockN / 2];
       uint32_t p[kBlockN / 16][4];
+      const auto block_mask = prepare(i);
       issue_qk(s, i);
       WgmmaWait<0>();
       FenceRegisters(s);
       release_k(i);
-      if constexpr (kMasked) mask(s, i);
+      if constexpr (kMasked) mask(s, i, block_mask);
       float alpha[2];
       if (softmax.UpdateMax(s, alpha)) softmax.Rescale(o, alpha);
       softmax.template Exponentiate<kMasked>(s);
@@ -168,7 +198,8 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
     };
     int i = 0;
     for (; i < n_blocks && is_masked(i); ++i) process_block(i, std::true_type{});
-    for (; i < n_blocks; ++i) process_block(i, std::false_type{});
+    if constexpr (!kAnyFeature)
+      for (; i < n_blocks; ++i) process_block(i, std::false_type{});
   } else if (n_blocks > 0) {
     float s[kBlockN / 2];
     uint32_t p[kBlockN / 16][4];
@@ -178,12 +209,13 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
     float alpha[2] = {1.0f, 1.0f};
     uint32_t rescale = 0;
     // Block 0: S alone (nothing to overlap with yet); O is still zero.
+    const auto first_mask = prepare(0);
     issue_qk(s, 0);
     WgmmaWait<0>();
     FenceRegisters(s);
     release_k(0);
     if (is_masked(0)) {
-      mask(s, 0);
+      mask(s, 0, first_mask);
       softmax.UpdateMax(s, alpha);
       softmax.template Exponentiate<true>(s);
     } else {
@@ -197,6 +229,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
     // waits for it (FlashAttention-3's intra-warpgroup overlap).
     auto step = [&](int i, auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
+      const auto block_mask = prepare(i);
       begin_turn();
       issue_qk(s, i);
       if (rescale) softmax.Rescale(o, alpha);
@@ -205,7 +238,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
       WgmmaWait<1>();
       FenceRegisters(s);
       release_k(i);
-      if constexpr (kMasked) mask(s, i);
+      if constexpr (kMasked) mask(s, i, block_mask);
       rescale = softmax.UpdateMax(s, alpha);
       softmax.template Exponentiate<kMasked>(s);
       // Pins the softmax before the wait. The register fences keep the
@@ -226,7 +259,8 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
     };
     int i = 1;
     for (; i < n_blocks && is_masked(i); ++i) step(i, std::true_type{});
-    for (; i < n_blocks; ++i) step(i, std::false_type{});
+    if constexpr (!kAnyFeature)
+      for (; i < n_blocks; ++i) step(i, std::false_type{});
     if (rescale) softmax.Rescale(o, alpha);
     issue_pv(p, n_blocks - 1);
     WgmmaWait<0>();
@@ -235,8 +269,11 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
   }
 
   const uint32_t staging = smem + Tr::kStagingOffset + warpgroup * 64 * 128;
-  asm volatile("" : "+r"(tile));  // an opaque value: decoded here, not carried from the top
-  const TileCoord coord = scheduler.Decode(tile);
+  TileCoord coord{0, h, b};
+  if constexpr (!kAnyFeature) {
+    asm volatile("" : "+r"(tile));  // an opaque value: decoded here, not carried from the top
+    coord = scheduler.Decode(tile);
+  }
   StoreOutput<Element, Tr>(a, softmax, o, staging, kEpilogueBarrier + warpgroup, row0, wg_m0, coord.h,
                            coord.b);
   if constexpr (!Tr::kSeparateStaging) {
@@ -249,12 +286,20 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const TileSche
   }
 }
 
-template <typename Element, int kHeadDim, int kBlockN, Schedule kSchedule>
+// The plain kernel's key blocks of a tile: up to the causal or seqlen_k end.
+template <typename Tr>
+__device__ __forceinline__ KeyBlocks PlainKeyBlocks(const ForwardArgs& a, int m0) {
+  const int kv_end = a.is_causal ? min(a.seqlen_k, m0 + Tr::kBlockM) : a.seqlen_k;
+  return {0, (kv_end + Tr::kBlockN - 1) / Tr::kBlockN};
+}
+
+template <typename Element, int kHeadDim, int kBlockN, Schedule kSchedule, Features kFeatures = Features::kNone>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN>::kThreads, 1)
     ForwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const ForwardArgs a,
-                  const TileScheduler scheduler) {
+                  const TileScheduler scheduler, const __grid_constant__ AttentionParams p) {
   using Tr = FwdTraits<kHeadDim, kBlockN>;
+  constexpr bool kAnyFeature = kFeatures != Features::kNone;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte aligned atoms (kSmemBytes includes the slack).
   const uint32_t smem = (SmemAddress(smem_raw) + 1023u) & ~1023u;
@@ -264,20 +309,28 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN>::kThreads, 1)
   __syncthreads();
 
   // Both roles walk the same tiles and count the same key blocks, so their
-  // barrier phases agree without any other exchange.
+  // barrier phases agree without any other exchange: the same rounds
+  // (Next, skipping the -1 of a section's last round without a tile),
+  // the same Decode and the same key blocks (PlainKeyBlocks, or
+  // FeatureKeyBlocks: warp-collective, hence a whole warp in each role).
   auto for_each_tile = [&](auto&& body) {
-    // The block takes one tile per round: its round is its tile count.
     const int tiles = int(scheduler.Tiles());
-    int pipe = 0;
-    for (int tile_iter = 0;; ++tile_iter) {
-      const int tile = scheduler.TileOf(tile_iter, blockIdx.x, gridDim.x);
-      if (tile >= tiles) break;  // past the end (or the last round's spare blocks)
+    int pipe = 0, tile_iter = 0;  // key blocks and tiles so far
+    for (TileCursor cursor;;) {
+      const int tile = scheduler.Next(cursor, blockIdx.x, gridDim.x);
+      if (tile >= tiles) break;  // past the end
+      if (tile < 0) continue;    // no tile this round (a section's last round)
       const TileCoord c = scheduler.Decode(tile);
       const int m0 = c.m_block * Tr::kBlockM;
-      const int kv_end = a.is_causal ? min(a.seqlen_k, m0 + Tr::kBlockM) : a.seqlen_k;
-      const int n_blocks = (kv_end + Tr::kBlockN - 1) / Tr::kBlockN;
-      body(tile, m0, c.h, c.b, n_blocks, pipe, tile_iter);
-      pipe += n_blocks;
+      KeyBlocks keys;
+      if constexpr (kAnyFeature) {
+        keys = FeatureKeyBlocks<Tr::kBlockM, Tr::kBlockN>(p, m0, c.h, c.b);
+      } else {
+        keys = PlainKeyBlocks<Tr>(a, m0);
+      }
+      body(tile, m0, c.h, c.b, keys, pipe, tile_iter);
+      pipe += keys.hi - keys.lo;
+      ++tile_iter;
     }
   };
 
@@ -285,17 +338,20 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN>::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     RegistersDecrease<Tr::kProducerRegisters>();
-    if (threadIdx.x == 0) {
-      PrefetchTensorMaps(&q_map, &k_map, &v_map);
-      for_each_tile([&](int, int m0, int h, int b, int n_blocks, int pipe, int tile_iter) {
-        ProduceTile<Tr>(&q_map, &k_map, &v_map, bars, smem, m0, h, h / a.group, b, n_blocks, pipe, tile_iter);
+    // One thread issues the copies; the feature variants run the whole warp
+    // through the loop for FeatureKeyBlocks' votes.
+    if (kAnyFeature ? threadIdx.x < 32 : threadIdx.x == 0) {
+      if (threadIdx.x == 0) PrefetchTensorMaps(&q_map, &k_map, &v_map);
+      for_each_tile([&](int, int m0, int h, int b, KeyBlocks keys, int pipe, int tile_iter) {
+        if (threadIdx.x == 0)
+          ProduceTile<Tr>(&q_map, &k_map, &v_map, bars, smem, m0, h, h / a.group, b, keys, pipe, tile_iter);
       });
     }
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
-    for_each_tile([&](int tile, int m0, int, int, int n_blocks, int pipe, int tile_iter) {
-      ConsumeTile<Element, Tr, kSchedule>(a, scheduler, bars, smem, warpgroup - 1, tile, m0, n_blocks, pipe,
-                                          tile_iter);
+    for_each_tile([&](int tile, int m0, int h, int b, KeyBlocks keys, int pipe, int tile_iter) {
+      ConsumeTile<Element, Tr, kSchedule, kFeatures>(a, p, scheduler, bars, smem, warpgroup - 1, tile, m0, h, b,
+                                                     keys, pipe, tile_iter);
     });
   }
 }

@@ -7,6 +7,13 @@ namespace jax_flash::cuda::sm90 {
 // How the consumer warpgroups order their products and softmax (fwd_kernel.cuh).
 enum class Schedule { kSerial, kOverlap, kPingPong };
 
+// Which attention features a kernel variant serves (feature_mask.cuh), each
+// variant its own instantiation so that the plain kernel carries none of
+// their code: kMasks takes lengths, windows, position offsets and segment
+// ids (the shared MaskPolicy); kMasksSoftcap those and the soft cap. A bias,
+// a boolean mask and dropout stay on the sm80 forward.
+enum class Features { kNone, kMasks, kMasksSoftcap };
+
 // kBlockN_ = 0: the head dim's default key block (below); a candidate width
 // (176 at 128, FlashAttention-3's non-causal choice there) is instantiated
 // by the check program only, until its timings say which to dispatch.

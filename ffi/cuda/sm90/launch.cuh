@@ -23,16 +23,46 @@ inline std::string DescribeForward(const AttentionShape& s, int head_dim_padded)
          std::to_string(head_dim_padded) + ")";
 }
 
+// The causal tile order (tile_scheduler.cuh): kAllHeads is order 0 (query
+// block by query block over all heads), kSections FlashAttention-3's
+// L2-aware sections. kDefault: sections at head dims up to 128, where the
+// H200 measured them 1.10-1.16x faster at B=4 T=4096 causal (H=64 N=32: 409
+// vs 373 TFLOP/s; H=128 N=16: 615 vs 529) and even at T=1024 or N=16 at 64;
+// all heads at 256, where sections were 0.90x (599 vs 667; not yet
+// profiled). sm90_fwd_check times both.
+enum class CausalOrder { kDefault, kAllHeads, kSections };
+constexpr CausalOrder DefaultCausalOrder(int head_dim) {
+  return head_dim <= 128 ? CausalOrder::kSections : CausalOrder::kAllHeads;
+}
+
+// Why a feature variant cannot serve p (empty: it can). Bias, a boolean mask
+// and dropout stay on the sm80 forward; the soft cap needs kMasksSoftcap.
+inline std::string UnsupportedFeatures(const AttentionParams& p, Features variant) {
+  const AttentionFeatures& f = p.features;
+  if (variant == Features::kNone) return f.Any() ? "attention features need a feature variant" : "";
+  if (f.bias || f.mask || f.dropout_rate > 0.0)
+    return "a bias, a boolean mask and dropout are not supported (the sm80 forward serves them)";
+  if (f.softcap > 0.0 && variant != Features::kMasksSoftcap) return "the soft cap needs the kMasksSoftcap variant";
+  return {};
+}
+
 // max_blocks > 0 caps the persistent grid (tests: several tiles per block);
-// kBlockN 0 is the head dim's default key block (kernel_traits.cuh).
-template <typename Element, int kHeadDim, Schedule kSchedule, int kBlockN = 0>
-std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream, int max_blocks = 0) {
+// kBlockN 0 is the head dim's default key block (kernel_traits.cuh);
+// section_pairs > 0 overrides CausalSection's size under kSections (tests:
+// many sections, a partial last one).
+template <typename Element, int kHeadDim, Schedule kSchedule, int kBlockN = 0, Features kFeatures = Features::kNone>
+std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream, int max_blocks = 0,
+                                   CausalOrder order = CausalOrder::kDefault, int section_pairs = 0) {
   using Tr = FwdTraits<kHeadDim, kBlockN>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
+  static_assert(kFeatures == Features::kNone || Tr::kBlockN <= 128, "VisibleBits: 32 bits per fragment row");
   const auto& s = p.shape;
-  const std::string what = DescribeForward(s, kHeadDim);
+  const std::string what = DescribeForward(s, kHeadDim) +
+                           (kFeatures == Features::kNone    ? ""
+                            : kFeatures == Features::kMasks ? " with masks"
+                                                            : " with masks and soft cap");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
-  if (p.features.Any()) return fail("attention features are not supported yet");
+  if (auto why = UnsupportedFeatures(p, kFeatures); !why.empty()) return fail(why);
   if (!(p.scale > 0.0)) return fail("needs scale > 0 (the row maxima are taken before scaling)");
   if (s.head_dim < 1 || s.head_dim > kHeadDim) return fail("head_dim must be in [1, kHeadDim]");
   if (s.num_heads_k < 1 || s.num_heads % s.num_heads_k != 0)
@@ -83,21 +113,34 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   args.head_dim = int(s.head_dim);
   args.scale_log2 = float(p.scale) * kLog2e;
   args.is_causal = p.is_causal;
+  const SoftcapFactors cap = SoftcapFactors::For(p);
+  args.softcap_scale = cap.scale_over_cap;
+  args.softcap_unscale = cap.cap_over_scale;
 
-  auto kernel = ForwardKernel<Element, kHeadDim, Tr::kBlockN, kSchedule>;
+  auto kernel = ForwardKernel<Element, kHeadDim, Tr::kBlockN, kSchedule, kFeatures>;
   if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 forward kernel"); !e.empty())
     return e + " (" + what + ")";
   // One block per SM (its shared memory and 384 threads allow no second),
   // looping over the tiles.
-  const TileScheduler scheduler{int(CeilDiv(s.seqlen_q, Tr::kBlockM)), int(s.num_heads), int(s.batch),
-                                p.is_causal};
+  TileScheduler scheduler{int(CeilDiv(s.seqlen_q, Tr::kBlockM)), int(s.num_heads), int(s.batch), p.is_causal};
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
     return fail("querying the GPU's multiprocessor count failed");
   int64_t blocks = std::min<int64_t>(scheduler.Tiles(), sms);
   if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
-  kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, args, scheduler);
+  // Sections of key heads whose K and V (the real head dim's bytes) fit in L2.
+  // (Below 2^30 tiles: the sections' int32 tile counters may run one
+  // section past the last tile.)
+  const bool sections = p.is_causal && scheduler.Tiles() < (int64_t(1) << 30) &&
+                        (order == CausalOrder::kDefault ? DefaultCausalOrder(kHeadDim) : order) == CausalOrder::kSections;
+  int pairs = 0;
+  if (sections)
+    pairs = section_pairs > 0 ? section_pairs
+                              : CausalSection(s.seqlen_k * 2 * s.head_dim * int64_t(sizeof(Element)), s.group(),
+                                              scheduler.m_blocks, s.num_heads * s.batch, blocks);
+  scheduler.SetSections(pairs, int(blocks));
+  kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, args, scheduler, p);
   if (auto e = CheckLaunch("sm90 forward kernel"); !e.empty()) return e + " (" + what + ")";
   return {};
 }
@@ -107,9 +150,29 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
   return LaunchForwardScheduled<Element, kHeadDim, FwdTraits<kHeadDim>::kDefaultSchedule>(p, stream);
 }
 
+// The feature variants (kernel_traits.cuh's Features) at the head dim's
+// default schedule and key block: kMasksSoftcap only where the soft cap is
+// on, so that calls without it keep the masks-only variant's registers.
+template <typename Element, int kHeadDim>
+std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t stream) {
+  constexpr Schedule kSchedule = FwdTraits<kHeadDim>::kDefaultSchedule;
+  if (p.features.softcap > 0.0)
+    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksSoftcap>(p, stream);
+  return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasks>(p, stream);
+}
+
 #define JAX_FLASH_INSTANTIATE_SM90(Element)                                                 \
   template std::string LaunchForward<Element, 64>(const AttentionParams&, cudaStream_t);  \
   template std::string LaunchForward<Element, 128>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchForward<Element, 256>(const AttentionParams&, cudaStream_t);
+
+// In launch_features_<dtype>.cu, their own files: the feature variants
+// double the sm90 build's compile time. 64 and 128 only: at 256 the
+// consumers spill a few registers (the plain 256 kernel is at the limit
+// already), so features at 256 stay on the sm80 forward; the check program
+// instantiates them for their correctness and speed.
+#define JAX_FLASH_INSTANTIATE_SM90_FEATURES(Element)                                                 \
+  template std::string LaunchForwardWithFeatures<Element, 64>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchForwardWithFeatures<Element, 128>(const AttentionParams&, cudaStream_t);
 
 }  // namespace jax_flash::cuda::sm90

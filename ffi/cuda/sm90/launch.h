@@ -27,4 +27,12 @@ inline int ForwardSmemBytes(int64_t head_dim) {
 template <typename Element, int kHeadDim>
 std::string LaunchForward(const AttentionParams& p, cudaStream_t stream);
 
+// The same for calls with attention features (launch_features_<dtype>.cu):
+// query and key lengths, local windows, position offsets, segment ids
+// (with or without their block summaries) and the soft cap. A bias, a
+// boolean mask or dropout is refused with a message (the sm80 forward
+// serves those). Built for kHeadDim 64 and 128 (launch.cuh says why).
+template <typename Element, int kHeadDim>
+std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t stream);
+
 }  // namespace jax_flash::cuda::sm90

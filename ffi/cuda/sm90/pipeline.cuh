@@ -7,14 +7,15 @@
 #include <cstdint>
 
 #include "common/params.h"
+#include "cuda/sm90/feature_mask.cuh"
 #include "cuda/sm90/kernel_traits.cuh"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace jax_flash::cuda::sm90 {
 
-// What the kernel reads besides the tensor maps (AttentionParams' features
-// would only cost parameter space).
+// What the kernel reads besides the tensor maps, in 32 bits (the feature
+// variants also take the whole AttentionParams for the mask policy).
 struct ForwardArgs {
   void* out;   // [B, Tq, N, H] strided like q
   float* lse;  // [B, N, Tq]
@@ -22,6 +23,8 @@ struct ForwardArgs {
   int seqlen_q, seqlen_k, num_heads, group, head_dim;
   float scale_log2;  // scale * log2(e), scale > 0
   bool is_causal;
+  // The soft cap's SoftcapFactors (feature_mask.cuh; kMasksSoftcap only).
+  float softcap_scale, softcap_unscale;
 };
 
 // The mbarriers of the block (kernel_traits.cuh). The block's k-th tile
@@ -97,25 +100,37 @@ __device__ __forceinline__ void PrefetchTensorMaps(const CUtensorMap* q_map, con
 }
 
 // Issued by one thread for the block's `tile_iter`-th tile: K and V of key
-// blocks n_blocks - 1 down to 0 into the ring (from ring position `pipe`),
-// each stage as soon as all consumer warps released it, and Q once the
-// previous tile released it (q_empty), after the first K: where Q doubles
-// as the output staging, that K copy then runs under the previous tile's
-// epilogue. Producer waits on empties start from parity 1: a fresh barrier
-// counts its "previous" phase as done.
+// blocks keys.hi - 1 down to keys.lo into the ring (from ring position
+// `pipe`), each stage as soon as all consumer warps released it, and Q once
+// the previous tile released it (q_empty), after the first K: where Q
+// doubles as the output staging, that K copy then runs under the previous
+// tile's epilogue; a tile without key blocks gets no Q copy. Producer waits
+// on empties start from parity 1: a fresh barrier counts its "previous"
+// phase as done.
 template <typename Tr>
 __device__ __forceinline__ void ProduceTile(const CUtensorMap* q_map, const CUtensorMap* k_map,
                                             const CUtensorMap* v_map, Barriers<Tr> bars, uint32_t smem,
-                                            int m0, int h, int hk, int b, int n_blocks, int pipe,
+                                            int m0, int h, int hk, int b, KeyBlocks keys, int pipe,
                                             int tile_iter) {
+  const int n_blocks = keys.hi - keys.lo;
   auto load_q = [&] {
     MbarrierWait(bars.q_empty(), (tile_iter & 1) ^ 1);
     MbarrierArriveExpectTx(bars.q_full(), Tr::kQBytes);
     LoadTile<Tr>(smem + Tr::kQOffset, Tr::kQChunkBytes, q_map, bars.q_full(), m0, h, b);
   };
-  if (n_blocks == 0) load_q();
+  if (n_blocks == 0) {
+    // A tile with no visible key block (lengths, offsets, documents) only
+    // writes zeros and lse -inf: Q is not copied, a plain arrival completes
+    // q_full's phase (after the previous tile released Q, as a copy would).
+    MbarrierWait(bars.q_empty(), (tile_iter & 1) ^ 1);
+    MbarrierArrive(bars.q_full());
+  }
+  // Not unrolled: the copies gain nothing from it, and the unrolled loop's
+  // state is what spilled the producer's 24 registers (ptxas: 80 B of
+  // spills in the plain kernels, 20 B left outside this loop, per tile).
+#pragma unroll 1
   for (int i = 0; i < n_blocks; ++i) {
-    const int n0 = (n_blocks - 1 - i) * Tr::kBlockN, stage = (pipe + i) % Tr::kStages;
+    const int n0 = (keys.hi - 1 - i) * Tr::kBlockN, stage = (pipe + i) % Tr::kStages;
     const uint32_t parity = ((pipe + i) / Tr::kStages) & 1;
     MbarrierWait(bars.k_empty(stage), parity ^ 1);
     MbarrierArriveExpectTx(bars.k_full(stage), Tr::kKvTileBytes);

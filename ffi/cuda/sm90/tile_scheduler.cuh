@@ -1,13 +1,26 @@
 // The persistent grid's static schedule: the tiles (128 query rows, head,
 // batch) in an order fixed per call, dealt in rounds of gridDim.x, one to
-// each block (one per SM). Causal: query blocks from the last (the most
-// keys) to the first, all heads and batches of one query block before the
-// next, so the heaviest tiles run first and the light ones fill the end
-// (LPT over sorted jobs); every other round is dealt in reverse, so the
-// block that took a round's heaviest tile takes the next round's lightest
-// (dealing in the same direction would leave block 0 about one heavy tile
-// behind the last block at the end). Otherwise a head's query blocks are
-// consecutive, so blocks running together share that head's K and V in L2.
+// each block (one per SM; Next). Causal: query blocks from the last (the most
+// keys) to the first, so the heaviest tiles run first and the light ones
+// fill the end (LPT over sorted jobs); every other round is dealt in
+// reverse, so the block that took a round's heaviest tile takes the next
+// round's lightest (dealing in the same direction would leave block 0 about
+// one heavy tile behind the last block at the end). Otherwise a head's query
+// blocks are consecutive, so blocks running together share that head's K
+// and V in L2.
+//
+// Causal orders (`section`):
+//   0: one query block of all heads and batches before the next. The ~132
+//      tiles in flight then belong to ~132 heads, and each re-reads its
+//      head's K/V from HBM (little L2 reuse).
+//   s > 0: FlashAttention-3's L2-aware order. The (batch, head) pairs, flat
+//      as b * heads + h, form sections of s consecutive pairs (the launch
+//      sizes s so that a section's K/V fits in L2 and it has at least two
+//      rounds of tiles, CausalSection); section after section, each from
+//      its last query block to its first, heads inner, each dealt in rounds
+//      of its own (Next). The tiles in flight then span one or two
+//      sections' heads, whose K/V stay in L2; heaviest first (LPT) and the
+//      snake hold within each section. s >= heads * batch is order 0.
 #pragma once
 
 #include <cstdint>
@@ -21,25 +34,99 @@ struct TileCoord {
 // 32-bit indices throughout (the launch requires fewer than 2^31 tiles): the
 // tile loop's state lives through the consumer's whole body, where 64-bit
 // values cost the registers that made the 256 kernel spill.
+// Where a block is in its walk over the rounds (TileScheduler::Next).
+struct TileCursor {
+  int local = 0;       // round within the current section
+  int first_tile = 0;  // the section's first tile
+};
+
 struct TileScheduler {
   int m_blocks, heads, batch;
   bool causal;
+  int section = 0;         // (batch, head) pairs per causal section; 0: one section of all
+  int section_tiles = 0;   // tiles per section (SetSections)
+  int section_rounds = 1;  // rounds per section (SetSections)
 
   __host__ __device__ int64_t Tiles() const { return int64_t(m_blocks) * heads * batch; }
-  // Block `block`'s tile of round `round` (round r deals tiles r * blocks ..
-  // r * blocks + blocks - 1; may be past Tiles() in the last round).
-  __host__ __device__ int TileOf(int round, int block, int blocks) const {
-    const bool reversed = causal && (round & 1);
-    return round * blocks + (reversed ? blocks - 1 - block : block);
+  // Pairs per section: all of them (one section) unless causal and sectioned.
+  __host__ __device__ int SectionPairs() const {
+    const int pairs = heads * batch;
+    return causal && section > 0 && section < pairs ? section : pairs;
   }
+  // The order (`pairs` per causal section, 0: order 0) dealt to `blocks`
+  // blocks; the launch calls it before every launch, the rounds being per grid.
+  __host__ __device__ void SetSections(int pairs, int blocks) {
+    section = pairs;
+    section_tiles = SectionPairs() * m_blocks;
+    section_rounds = (section_tiles + blocks - 1) / blocks;
+  }
+  // Block `block`'s tile of its next round (and the cursor on to the round
+  // after): Tiles() when the block has no tiles left, -1 when it has none in
+  // this round but may in later ones. Each section is dealt in rounds of its
+  // own, round r of a section its tiles r * blocks .. r * blocks + blocks - 1
+  // (causal: every other round reversed), so every section is balanced like
+  // the whole of order 0 (to within one tile, the lightest ones at its end);
+  // its last round may leave blocks without a tile, which go on to the next
+  // section's first round. (Dealing the sectioned order in one run of rounds
+  // put section boundaries mid-round, and each one tilted the balance: at 32
+  // query blocks x 64 pairs in sections of 16 on 132 blocks, the busiest
+  // block had 1.29x the mean work.) Order 0 and non-causal calls are one
+  // section. Counters and host-computed sizes, not divisions: the producer
+  // has 24 registers.
+  __host__ __device__ int Next(TileCursor& c, int block, int blocks) const {
+    const int tiles = int(Tiles());
+    if (c.first_tile >= tiles) return tiles;
+    const int pos = c.local * blocks + (causal && (c.local & 1) ? blocks - 1 - block : block);
+    const int tile = pos < tiles - c.first_tile && pos < section_tiles ? c.first_tile + pos : -1;
+    if (++c.local == section_rounds) c.local = 0, c.first_tile += section_tiles;
+    return tile;
+  }
+  // Both roles decode every tile with this one function (and the consumer
+  // again for its epilogue), so they agree on each tile's coordinates and
+  // hence on its key blocks and barrier phases.
   __host__ __device__ TileCoord Decode(int tile) const {
+    const int pairs = heads * batch;
     if (causal) {
-      const int rest = tile % (heads * batch);
-      return {m_blocks - 1 - tile / (heads * batch), rest % heads, rest / heads};
+      // The sections before this tile's are full (s pairs x m_blocks tiles
+      // each); the last one holds the remaining pairs.
+      const int s = SectionPairs();
+      const int per_section = s * m_blocks;
+      const int first = tile / per_section * s;
+      const int count = pairs - first < s ? pairs - first : s;
+      const int rest = tile - first * m_blocks;
+      const int bh = first + rest % count;
+      return {m_blocks - 1 - rest / count, bh % heads, bh / heads};
     }
     const int rest = tile / m_blocks;
     return {tile % m_blocks, rest % heads, rest / heads};
   }
 };
+
+// Bytes of K and V per key head that one causal section may hold in L2
+// (FlashAttention-3's figure for the H100's 50 MiB: 32 MiB of K/V).
+constexpr int64_t kSectionL2Bytes = int64_t(32) << 20;
+
+// The sectioned order's pairs per section for K/V of `kv_head_bytes` (seqlen_k
+// x (head dim of K + of V) x element size) per key head: as many key heads as
+// fit in kSectionL2Bytes (at least one), rounded down to a power of two as in
+// FlashAttention-3, times the query heads sharing each key head (`group`),
+// which read the same K/V.
+inline int64_t SectionHeads(int64_t kv_head_bytes, int64_t group) {
+  int64_t kv_heads = 1;
+  while (kv_head_bytes > 0 && 2 * kv_heads * kv_head_bytes <= kSectionL2Bytes) kv_heads *= 2;
+  return kv_heads * group;
+}
+
+// TileScheduler::section for a causal call of `pairs` (batch, head) pairs and
+// `m_blocks` query blocks on `blocks` blocks: SectionHeads, widened (by whole
+// groups) to at least two rounds of tiles per section, since a section of
+// fewer tiles than blocks leaves the rest idle while it runs (its rounds are
+// its own); 0 (order 0) when one section holds every pair.
+inline int CausalSection(int64_t kv_head_bytes, int64_t group, int64_t m_blocks, int64_t pairs, int64_t blocks) {
+  int64_t s = SectionHeads(kv_head_bytes, group);
+  const int64_t min_pairs = (2 * blocks + m_blocks - 1) / m_blocks;
+  if (s < min_pairs) s = (min_pairs + group - 1) / group * group;
+  return s >= pairs ? 0 : int(s);
+}
 
 }  // namespace jax_flash::cuda::sm90

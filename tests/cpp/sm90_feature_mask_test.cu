@@ -1,0 +1,178 @@
+// Host check of the sm90 forward's feature masks (ffi/cuda/sm90/feature_mask.cuh)
+// against the definition of visibility (jax_flash/reference.py, offsets as in
+// common/mask_policy.h), for random lengths, causal, windows, offsets and
+// segment ids (documents with summaries, scattered ids, ids without
+// summaries), at both key blocks (128; 80 at head dim 256):
+//   - a tile's key blocks (FeatureKeyBlocks' KeyRange part) hold every
+//     visible pair of its 128 rows, and a block the segment summaries call
+//     empty (what its trim drops) holds none; SummarySpan, the kernel's
+//     reading of the summaries, equals SegmentRanges::Span;
+//   - FeatureBlockMask, for every warp and lane of the two consumer
+//     warpgroups, marks exactly the visible pairs of its fragment (rows g,
+//     g + 8; columns 8j + 2t + e), and says "no check" only where all are
+//     visible.
+// Exit status 0 = all hold.
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "cuda/sm90/feature_mask.cuh"
+
+using namespace jax_flash;
+using namespace jax_flash::cuda::sm90;
+
+namespace {
+
+struct Spec {
+  int T, S;
+  bool causal;
+  int q_len, kv_len, offset;  // each only with its flag (lengths below 0 count as 0)
+  bool q_lens, kv_lens, offsets;
+  long long left, right;
+  int segments;  // 0 none, 1 documents, 2 scattered, 3 documents without summaries
+  int doc;       // document length (segments 1, 3)
+};
+
+bool Visible(const Spec& c, const std::vector<int32_t>& q_ids, const std::vector<int32_t>& kv_ids, long long i,
+             long long j) {
+  const long long lq = c.q_lens ? std::max(0, std::min(c.q_len, c.T)) : c.T;
+  const long long lk = c.kv_lens ? std::max(0, std::min(c.kv_len, c.S)) : c.S;
+  const long long d = c.offsets ? c.offset : 0;
+  if (i < 0 || j < 0 || i >= lq || j >= lk) return false;
+  if (c.causal && j > i + d) return false;
+  if (c.left >= 0 && j < i + d - c.left) return false;
+  if (c.right >= 0 && j > i + d + c.right) return false;
+  if (c.segments && q_ids[i] != kv_ids[j]) return false;
+  return true;
+}
+
+std::vector<int32_t> Ids(const Spec& c, int len) {
+  std::vector<int32_t> ids(len);
+  for (int p = 0; p < len; ++p) ids[p] = c.segments == 2 ? (p / 37) % 3 : p / c.doc;
+  return ids;
+}
+
+std::vector<int32_t> Ranges(const std::vector<int32_t>& ids) {
+  const int len = int(ids.size()), blocks = int((len + kSegmentBlock - 1) / kSegmentBlock);
+  std::vector<int32_t> r(2 * blocks);
+  for (int e = 0; e < blocks; ++e) {
+    int32_t lo = ids[e * kSegmentBlock], hi = lo;
+    for (int p = int(e * kSegmentBlock); p < std::min<int>(len, int((e + 1) * kSegmentBlock)); ++p)
+      lo = std::min(lo, ids[p]), hi = std::max(hi, ids[p]);
+    r[2 * e] = lo, r[2 * e + 1] = hi;
+  }
+  return r;
+}
+
+template <int kBlockN>
+long Check(const Spec& c, long* checked) {
+  constexpr int kBlockM = 128;
+  long failures = 0;
+  const std::vector<int32_t> q_ids = c.segments ? Ids(c, c.T) : std::vector<int32_t>{};
+  const std::vector<int32_t> kv_ids = c.segments ? Ids(c, c.S) : std::vector<int32_t>{};
+  const std::vector<int32_t> q_ranges = c.segments == 1 || c.segments == 2 ? Ranges(q_ids) : std::vector<int32_t>{};
+  const std::vector<int32_t> kv_ranges = c.segments == 1 || c.segments == 2 ? Ranges(kv_ids) : std::vector<int32_t>{};
+  const int32_t q_len = c.q_len, kv_len = c.kv_len, offset = c.offset;
+  AttentionParams p;
+  p.shape = {1, c.T, c.S, 1, 1, 64};
+  p.is_causal = c.causal;
+  p.scale = 0.125;
+  if (c.q_lens) p.features.q_seqlens = &q_len;
+  if (c.kv_lens) p.features.kv_seqlens = &kv_len;
+  if (c.offsets) p.features.position_offsets = &offset;
+  p.features.window_left = c.left;
+  p.features.window_right = c.right;
+  if (c.segments) {
+    p.features.q_segment_ids = q_ids.data();
+    p.features.kv_segment_ids = kv_ids.data();
+    if (!q_ranges.empty()) p.features.q_segment_ranges = q_ranges.data(), p.features.kv_segment_ranges = kv_ranges.data();
+  }
+  auto fail = [&](const char* what, int m0, int n0, long long i, long long j) {
+    if (failures++ < 5)
+      std::printf("FAIL %s (T %d S %d causal %d q_len %d(%d) kv_len %d(%d) offset %d(%d) window (%lld, %lld) segments %d "
+                  "doc %d, block %d x %d: tile %d, keys %d, pair (%lld, %lld))\n",
+                  what, c.T, c.S, int(c.causal), c.q_len, int(c.q_lens), c.kv_len, int(c.kv_lens), c.offset,
+                  int(c.offsets), c.left, c.right,
+                  c.segments, c.doc, kBlockM, kBlockN, m0, n0, i, j);
+  };
+  const MaskPolicy policy = MaskPolicy::For(p, 0, 0);
+  for (int m0 = 0; m0 < c.T; m0 += kBlockM) {
+    // FeatureKeyBlocks before its segment trim (a device-only warp vote).
+    int64_t lo, hi;
+    policy.KeyRange(m0, int64_t(m0) + kBlockM, &lo, &hi);
+    const int n_lo = hi > lo ? int(lo / kBlockN) : 0, n_hi = hi > lo ? int((hi + kBlockN - 1) / kBlockN) : 0;
+    for (long long i = m0; i < std::min(c.T, m0 + kBlockM); ++i)
+      for (long long j = 0; j < c.S; ++j)
+        if (Visible(c, q_ids, kv_ids, i, j) && (j < int64_t(n_lo) * kBlockN || j >= int64_t(n_hi) * kBlockN))
+          fail("a visible pair outside the tile's key blocks", m0, -1, i, j);
+    for (int nb = n_lo; nb < n_hi; ++nb) {
+      const int n0 = nb * kBlockN;
+      if (policy.HasSegmentRanges()) {
+        // SummarySpan (what the kernel reads) is the policy's Span.
+        const IdSpan rows = SummarySpan<kBlockM>(policy.q_ranges, m0), keys = SummarySpan<kBlockN>(policy.kv_ranges, n0);
+        const IdSpan rows_ref = policy.QueryIds(m0, int64_t(m0) + kBlockM);
+        const IdSpan keys_ref = policy.KeyIds(n0, int64_t(n0) + kBlockN);
+        if (rows.lo != rows_ref.lo || rows.hi != rows_ref.hi || keys.lo != keys_ref.lo || keys.hi != keys_ref.hi)
+          fail("SummarySpan differs from SegmentRanges::Span", m0, n0, -1, -1);
+        for (int warp = 0; warp < 8; ++warp) {
+          const IdSpan w = SummarySpan<16>(policy.q_ranges, m0 + 16 * warp);
+          const IdSpan w_ref = policy.QueryIds(m0 + 16 * warp, int64_t(m0) + 16 * warp + 16);
+          if (w.lo != w_ref.lo || w.hi != w_ref.hi) fail("SummarySpan<16> differs from Span", m0, n0, -1, -1);
+        }
+      }
+      if (policy.HasSegmentRanges() &&
+          Meet(SummarySpan<kBlockM>(policy.q_ranges, m0), SummarySpan<kBlockN>(policy.kv_ranges, n0)) ==
+              SegmentMeet::kNone)
+        for (long long i = m0; i < std::min(c.T, m0 + kBlockM); ++i)
+          for (long long j = n0; j < std::min(c.S, n0 + kBlockN); ++j)
+            if (Visible(c, q_ids, kv_ids, i, j)) fail("a visible pair in a block the trim drops", m0, n0, i, j);
+      for (int warp = 0; warp < 8; ++warp)
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, t = lane % 4, warp_i0 = m0 + 16 * warp, row = warp_i0 + g;
+          const BlockMask mask = FeatureBlockMask<kBlockN>(p, 0, 0, warp_i0, row, t, n0);
+          for (int hh = 0; hh < 2; ++hh)
+            for (int j = 0; j < kBlockN / 8; ++j)
+              for (int e = 0; e < 2; ++e) {
+                const long long i = row + 8 * hh, col = n0 + 8 * j + 2 * t + e;
+                const bool got = !mask.check || (mask.visible[hh] >> (2 * j + e) & 1u);
+                // Rows and keys past the shape are never written or are
+                // zero-filled by TMA: they must be hidden too (the row's lse).
+                const bool want = i < c.T && col < c.S && Visible(c, q_ids, kv_ids, i, col);
+                ++*checked;
+                if (got != want) fail(got ? "a hidden pair marked visible" : "a visible pair hidden", m0, n0, i, col);
+              }
+        }
+    }
+  }
+  return failures;
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937 rng(1234);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  long failures = 0, configs = 0, checked = 0;
+  for (int n = 0; n < 400; ++n) {
+    Spec c;
+    c.T = uniform(1, 700);
+    c.S = uniform(1, 700);
+    c.causal = uniform(0, 1);
+    c.q_lens = uniform(0, 3) == 0;
+    c.q_len = uniform(-5, c.T + 10);
+    c.kv_lens = uniform(0, 3) == 0;
+    c.kv_len = uniform(-5, c.S + 10);
+    c.offsets = uniform(0, 3) == 0;
+    c.offset = uniform(-300, 300);
+    const int window = uniform(0, 4);
+    c.left = window == 1 || window == 3 ? uniform(0, 300) : -1;
+    c.right = window == 2 || window == 3 ? uniform(0, 300) : -1;
+    c.segments = uniform(0, 4) % 4;
+    c.doc = uniform(1, 400);
+    failures += Check<128>(c, &checked);
+    failures += Check<80>(c, &checked);
+    ++configs;
+  }
+  std::printf("%ld configurations, %ld pairs checked, %ld failures\n", configs, checked, failures);
+  return failures == 0 ? 0 : 1;
+}

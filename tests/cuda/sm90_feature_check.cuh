@@ -1,0 +1,441 @@
+// The sm90 forward's feature variants (ffi/cuda/sm90/feature_mask.cuh) in
+// sm90_fwd_check: query / key lengths, local windows, position offsets,
+// segment ids (packed documents with their block summaries, ids that are not
+// contiguous, ids without summaries) and the soft cap, each against a float
+// reference of its own that spells the semantics out (jax_flash/reference.py;
+// offsets as in common/mask_policy.h: query row i sits at key position
+// i + offset), not through MaskPolicy. Then the issue-19 feature table's
+// timings beside the plain kernel (and the sm80 forward, which serves these
+// calls today).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "check_helpers.cuh"
+#include "common/params.h"
+#include "cuda/sm90/launch.cuh"
+#ifdef JAX_FLASH_CHECK_SM80
+#include "cuda/sm80/launch.cuh"
+#endif
+
+namespace sm90_feature_check {
+
+using jax_flash::AttentionParams;
+using jax_flash::ContiguousBtnh;
+using namespace gpu_check;
+namespace sm90 = jax_flash::cuda::sm90;
+
+// The features as the reference reads them (null / negative: off).
+struct RefFeatures {
+  const int32_t *q_lens = nullptr, *kv_lens = nullptr, *offsets = nullptr;
+  const int32_t *q_ids = nullptr, *kv_ids = nullptr;  // [B, T], [B, S]
+  long long left = -1, right = -1;
+  float softcap = 0.0f;
+};
+
+// Whether query i of batch b sees key j (reference.py's visibility, with the
+// position offset moving the diagonal).
+__host__ __device__ inline bool RefVisible(const RefFeatures& f, int b, int T, int S, bool causal, long long i,
+                                           long long j) {
+  const long long lq = f.q_lens ? std::min<long long>(std::max(f.q_lens[b], 0), T) : T;
+  const long long lk = f.kv_lens ? std::min<long long>(std::max(f.kv_lens[b], 0), S) : S;
+  const long long d = f.offsets ? f.offsets[b] : 0;
+  if (i >= lq || j >= lk) return false;
+  if (causal && j > i + d) return false;
+  if (f.left >= 0 && j < i + d - f.left) return false;
+  if (f.right >= 0 && j > i + d + f.right) return false;
+  if (f.q_ids && f.q_ids[int64_t(b) * T + i] != f.kv_ids[int64_t(b) * S + j]) return false;
+  return true;
+}
+
+// One thread per (b, h, query row), two passes in float: logits scale * q.k,
+// soft-capped (cap * tanh(x / cap)), -inf where not visible; rows with no
+// visible key give zeros and lse -inf.
+template <typename Element>
+__global__ void ReferenceForwardFeatures(const Element* q, const Element* k, const Element* v, float* out,
+                                         float* lse, int B, int T, int S, int N, int K, int H, float scale,
+                                         bool causal, RefFeatures f) {
+  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (idx >= int64_t(B) * N * T) return;
+  const int i = int(idx % T), h = int(idx / T % N), b = int(idx / (int64_t(T) * N));
+  const int hk = h / (N / K);
+  const Element* qr = q + ((int64_t(b) * T + i) * N + h) * H;
+  auto logit = [&](int j) {
+    const Element* kr = k + ((int64_t(b) * S + j) * K + hk) * H;
+    float dot = 0.0f;
+    for (int d = 0; d < H; ++d) dot += ToFloat(qr[d]) * ToFloat(kr[d]);
+    float x = dot * scale;
+    if (f.softcap > 0.0f) x = f.softcap * tanhf(x / f.softcap);
+    return x;
+  };
+  float m = -INFINITY;
+  for (int j = 0; j < S; ++j)
+    if (RefVisible(f, b, T, S, causal, i, j)) m = fmaxf(m, logit(j));
+  float acc[256];
+  for (int d = 0; d < H; ++d) acc[d] = 0.0f;
+  float l = 0.0f;
+  if (m > -INFINITY)
+    for (int j = 0; j < S; ++j) {
+      if (!RefVisible(f, b, T, S, causal, i, j)) continue;
+      const float p = expf(logit(j) - m);
+      l += p;
+      const Element* vr = v + ((int64_t(b) * S + j) * K + hk) * H;
+      for (int d = 0; d < H; ++d) acc[d] += p * ToFloat(vr[d]);
+    }
+  float* o = out + ((int64_t(b) * T + i) * N + h) * H;
+  for (int d = 0; d < H; ++d) o[d] = l > 0.0f ? acc[d] / l : 0.0f;
+  lse[(int64_t(b) * N + h) * T + i] = l > 0.0f ? m + logf(l) : -INFINITY;
+}
+
+enum class Segments { kNone, kDocuments, kScattered, kDocumentsNoSummaries };
+
+// One feature case. Documents: `docs` lengths, repeated along each row
+// (ids 0, 1, ...; positions past their sum continue the pattern), the same
+// layout for queries and keys; scattered: id (position / 100) % 3, so key
+// blocks of other ids sit between a query block's own.
+struct FeatureCase {
+  std::string name;
+  int B, T, S, N, K, H;
+  bool causal;
+  std::vector<int> q_lens, kv_lens, offsets;  // [B] each, empty: off
+  long long left = -1, right = -1;
+  Segments segments = Segments::kNone;
+  std::vector<int> docs;
+  double softcap = 0.0;
+  bool timed = false;
+};
+
+inline std::vector<int32_t> SegmentIds(const FeatureCase& c, int len) {
+  std::vector<int32_t> ids(int64_t(c.B) * len);
+  for (int b = 0; b < c.B; ++b)
+    for (int pos = 0; pos < len; ++pos) {
+      int32_t id = 0;
+      if (c.segments == Segments::kScattered) {
+        id = (pos / 100) % 3;
+      } else {
+        int start = 0, doc = 0;
+        while (start + c.docs[doc % c.docs.size()] <= pos) start += c.docs[doc % c.docs.size()], ++doc;
+        id = doc;
+      }
+      ids[int64_t(b) * len + pos] = id;
+    }
+  return ids;
+}
+
+// The block summaries attention.py builds: per kSegmentBlock positions, (min, max).
+inline std::vector<int32_t> SegmentRanges(const std::vector<int32_t>& ids, int B, int len) {
+  const int64_t blocks = (len + jax_flash::kSegmentBlock - 1) / jax_flash::kSegmentBlock;
+  std::vector<int32_t> r(2 * B * blocks);
+  for (int b = 0; b < B; ++b)
+    for (int64_t e = 0; e < blocks; ++e) {
+      int32_t lo = INT32_MAX, hi = INT32_MIN;
+      for (int64_t pos = e * jax_flash::kSegmentBlock; pos < std::min<int64_t>(len, (e + 1) * jax_flash::kSegmentBlock);
+           ++pos)
+        lo = std::min(lo, ids[b * len + pos]), hi = std::max(hi, ids[b * len + pos]);
+      r[2 * (b * blocks + e)] = lo, r[2 * (b * blocks + e) + 1] = hi;
+    }
+  return r;
+}
+
+template <typename T>
+T* Upload(const std::vector<T>& host) {
+  if (host.empty()) return nullptr;
+  T* dev;
+  CHECK_CUDA(cudaMalloc(&dev, host.size() * sizeof(T)));
+  CHECK_CUDA(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return dev;
+}
+
+// Feature-table timings (TFLOP/s over the visible pairs: 4 H per pair).
+struct FeatureTiming {
+  std::string shape;
+  double sm90 = 0, sm90_plain = 0, sm80 = 0;
+};
+inline std::vector<FeatureTiming> feature_timings;
+
+// The launches a case runs: the full persistent grid and 7 blocks (several
+// tiles per block, empty ones among them), and for causal cases the
+// sectioned order with sections of 1 and 3 pairs (many sections, a partial
+// last one).
+struct FeatureRun {
+  int max_blocks;
+  sm90::CausalOrder order;
+  int section_pairs;
+  const char* what;
+};
+
+template <typename Element, int kHeadDim>
+std::string LaunchFeatures(const AttentionParams& p, const FeatureRun& run) {
+  constexpr sm90::Schedule kSchedule = sm90::FwdTraits<kHeadDim>::kDefaultSchedule;
+  if (p.features.softcap > 0.0)
+    return sm90::LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, sm90::Features::kMasksSoftcap>(
+        p, 0, run.max_blocks, run.order, run.section_pairs);
+  return sm90::LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, sm90::Features::kMasks>(
+      p, 0, run.max_blocks, run.order, run.section_pairs);
+}
+
+template <typename Element, int kHeadDim>
+bool RunFeatureCase(const FeatureCase& c) {
+  const int64_t q_elems = int64_t(c.B) * c.T * c.N * c.H, kv_elems = int64_t(c.B) * c.S * c.K * c.H;
+  const int64_t lse_elems = int64_t(c.B) * c.N * c.T;
+  Element *q, *k, *v, *out;
+  float *ref_out, *ref_lse, *lse;
+  CHECK_CUDA(cudaMalloc(&q, q_elems * 2));
+  CHECK_CUDA(cudaMalloc(&k, kv_elems * 2));
+  CHECK_CUDA(cudaMalloc(&v, kv_elems * 2));
+  CHECK_CUDA(cudaMalloc(&out, q_elems * 2));
+  CHECK_CUDA(cudaMalloc(&lse, lse_elems * 4));
+  CHECK_CUDA(cudaMalloc(&ref_out, q_elems * 4));
+  CHECK_CUDA(cudaMalloc(&ref_lse, lse_elems * 4));
+  FillNormal<<<1024, 256>>>(q, q_elems, 11);
+  FillNormal<<<1024, 256>>>(k, kv_elems, 12);
+  FillNormal<<<1024, 256>>>(v, kv_elems, 13);
+  CHECK_CUDA(cudaGetLastError());
+
+  std::vector<int32_t> q_ids, kv_ids, q_ranges, kv_ranges;
+  if (c.segments != Segments::kNone) {
+    q_ids = SegmentIds(c, c.T);
+    kv_ids = SegmentIds(c, c.S);
+    if (c.segments != Segments::kDocumentsNoSummaries) {
+      q_ranges = SegmentRanges(q_ids, c.B, c.T);
+      kv_ranges = SegmentRanges(kv_ids, c.B, c.S);
+    }
+  }
+  int32_t* d_q_lens = Upload(std::vector<int32_t>(c.q_lens.begin(), c.q_lens.end()));
+  int32_t* d_kv_lens = Upload(std::vector<int32_t>(c.kv_lens.begin(), c.kv_lens.end()));
+  int32_t* d_offsets = Upload(std::vector<int32_t>(c.offsets.begin(), c.offsets.end()));
+  int32_t* d_q_ids = Upload(q_ids);
+  int32_t* d_kv_ids = Upload(kv_ids);
+  int32_t* d_q_ranges = Upload(q_ranges);
+  int32_t* d_kv_ranges = Upload(kv_ranges);
+
+  AttentionParams p;
+  p.shape = {c.B, c.T, c.S, c.N, c.K, c.H};
+  p.q_stride = ContiguousBtnh(c.T, c.N, c.H);
+  p.k_stride = ContiguousBtnh(c.S, c.K, c.H);
+  p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
+  p.scale = 1.0 / std::sqrt(double(c.H));
+  p.is_causal = c.causal;
+  p.features.q_seqlens = d_q_lens;
+  p.features.kv_seqlens = d_kv_lens;
+  p.features.position_offsets = d_offsets;
+  p.features.q_segment_ids = d_q_ids;
+  p.features.kv_segment_ids = d_kv_ids;
+  p.features.q_segment_ranges = d_q_ranges;
+  p.features.kv_segment_ranges = d_kv_ranges;
+  p.features.window_left = c.left;
+  p.features.window_right = c.right;
+  p.features.softcap = c.softcap;
+
+  RefFeatures rf;
+  rf.q_lens = d_q_lens, rf.kv_lens = d_kv_lens, rf.offsets = d_offsets, rf.q_ids = d_q_ids, rf.kv_ids = d_kv_ids;
+  rf.left = c.left, rf.right = c.right, rf.softcap = float(c.softcap);
+  ReferenceForwardFeatures<Element><<<unsigned((lse_elems + 127) / 128), 128>>>(
+      q, k, v, ref_out, ref_lse, c.B, c.T, c.S, c.N, c.K, c.H, float(p.scale), c.causal, rf);
+  CHECK_CUDA(cudaGetLastError());
+  if (SynchronizeOrDie("the feature reference", 120.0) != cudaSuccess) std::exit(3);
+  std::vector<Element> h_out(q_elems);
+  std::vector<float> h_ref(q_elems), h_lse(lse_elems), h_ref_lse(lse_elems);
+  CHECK_CUDA(cudaMemcpy(h_ref.data(), ref_out, q_elems * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(h_ref_lse.data(), ref_lse, lse_elems * 4, cudaMemcpyDeviceToHost));
+
+  std::vector<FeatureRun> runs = {{0, sm90::CausalOrder::kDefault, 0, "full grid"},
+                                  {7, sm90::CausalOrder::kDefault, 0, "on 7 blocks"}};
+  if (c.causal && !c.timed)
+    runs.insert(runs.end(), {{7, sm90::CausalOrder::kSections, 1, "on 7 blocks, sections of 1 pair"},
+                             {0, sm90::CausalOrder::kSections, 3, "full grid, sections of 3 pairs"}});
+  if (c.timed) runs.resize(1);
+  bool all_ok = true;
+  for (const FeatureRun& run : runs) {
+    char name[320];
+    std::snprintf(name, sizeof name, "%s H=%d (kHeadDim %d) B=%d T=%d S=%d N=%d K=%d causal=%d %s, %s",
+                  TypeName<Element>(), c.H, kHeadDim, c.B, c.T, c.S, c.N, c.K, int(c.causal), c.name.c_str(),
+                  run.what);
+    Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(out), q_elems);
+    Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(lse), lse_elems * 2);
+    CHECK_CUDA(cudaGetLastError());
+    const std::string err = LaunchFeatures<Element, kHeadDim>(p, run);
+    const cudaError_t sync = SynchronizeOrDie(name);
+    if (!err.empty() || sync != cudaSuccess) {
+      std::printf("%s: FAIL (%s%s)\n", name, err.c_str(), sync != cudaSuccess ? cudaGetErrorString(sync) : "");
+      std::fflush(stdout);
+      if (sync != cudaSuccess) std::exit(3);  // the context is gone
+      all_ok = false;
+      continue;
+    }
+    CHECK_CUDA(cudaMemcpy(h_out.data(), out, q_elems * 2, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(h_lse.data(), lse, lse_elems * 4, cudaMemcpyDeviceToHost));
+    // The plain cases' tolerances (sm90_fwd_check.cu); the soft cap's tanh
+    // (TanhApprox for bfloat16, 2^-11 relative) stays far inside them.
+    const double atol = std::is_same_v<Element, __nv_bfloat16> ? 2e-2 : 4e-3;
+    int64_t bad = 0, first_bad = -1, bad_lse = 0, first_bad_lse = -1;
+    double max_ratio = 0, lse_ratio = 0;
+    for (int64_t i = 0; i < q_elems; ++i) {
+      const double got = ToFloat(h_out[i]), want = h_ref[i], e = std::fabs(got - want);
+      const double tol = atol * std::max(1.0, std::fabs(want));
+      if (!(e <= tol)) {  // NaN (unwritten) fails too
+        if (first_bad < 0) first_bad = i;
+        ++bad;
+      }
+      max_ratio = std::isfinite(e) ? std::max(max_ratio, e / tol) : INFINITY;
+    }
+    for (int64_t i = 0; i < lse_elems; ++i) {
+      const double got = h_lse[i], want = h_ref_lse[i];
+      const double e = (got == want) ? 0.0 : std::fabs(got - want);  // both -inf: equal
+      const double tol = 1e-3 * std::max(1.0, std::fabs(want));
+      if (!(e <= tol)) {
+        if (first_bad_lse < 0) first_bad_lse = i;
+        ++bad_lse;
+      }
+      lse_ratio = std::isfinite(e) ? std::max(lse_ratio, e / tol) : INFINITY;
+    }
+    const bool ok = bad == 0 && bad_lse == 0;
+    all_ok &= ok;
+    std::printf("%s: out %.2f of tol, lse %.2f of tol: %s\n", name, max_ratio, lse_ratio, ok ? "PASS" : "FAIL");
+    if (bad) {
+      const int64_t i = first_bad, d = i % c.H, h = i / c.H % c.N, t = i / (int64_t(c.H) * c.N) % c.T,
+                    b = i / (int64_t(c.H) * c.N * c.T);
+      std::printf("  %lld bad out elements; first at b=%lld t=%lld h=%lld d=%lld: got %g want %g\n", (long long)bad,
+                  (long long)b, (long long)t, (long long)h, (long long)d, double(ToFloat(h_out[i])),
+                  double(h_ref[i]));
+    }
+    if (bad_lse) {
+      const int64_t i = first_bad_lse;
+      std::printf("  %lld bad lse; first at b=%lld h=%lld t=%lld: got %g want %g\n", (long long)bad_lse,
+                  (long long)(i / (int64_t(c.N) * c.T)), (long long)(i / c.T % c.N), (long long)(i % c.T),
+                  double(h_lse[i]), double(h_ref_lse[i]));
+    }
+    std::fflush(stdout);
+  }
+
+  if (all_ok && c.timed) {
+    // Visible pairs, on the host from the same definition.
+    RefFeatures hf;
+    std::vector<int32_t> hq(c.q_lens.begin(), c.q_lens.end()), hk(c.kv_lens.begin(), c.kv_lens.end()),
+        ho(c.offsets.begin(), c.offsets.end());
+    hf.q_lens = hq.empty() ? nullptr : hq.data();
+    hf.kv_lens = hk.empty() ? nullptr : hk.data();
+    hf.offsets = ho.empty() ? nullptr : ho.data();
+    hf.q_ids = q_ids.empty() ? nullptr : q_ids.data();
+    hf.kv_ids = kv_ids.empty() ? nullptr : kv_ids.data();
+    hf.left = c.left, hf.right = c.right;
+    double pairs = 0;
+    for (int b = 0; b < c.B; ++b)
+      for (int i = 0; i < c.T; ++i)
+        for (int j = 0; j < c.S; ++j) pairs += RefVisible(hf, b, c.T, c.S, c.causal, i, j);
+    const double flops = 4.0 * c.H * c.N * pairs;
+    FeatureTiming row;
+    row.shape = std::string(TypeName<Element>()) + " " + c.name;
+    const float ms = TimeLaunches([&] { return LaunchFeatures<Element, kHeadDim>(p, runs[0]); });
+    if (ms > 0) row.sm90 = flops / (ms * 1e-3) / 1e12;
+    // The plain kernel on the same shape and causality (no features):
+    // TFLOP/s over its own (all, or causal) pairs.
+    AttentionParams plain = p;
+    plain.features = jax_flash::AttentionFeatures{};
+    const double plain_flops = 4.0 * c.B * c.N * double(c.T) * c.S * c.H / (c.causal ? 2.0 : 1.0);
+    const float ms_plain = TimeLaunches([&] { return sm90::LaunchForward<Element, kHeadDim>(plain, 0); });
+    if (ms_plain > 0) row.sm90_plain = plain_flops / (ms_plain * 1e-3) / 1e12;
+#ifdef JAX_FLASH_CHECK_SM80
+    const float ms80 = TimeLaunches([&] { return jax_flash::cuda::sm80::LaunchForward<Element, kHeadDim>(p, 0); });
+    if (ms80 > 0) row.sm80 = flops / (ms80 * 1e-3) / 1e12;
+#endif
+    std::printf("  time sm90 features: %.3f ms (%.0f visible pairs per head), %.1f TFLOP/s; plain %.1f; sm80 %.1f\n",
+                ms, pairs / c.B, row.sm90, row.sm90_plain, row.sm80);
+    feature_timings.push_back(row);
+  }
+
+  for (void* ptr : std::initializer_list<void*>{q, k, v, out, lse, ref_out, ref_lse, d_q_lens, d_kv_lens, d_offsets,
+                                                d_q_ids, d_kv_ids, d_q_ranges, d_kv_ranges})
+    if (ptr) cudaFree(ptr);
+  return all_ok;
+}
+
+template <typename Element>
+bool RunFeatureCaseAnyHead(const FeatureCase& c) {
+  if (c.H <= 64) return RunFeatureCase<Element, 64>(c);
+  if (c.H <= 128) return RunFeatureCase<Element, 128>(c);
+  return RunFeatureCase<Element, 256>(c);
+}
+
+// The correctness cases (at every head dim) and, unless quick, the issue-19
+// feature table (bf16, B=4, T=S=4096, N=16, H=128).
+inline std::vector<FeatureCase> FeatureCases(bool quick) {
+  std::vector<FeatureCase> cases;
+  for (int H : {64, 128, 256}) {
+    // Key lengths (one of them 0: rows with nothing visible), GQA.
+    cases.push_back({"kv lengths 1000/37/0/513", 4, 300, 1000, 4, 2, H, false, {}, {1000, 37, 0, 513}});
+    // Query and key lengths, causal, Tq < Tk.
+    cases.push_back({"q lengths 300/129, kv lengths 1000/200", 2, 300, 1000, 2, 1, H, true, {300, 129}, {1000, 200}});
+    cases.push_back({"window (64, 0)", 2, 1000, 1000, 4, 2, H, true, {}, {}, {}, 64, 0});
+    cases.push_back({"window (100, 37)", 1, 700, 900, 2, 2, H, false, {}, {}, {}, 100, 37});
+    // Offsets: a shard of a longer sequence (200), and one before the keys
+    // (-50: its first rows see nothing).
+    cases.push_back({"offsets 200/-50", 2, 300, 600, 2, 1, H, true, {}, {}, {200, -50}});
+    cases.push_back({"offsets 500/0, window (128, 0)", 2, 256, 1000, 2, 2, H, true, {}, {}, {500, 0}, 128, 0});
+    cases.push_back({"packed documents 300/200/500", 2, 1000, 1000, 4, 2, H, true, {}, {}, {}, -1, -1,
+                     Segments::kDocuments, {300, 200, 500}});
+    cases.push_back({"packed documents 77/1000, non-causal", 2, 1000, 1000, 2, 1, H, false, {}, {}, {}, -1, -1,
+                     Segments::kDocuments, {77, 1000}});
+    cases.push_back({"scattered ids (pos / 100) % 3", 1, 777, 777, 2, 2, H, false, {}, {}, {}, -1, -1,
+                     Segments::kScattered, {}});
+    cases.push_back({"documents 300/200/500 without summaries", 1, 1000, 1000, 2, 1, H, true, {}, {}, {}, -1, -1,
+                     Segments::kDocumentsNoSummaries, {300, 200, 500}});
+    cases.push_back({"soft cap 30", 2, 1000, 1000, 2, 2, H, false, {}, {}, {}, -1, -1, Segments::kNone, {}, 30.0});
+    // Everything at once, and a strong cap.
+    cases.push_back({"soft cap 5, kv lengths, documents, offsets, window (300, 0)", 2, 600, 900, 4, 2, H, true, {},
+                     {900, 450}, {100, 0}, 300, 0, Segments::kDocuments, {250, 400}, 5.0});
+    // One query row (decode-like), key lengths.
+    cases.push_back({"one query, kv lengths 77/0/300", 3, 1, 300, 2, 1, H, false, {}, {77, 0, 300}});
+  }
+  if (!quick) {
+    // The issue-19 feature table: bf16, B=4, T=S=4096, N=16, H=128.
+    cases.push_back({"T=4096 packed 4 documents, causal", 4, 4096, 4096, 16, 16, 128, true, {}, {}, {}, -1, -1,
+                     Segments::kDocuments, {1024}, 0.0, true});
+    cases.push_back({"T=4096 window (512, 0), causal", 4, 4096, 4096, 16, 16, 128, true, {}, {}, {}, 512, 0,
+                     Segments::kNone, {}, 0.0, true});
+    cases.push_back({"T=4096 kv lengths 62.5% (2560)", 4, 4096, 4096, 16, 16, 128, false, {},
+                     {2560, 2560, 2560, 2560}, {}, -1, -1, Segments::kNone, {}, 0.0, true});
+    cases.push_back({"T=4096 kv lengths 4096/3072/2048/1024 (62.5%)", 4, 4096, 4096, 16, 16, 128, false, {},
+                     {4096, 3072, 2048, 1024}, {}, -1, -1, Segments::kNone, {}, 0.0, true});
+    cases.push_back({"T=4096 kv lengths 62.5% (2560), causal", 4, 4096, 4096, 16, 16, 128, true, {},
+                     {2560, 2560, 2560, 2560}, {}, -1, -1, Segments::kNone, {}, 0.0, true});
+    cases.push_back({"T=4096 soft cap 30", 4, 4096, 4096, 16, 16, 128, false, {}, {}, {}, -1, -1, Segments::kNone,
+                     {}, 30.0, true});
+  }
+  return cases;
+}
+
+// The launch refuses what this version leaves to the sm80 forward (here: a
+// bias) with a message naming the kernel, instead of launching.
+template <typename Element>
+bool RejectsBias() {
+  AttentionParams p;
+  p.shape = {1, 128, 128, 2, 2, 128};
+  p.q_stride = p.k_stride = ContiguousBtnh(128, 2, 128);
+  float dummy = 0;
+  p.features.bias = &dummy;
+  p.scale = 0.1;
+  const std::string err = sm90::LaunchForwardWithFeatures<Element, 128>(p, 0);
+  std::printf("bias (%s): %s\n", TypeName<Element>(), err.empty() ? "launched: FAIL" : err.c_str());
+  return !err.empty();
+}
+
+inline void PrintFeatureTimings() {
+  if (feature_timings.empty()) return;
+  std::printf("\nfeature table, TFLOP/s over visible pairs (plain: the plain sm90 kernel, same shape and causality, "
+              "over its own pairs)\n");
+  std::printf("%-56s %8s %8s %8s\n", "shape", "sm90", "plain", "sm80");
+  for (const FeatureTiming& r : feature_timings)
+    std::printf("%-56s %8.1f %8.1f %8.1f\n", r.shape.c_str(), r.sm90, r.sm90_plain, r.sm80);
+}
+
+}  // namespace sm90_feature_check
