@@ -36,6 +36,9 @@ for tool in gcc g++ cc c++ nvcc cmake; do
   if PATH="$path_dirs$bare" command -v $tool > /dev/null 2>&1; then echo "a compiler is visible: $tool"; exit 1; fi
 done
 cd "$(mktemp -d)"
+# Several pytest-xdist workers (ARGS="-n 8") share one GPU: without this each
+# preallocates 75% of its memory and the rest fail (session 16, the H200).
+export XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
 PATH="$path_dirs$bare" "$py" -c "import jax_flash, jax; print(jax.__version__, jax.devices(), jax_flash.build_info(), jax_flash.__file__)"
 if [ -n "${OFFLINE:-}" ]; then  # the wheel's copy must be the one imported, not an earlier install
   where=$(PATH="$path_dirs$bare" "$py" -c "import jax_flash; print(jax_flash.__file__)")
