@@ -8,6 +8,7 @@
 #   bash scripts/sm90_bwd_check.sh             # from the worktree root
 #   SM80=0 bash scripts/sm90_bwd_check.sh      # without the sm80 comparison (faster build)
 #   ARGS=--quick bash scripts/sm90_bwd_check.sh  # skip the 4096-long cases
+#   ARGS=--features bash scripts/sm90_bwd_check.sh  # only the feature variants (--plain: only the plain kernels)
 # Writes the binary and the log under ${OUT:-build-sm90-bwd-check}.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

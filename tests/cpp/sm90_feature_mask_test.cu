@@ -10,7 +10,13 @@
 //   - FeatureBlockMask, for every warp and lane of the two consumer
 //     warpgroups, marks exactly the visible pairs of its fragment (rows g,
 //     g + 8; columns 8j + 2t + e), and says "no check" only where all are
-//     visible.
+//     visible;
+//   - the backward's (bwd_kernel.cuh) the same from the key side: a tile of
+//     128 keys' query blocks of 64 (FeatureQueryBlocks' QueryRange part)
+//     hold every visible pair of its keys, a query block its segment trim
+//     would drop holds none, and FeatureStepMask, for every warp and lane,
+//     marks exactly the visible pairs of its S^T fragment (keys g, g + 8;
+//     queries 8j + 2t + e), ~0u only where all are visible.
 // Exit status 0 = all hold.
 #include <cstdio>
 #include <random>
@@ -147,6 +153,83 @@ long Check(const Spec& c, long* checked) {
   return failures;
 }
 
+// The backward's tiles (128 keys) and steps (64 queries).
+long CheckBackward(const Spec& c, long* checked) {
+  constexpr int kBlockN = 128, kBlockM = 64;
+  long failures = 0;
+  const std::vector<int32_t> q_ids = c.segments ? Ids(c, c.T) : std::vector<int32_t>{};
+  const std::vector<int32_t> kv_ids = c.segments ? Ids(c, c.S) : std::vector<int32_t>{};
+  const std::vector<int32_t> q_ranges = c.segments == 1 || c.segments == 2 ? Ranges(q_ids) : std::vector<int32_t>{};
+  const std::vector<int32_t> kv_ranges = c.segments == 1 || c.segments == 2 ? Ranges(kv_ids) : std::vector<int32_t>{};
+  const int32_t q_len = c.q_len, kv_len = c.kv_len, offset = c.offset;
+  AttentionParams p;
+  p.shape = {1, c.T, c.S, 1, 1, 64};
+  p.is_causal = c.causal;
+  p.scale = 0.125;
+  if (c.q_lens) p.features.q_seqlens = &q_len;
+  if (c.kv_lens) p.features.kv_seqlens = &kv_len;
+  if (c.offsets) p.features.position_offsets = &offset;
+  p.features.window_left = c.left;
+  p.features.window_right = c.right;
+  if (c.segments) {
+    p.features.q_segment_ids = q_ids.data();
+    p.features.kv_segment_ids = kv_ids.data();
+    if (!q_ranges.empty()) p.features.q_segment_ranges = q_ranges.data(), p.features.kv_segment_ranges = kv_ranges.data();
+  }
+  auto fail = [&](const char* what, int n0, int m0, long long i, long long j) {
+    if (failures++ < 5)
+      std::printf("FAIL backward: %s (T %d S %d causal %d q_len %d(%d) kv_len %d(%d) offset %d(%d) window (%lld, "
+                  "%lld) segments %d doc %d: tile keys %d, step queries %d, pair (%lld, %lld))\n",
+                  what, c.T, c.S, int(c.causal), c.q_len, int(c.q_lens), c.kv_len, int(c.kv_lens), c.offset,
+                  int(c.offsets), c.left, c.right, c.segments, c.doc, n0, m0, i, j);
+  };
+  const MaskPolicy policy = MaskPolicy::For(p, 0, 0);
+  for (int n0 = 0; n0 < c.S; n0 += kBlockN) {
+    // FeatureQueryBlocks before its segment trim (a device-only warp vote).
+    int64_t lo, hi;
+    policy.QueryRange(n0, int64_t(n0) + kBlockN, &lo, &hi);
+    const int m_lo = hi > lo ? int(lo / kBlockM) : 0, m_hi = hi > lo ? int((hi + kBlockM - 1) / kBlockM) : 0;
+    for (long long j = n0; j < std::min(c.S, n0 + kBlockN); ++j)
+      for (long long i = 0; i < c.T; ++i)
+        if (Visible(c, q_ids, kv_ids, i, j) && (i < int64_t(m_lo) * kBlockM || i >= int64_t(m_hi) * kBlockM))
+          fail("a visible pair outside the tile's query blocks", n0, -1, i, j);
+    for (int mb = m_lo; mb < m_hi; ++mb) {
+      const int m0 = mb * kBlockM;
+      if (policy.HasSegmentRanges()) {
+        const IdSpan rows = SummarySpan<kBlockM>(policy.q_ranges, m0);
+        const IdSpan rows_ref = policy.QueryIds(m0, int64_t(m0) + kBlockM);
+        if (rows.lo != rows_ref.lo || rows.hi != rows_ref.hi) fail("SummarySpan<64> differs from Span", n0, m0, -1, -1);
+        if (Meet(rows, SummarySpan<kBlockN>(policy.kv_ranges, n0)) == SegmentMeet::kNone)
+          for (long long i = m0; i < std::min(c.T, m0 + kBlockM); ++i)
+            for (long long j = n0; j < std::min(c.S, n0 + kBlockN); ++j)
+              if (Visible(c, q_ids, kv_ids, i, j)) fail("a visible pair in a query block the trim drops", n0, m0, i, j);
+      }
+      for (int warp = 0; warp < 8; ++warp) {  // both consumer warpgroups' warps: keys n0 + 16 warp ..
+        if (policy.HasSegmentRanges()) {
+          const IdSpan w = SummarySpan<16>(policy.kv_ranges, n0 + 16 * warp);
+          const IdSpan w_ref = policy.KeyIds(n0 + 16 * warp, int64_t(n0) + 16 * warp + 16);
+          if (w.lo != w_ref.lo || w.hi != w_ref.hi) fail("SummarySpan<16> differs from Span (keys)", n0, m0, -1, -1);
+        }
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, t = lane % 4, warp_j0 = n0 + 16 * warp, key = warp_j0 + g;
+          const uint32_t visible = FeatureStepMask<kBlockM>(p, 0, 0, m0, warp_j0, key, t);
+          for (int hh = 0; hh < 2; ++hh)
+            for (int j = 0; j < kBlockM / 8; ++j)
+              for (int e = 0; e < 2; ++e) {
+                const long long kj = key + 8 * hh, qi = m0 + 8 * j + 2 * t + e;
+                const bool got = visible >> (16 * hh + 2 * j + e) & 1u;
+                // Keys and queries past the shape are TMA's zero rows: hidden too.
+                const bool want = qi < c.T && kj < c.S && Visible(c, q_ids, kv_ids, qi, kj);
+                ++*checked;
+                if (got != want) fail(got ? "a hidden pair marked visible" : "a visible pair hidden", n0, m0, qi, kj);
+              }
+        }
+      }
+    }
+  }
+  return failures;
+}
+
 }  // namespace
 
 int main() {
@@ -171,6 +254,7 @@ int main() {
     c.doc = uniform(1, 400);
     failures += Check<128>(c, &checked);
     failures += Check<80>(c, &checked);
+    failures += CheckBackward(c, &checked);
     ++configs;
   }
   std::printf("%ld configurations, %ld pairs checked, %ld failures\n", configs, checked, failures);

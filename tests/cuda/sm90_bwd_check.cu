@@ -8,8 +8,12 @@
 // after 20 s. First the building blocks alone (sm90_bwd_blocks.cuh), so that
 // a failing kernel comes with the likely culprit.
 //
+// Then the feature variants (LaunchBackwardWithFeatures) against feature-aware
+// references, and their timing rows beside sm80's feature backward.
+//
 //   bash scripts/sm90_bwd_check.sh         # builds and runs this
 //   ./sm90_bwd_check --quick               # skip the 4096-long cases
+//   ./sm90_bwd_check --features            # only the feature cases (--plain: only the plain ones)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -26,6 +30,7 @@
 #include "cuda/sm90/bwd_launch.cuh"
 #include "check_helpers.cuh"
 #include "sm90_bwd_blocks.cuh"
+#include "sm90_feature_check.cuh"  // RefFeatures, RefVisible, FeatureCase, SegmentIds, SegmentRanges, Upload
 #ifdef JAX_FLASH_CHECK_SM80
 #include "cuda/sm80/launch.cuh"
 #endif
@@ -368,10 +373,437 @@ bool RejectsUnsupported() {
   return ok;
 }
 
+// ---------------------------------------------------------------------------
+// Feature variants (LaunchBackwardWithFeatures: kMasks, kMasksSoftcap)
+// against float references that spell the semantics out
+// (sm90_feature_check.cuh's RefVisible: lengths, causal with position
+// offsets, windows, segment ids; the soft cap as c tanh(x / c) on the scaled
+// logit, its gradient through 1 - tanh^2), with the lse of a reference
+// forward with the same features.
+
+using sm90_feature_check::FeatureCase;
+using sm90_feature_check::RefFeatures;
+using sm90_feature_check::RefVisible;
+using sm90_feature_check::Segments;
+
+// The scaled logit of a visible pair, soft-capped; *th gets tanh(x / c) (0
+// without a cap) for the chain rule.
+__device__ inline float RefLogit(float dot, float scale, float softcap, float* th) {
+  const float x = dot * scale;
+  if (softcap <= 0.0f) {
+    *th = 0.0f;
+    return x;
+  }
+  *th = tanhf(x / softcap);
+  return softcap * *th;
+}
+
+// The forward with features, one thread per (b, h, query row): out rounded
+// to the element type (the delta pass reads it so), natural-log lse (-inf
+// and zeros for a row that sees no key).
+template <typename Element>
+__global__ void ReferenceForwardFeatures(const Element* q, const Element* k, const Element* v, Element* out,
+                                         float* lse, int B, int T, int S, int N, int K, int H, float scale,
+                                         bool causal, RefFeatures f) {
+  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (idx >= int64_t(B) * N * T) return;
+  const int i = int(idx % T), h = int(idx / T % N), b = int(idx / (int64_t(T) * N));
+  const int hk = h / (N / K);
+  const Element* qr = q + ((int64_t(b) * T + i) * N + h) * H;
+  auto kr = [&](int j) { return k + ((int64_t(b) * S + j) * K + hk) * H; };
+  float th, m = -INFINITY;
+  for (int j = 0; j < S; ++j)
+    if (RefVisible(f, b, T, S, causal, i, j)) m = fmaxf(m, RefLogit(Dot(qr, kr(j), H), scale, f.softcap, &th));
+  float acc[kMaxHead];
+  for (int d = 0; d < H; ++d) acc[d] = 0.0f;
+  float l = 0.0f;
+  if (m > -INFINITY)
+    for (int j = 0; j < S; ++j) {
+      if (!RefVisible(f, b, T, S, causal, i, j)) continue;
+      const float p = expf(RefLogit(Dot(qr, kr(j), H), scale, f.softcap, &th) - m);
+      l += p;
+      const Element* vr = v + ((int64_t(b) * S + j) * K + hk) * H;
+      for (int d = 0; d < H; ++d) acc[d] += p * ToFloat(vr[d]);
+    }
+  Element* o = out + ((int64_t(b) * T + i) * N + h) * H;
+  for (int d = 0; d < H; ++d) o[d] = FromFloat<Element>(l > 0.0f ? acc[d] / l : 0.0f);
+  lse[(int64_t(b) * N + h) * T + i] = l > 0.0f ? m + logf(l) : -INFINITY;
+}
+
+// dQ with features, one thread per (b, h, query row): over the visible keys,
+// dS = P (dP - delta), times 1 - tanh^2 under a soft cap, then dS K scale.
+template <typename Element>
+__global__ void ReferenceDqFeatures(const Element* q, const Element* k, const Element* v, const Element* dout,
+                                    const float* lse, const float* delta, float* dq, int B, int T, int S, int N,
+                                    int K, int H, float scale, bool causal, RefFeatures f) {
+  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (idx >= int64_t(B) * N * T) return;
+  const int i = int(idx % T), h = int(idx / T % N), b = int(idx / (int64_t(T) * N));
+  const int hk = h / (N / K);
+  const int64_t q_off = ((int64_t(b) * T + i) * N + h) * H;
+  const float row_lse = lse[(int64_t(b) * N + h) * T + i], row_delta = delta[(int64_t(b) * N + h) * T + i];
+  float acc[kMaxHead];
+  for (int d = 0; d < H; ++d) acc[d] = 0.0f;
+  for (int j = 0; j < S; ++j) {
+    if (!RefVisible(f, b, T, S, causal, i, j)) continue;
+    const int64_t k_off = ((int64_t(b) * S + j) * K + hk) * H;
+    float th;
+    const float p = expf(RefLogit(Dot(q + q_off, k + k_off, H), scale, f.softcap, &th) - row_lse);
+    const float ds = p * (Dot(dout + q_off, v + k_off, H) - row_delta) * (1.0f - th * th);
+    for (int d = 0; d < H; ++d) acc[d] += ds * ToFloat(k[k_off + d]);
+  }
+  for (int d = 0; d < H; ++d) dq[q_off + d] = acc[d] * scale;
+}
+
+// dK and dV with features, one thread per (b, key head, key row): over the
+// group's query heads and the queries that see the key (0 for a key no
+// query sees).
+template <typename Element>
+__global__ void ReferenceDkvFeatures(const Element* q, const Element* k, const Element* v, const Element* dout,
+                                     const float* lse, const float* delta, float* dk, float* dv, int B, int T,
+                                     int S, int N, int K, int H, float scale, bool causal, RefFeatures f) {
+  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (idx >= int64_t(B) * K * S) return;
+  const int j = int(idx % S), hk = int(idx / S % K), b = int(idx / (int64_t(S) * K));
+  const int64_t k_off = ((int64_t(b) * S + j) * K + hk) * H;
+  float acc_k[kMaxHead], acc_v[kMaxHead];
+  for (int d = 0; d < H; ++d) acc_k[d] = acc_v[d] = 0.0f;
+  const int group = N / K;
+  for (int i = 0; i < T; ++i) {
+    if (!RefVisible(f, b, T, S, causal, i, j)) continue;
+    for (int h = hk * group; h < (hk + 1) * group; ++h) {
+      const int64_t q_off = ((int64_t(b) * T + i) * N + h) * H;
+      const int64_t row = (int64_t(b) * N + h) * T + i;
+      float th;
+      const float p = expf(RefLogit(Dot(q + q_off, k + k_off, H), scale, f.softcap, &th) - lse[row]);
+      const float ds = p * (Dot(dout + q_off, v + k_off, H) - delta[row]) * (1.0f - th * th);
+      for (int d = 0; d < H; ++d) {
+        acc_v[d] += p * ToFloat(dout[q_off + d]);
+        acc_k[d] += ds * ToFloat(q[q_off + d]);
+      }
+    }
+  }
+  for (int d = 0; d < H; ++d) dk[k_off + d] = acc_k[d] * scale, dv[k_off + d] = acc_v[d];
+}
+
+struct FeatureTimingRow {
+  std::string shape;
+  double sm90 = 0, sm90_plain = 0, sm80 = 0;
+};
+std::vector<FeatureTimingRow> feature_timing_rows;
+
+template <typename Element, int kHeadDim>
+bool RunBwdFeatureCase(const FeatureCase& c) {
+  using sm90_feature_check::Upload;
+  const int64_t q_elems = int64_t(c.B) * c.T * c.N * c.H, kv_elems = int64_t(c.B) * c.S * c.K * c.H;
+  const int64_t rows = int64_t(c.B) * c.N * c.T;
+  Element *q, *k, *v, *out, *dout, *dq, *dk, *dv;
+  float *lse, *delta, *dq_accum, *ref_delta, *ref_dq, *ref_dk, *ref_dv;
+  CHECK_CUDA(cudaMalloc(&q, q_elems * 2));
+  CHECK_CUDA(cudaMalloc(&k, kv_elems * 2));
+  CHECK_CUDA(cudaMalloc(&v, kv_elems * 2));
+  CHECK_CUDA(cudaMalloc(&out, q_elems * 2));
+  CHECK_CUDA(cudaMalloc(&dout, q_elems * 2));
+  CHECK_CUDA(cudaMalloc(&dq, q_elems * 2));
+  CHECK_CUDA(cudaMalloc(&dk, kv_elems * 2));
+  CHECK_CUDA(cudaMalloc(&dv, kv_elems * 2));
+  CHECK_CUDA(cudaMalloc(&lse, rows * 4));
+  CHECK_CUDA(cudaMalloc(&delta, rows * 4));
+  CHECK_CUDA(cudaMalloc(&ref_delta, rows * 4));
+  CHECK_CUDA(cudaMalloc(&dq_accum, q_elems * 4));
+  CHECK_CUDA(cudaMalloc(&ref_dq, q_elems * 4));
+  CHECK_CUDA(cudaMalloc(&ref_dk, kv_elems * 4));
+  CHECK_CUDA(cudaMalloc(&ref_dv, kv_elems * 4));
+  FillNormal<<<1024, 256>>>(q, q_elems, 21);
+  FillNormal<<<1024, 256>>>(k, kv_elems, 22);
+  FillNormal<<<1024, 256>>>(v, kv_elems, 23);
+  FillNormal<<<1024, 256>>>(dout, q_elems, 24);
+  CHECK_CUDA(cudaGetLastError());
+
+  std::vector<int32_t> q_ids, kv_ids, q_ranges, kv_ranges;
+  if (c.segments != Segments::kNone) {
+    q_ids = sm90_feature_check::SegmentIds(c, c.T);
+    kv_ids = sm90_feature_check::SegmentIds(c, c.S);
+    if (c.segments != Segments::kDocumentsNoSummaries) {
+      q_ranges = sm90_feature_check::SegmentRanges(q_ids, c.B, c.T);
+      kv_ranges = sm90_feature_check::SegmentRanges(kv_ids, c.B, c.S);
+    }
+  }
+  int32_t* d_q_lens = Upload(std::vector<int32_t>(c.q_lens.begin(), c.q_lens.end()));
+  int32_t* d_kv_lens = Upload(std::vector<int32_t>(c.kv_lens.begin(), c.kv_lens.end()));
+  int32_t* d_offsets = Upload(std::vector<int32_t>(c.offsets.begin(), c.offsets.end()));
+  int32_t* d_q_ids = Upload(q_ids);
+  int32_t* d_kv_ids = Upload(kv_ids);
+  int32_t* d_q_ranges = Upload(q_ranges);
+  int32_t* d_kv_ranges = Upload(kv_ranges);
+
+  AttentionParams p;
+  p.shape = {c.B, c.T, c.S, c.N, c.K, c.H};
+  p.q_stride = ContiguousBtnh(c.T, c.N, c.H);
+  p.k_stride = ContiguousBtnh(c.S, c.K, c.H);
+  p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
+  p.dout = dout, p.delta = delta, p.dq = dq, p.dk = dk, p.dv = dv, p.dq_accum = dq_accum;
+  p.scale = 1.0 / std::sqrt(double(c.H));
+  p.is_causal = c.causal;
+  p.features.q_seqlens = d_q_lens;
+  p.features.kv_seqlens = d_kv_lens;
+  p.features.position_offsets = d_offsets;
+  p.features.q_segment_ids = d_q_ids;
+  p.features.kv_segment_ids = d_kv_ids;
+  p.features.q_segment_ranges = d_q_ranges;
+  p.features.kv_segment_ranges = d_kv_ranges;
+  p.features.window_left = c.left;
+  p.features.window_right = c.right;
+  p.features.softcap = c.softcap;
+  const float scale = float(p.scale);
+
+  RefFeatures rf;
+  rf.q_lens = d_q_lens, rf.kv_lens = d_kv_lens, rf.offsets = d_offsets, rf.q_ids = d_q_ids, rf.kv_ids = d_kv_ids;
+  rf.left = c.left, rf.right = c.right, rf.softcap = float(c.softcap);
+  const unsigned q_grid = unsigned((rows + 127) / 128), k_grid = unsigned((int64_t(c.B) * c.K * c.S + 127) / 128);
+  ReferenceForwardFeatures<Element><<<q_grid, 128>>>(q, k, v, out, lse, c.B, c.T, c.S, c.N, c.K, c.H, scale,
+                                                     c.causal, rf);
+  ReferenceDelta<Element><<<q_grid, 128>>>(out, dout, ref_delta, c.B, c.T, c.N, c.H);
+  ReferenceDqFeatures<Element><<<q_grid, 128>>>(q, k, v, dout, lse, ref_delta, ref_dq, c.B, c.T, c.S, c.N, c.K,
+                                                c.H, scale, c.causal, rf);
+  ReferenceDkvFeatures<Element><<<k_grid, 128>>>(q, k, v, dout, lse, ref_delta, ref_dk, ref_dv, c.B, c.T, c.S,
+                                                 c.N, c.K, c.H, scale, c.causal, rf);
+  CHECK_CUDA(cudaGetLastError());
+  if (SynchronizeOrDie("the feature references", 300.0) != cudaSuccess) std::exit(3);
+  std::vector<float> want_dq(q_elems), want_dk(kv_elems), want_dv(kv_elems);
+  CHECK_CUDA(cudaMemcpy(want_dq.data(), ref_dq, q_elems * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(want_dk.data(), ref_dk, kv_elems * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(want_dv.data(), ref_dv, kv_elems * 4, cudaMemcpyDeviceToHost));
+  std::vector<Element> got_dq(q_elems), got_dk(kv_elems), got_dv(kv_elems);
+  // The plain cases' tolerances; the soft cap's tanh (TanhApprox for
+  // bfloat16, 2^-11 relative) stays far inside them.
+  const double tol = std::is_same_v<Element, __nv_bfloat16> ? 2e-2 : 4e-3;
+
+  char name[320];
+  std::snprintf(name, sizeof name, "%s H=%d (kHeadDim %d) B=%d T=%d S=%d N=%d K=%d causal=%d %s", TypeName<Element>(),
+                c.H, kHeadDim, c.B, c.T, c.S, c.N, c.K, int(c.causal), c.name.c_str());
+  auto run_and_check = [&](const char* family, auto launch) {
+    Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dq), q_elems);
+    Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dk), kv_elems);
+    Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dv), kv_elems);
+    CHECK_CUDA(cudaGetLastError());
+    const std::string err = launch();
+    char what[400];
+    std::snprintf(what, sizeof what, "%s %s", family, name);
+    const cudaError_t sync = SynchronizeOrDie(what);
+    if (!err.empty() || sync != cudaSuccess) {
+      std::printf("%s: FAIL (%s%s)\n", what, err.c_str(), sync != cudaSuccess ? cudaGetErrorString(sync) : "");
+      std::fflush(stdout);
+      if (sync != cudaSuccess) std::exit(3);  // the context is gone
+      return false;
+    }
+    CHECK_CUDA(cudaMemcpy(got_dq.data(), dq, q_elems * 2, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(got_dk.data(), dk, kv_elems * 2, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(got_dv.data(), dv, kv_elems * 2, cudaMemcpyDeviceToHost));
+    int64_t bad[3], first[3];
+    const double r_dq = Compare(got_dq, want_dq, c.H, tol, &bad[0], &first[0]);
+    const double r_dk = Compare(got_dk, want_dk, c.H, tol, &bad[1], &first[1]);
+    const double r_dv = Compare(got_dv, want_dv, c.H, tol, &bad[2], &first[2]);
+    const bool ok = bad[0] == 0 && bad[1] == 0 && bad[2] == 0;
+    std::printf("%s: worst err / tol dq %.2f dk %.2f dv %.2f: %s\n", what, r_dq, r_dk, r_dv, ok ? "PASS" : "FAIL");
+    const char* names[3] = {"dq", "dk", "dv"};
+    const std::vector<Element>* gots[3] = {&got_dq, &got_dk, &got_dv};
+    const std::vector<float>* wants[3] = {&want_dq, &want_dk, &want_dv};
+    for (int x = 0; x < 3; ++x) {
+      if (!bad[x]) continue;
+      const int heads = x == 0 ? c.N : c.K, seq = x == 0 ? c.T : c.S;
+      const int64_t i = first[x], d = i % c.H, hh = i / c.H % heads, t = i / (int64_t(c.H) * heads) % seq,
+                    b = i / (int64_t(c.H) * heads * seq);
+      std::printf("  %lld bad %s elements; first at b=%lld t=%lld h=%lld d=%lld: got %g want %g\n",
+                  (long long)bad[x], names[x], (long long)b, (long long)t, (long long)hh, (long long)d,
+                  double(ToFloat((*gots[x])[i])), double((*wants[x])[i]));
+    }
+    std::fflush(stdout);
+    return ok;
+  };
+
+  auto launch90 = [&] { return jax_flash::cuda::sm90::LaunchBackwardWithFeatures<Element, kHeadDim>(p, 0); };
+  const bool ok = run_and_check("sm90 features", launch90);
+  FeatureTimingRow row;
+  double flops = 0;
+  if (c.timed) {
+    // Visible pairs, on the host from the same definition: 10 H flops each
+    // per query head (the plain table's 2.5 x 4 B N T S H).
+    RefFeatures hf;
+    std::vector<int32_t> hq(c.q_lens.begin(), c.q_lens.end()), hk(c.kv_lens.begin(), c.kv_lens.end()),
+        ho(c.offsets.begin(), c.offsets.end());
+    hf.q_lens = hq.empty() ? nullptr : hq.data();
+    hf.kv_lens = hk.empty() ? nullptr : hk.data();
+    hf.offsets = ho.empty() ? nullptr : ho.data();
+    hf.q_ids = q_ids.empty() ? nullptr : q_ids.data();
+    hf.kv_ids = kv_ids.empty() ? nullptr : kv_ids.data();
+    hf.left = c.left, hf.right = c.right;
+    double pairs = 0;
+    for (int b = 0; b < c.B; ++b)
+      for (int i = 0; i < c.T; ++i)
+        for (int j = 0; j < c.S; ++j) pairs += RefVisible(hf, b, c.T, c.S, c.causal, i, j);
+    flops = 2.5 * 4.0 * c.H * c.N * pairs;
+    row.shape = std::string(TypeName<Element>()) + " " + c.name;
+  }
+  if (ok && c.timed) {
+    const float ms = TimeLaunches(launch90);
+    row.sm90 = ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0;
+    // The plain sm90 backward on the same shape and causality (no
+    // features), over its own pairs: what the masks cost per visible pair.
+    AttentionParams plain = p;
+    plain.features = jax_flash::AttentionFeatures{};
+    const double plain_flops = 2.5 * 4.0 * c.B * c.N * double(c.T) * c.S * c.H / (c.causal ? 2.0 : 1.0);
+    const float ms_plain =
+        TimeLaunches([&] { return jax_flash::cuda::sm90::LaunchBackward<Element, kHeadDim>(plain, 0); });
+    row.sm90_plain = ms_plain > 0 ? plain_flops / (ms_plain * 1e-3) / 1e12 : 0.0;
+    std::printf("  time sm90 features: %.3f ms, %.1f TFLOP/s over visible pairs; plain sm90 %.1f\n", ms, row.sm90,
+                row.sm90_plain);
+  }
+#ifdef JAX_FLASH_CHECK_SM80
+  // sm80's feature backward on the same inputs (what serves these calls
+  // without the sm90 dispatch; its errors show what the tolerance allows).
+  auto launch80 = [&] { return jax_flash::cuda::sm80::LaunchBackward<Element, kHeadDim>(p, 0); };
+  if (!c.timed || ok) {
+    run_and_check("sm80 (reference kernel, not counted)", launch80);
+    if (c.timed) {
+      const float ms80 = TimeLaunches(launch80);
+      row.sm80 = ms80 > 0 ? flops / (ms80 * 1e-3) / 1e12 : 0.0;
+      std::printf("  time sm80 features: %.3f ms, %.1f TFLOP/s (sm90 / sm80 speed: %.2fx)\n", ms80, row.sm80,
+                  row.sm80 > 0 ? row.sm90 / row.sm80 : 0.0);
+    }
+  }
+#endif
+  if (c.timed) feature_timing_rows.push_back(row);
+
+  for (void* ptr : std::initializer_list<void*>{q, k, v, out, dout, dq, dk, dv, lse, delta, ref_delta, dq_accum,
+                                                ref_dq, ref_dk, ref_dv, d_q_lens, d_kv_lens, d_offsets, d_q_ids,
+                                                d_kv_ids, d_q_ranges, d_kv_ranges})
+    if (ptr) cudaFree(ptr);
+  return ok;
+}
+
+template <typename Element>
+bool RunBwdFeatureCaseAnyHead(const FeatureCase& c) {
+  if (c.H <= 64) return RunBwdFeatureCase<Element, 64>(c);
+  return RunBwdFeatureCase<Element, 128>(c);
+}
+
+// The feature cases at head dims 64 and 128 (and padded 72 / 96 for two),
+// then, unless quick, the timing rows (bf16, B=4, T=S=4096, N=16, H=128).
+// Documents: `docs` lengths repeated along each row (SegmentIds), the same
+// layout for queries and keys.
+std::vector<FeatureCase> BackwardFeatureCases(bool quick) {
+  std::vector<FeatureCase> cases;
+  const Segments kDocs = Segments::kDocuments;
+  for (int H : {64, 128})
+    for (int causal : {0, 1}) {
+      const bool cz = bool(causal);
+      // Packed documents, 4 of them, boundaries inside 64- and 128-blocks
+      // (300, 500, 757): trimmed query ranges, per-element ids at the
+      // boundaries, one-document steps without id reads. GQA, tails.
+      cases.push_back({"packed 4 documents 300/200/257/243", 2, 1000, 1000, 4, 2, H, cz, {}, {}, {}, -1, -1, kDocs,
+                       {300, 200, 257, 243}});
+      // T != S with documents (the same id layout on both sides).
+      cases.push_back({"packed documents 130/70/400, T != S", 1, 700, 1000, 2, 1, H, cz, {}, {}, {}, -1, -1, kDocs,
+                       {130, 70, 400}});
+      // Ids that are not contiguous (key blocks of other ids between a
+      // query block's own), and documents without block summaries (every
+      // step checks ids per element).
+      cases.push_back({"scattered ids (pos / 100) % 3", 1, 777, 777, 2, 2, H, cz, {}, {}, {}, -1, -1,
+                       Segments::kScattered, {}});
+      cases.push_back({"documents 300/200/500 without summaries", 1, 1000, 1000, 2, 1, H, cz, {}, {}, {}, -1, -1,
+                       Segments::kDocumentsNoSummaries, {300, 200, 500}});
+      // Windows: left only, right only, two-sided (with T != S).
+      cases.push_back({"window (64, 0)", 2, 1000, 1000, 4, 2, H, cz, {}, {}, {}, 64, 0});
+      cases.push_back({"window (200, -1) left only", 1, 600, 700, 2, 1, H, cz, {}, {}, {}, 200, -1});
+      cases.push_back({"window (-1, 50) right only", 1, 600, 500, 2, 2, H, cz, {}, {}, {}, -1, 50});
+      cases.push_back({"window (100, 37)", 1, 700, 900, 2, 2, H, cz, {}, {}, {}, 100, 37});
+      // Lengths per batch row: a 0 (keys no query sees: dK = dV = 0 from
+      // tiles without steps; queries that see nothing: dQ = 0), tails.
+      cases.push_back({"kv lengths 1000/37/0/513", 4, 300, 1000, 4, 2, H, cz, {}, {1000, 37, 0, 513}});
+      cases.push_back({"q lengths 300/129/0, kv lengths 1000/200/1000", 3, 300, 1000, 2, 1, H, cz, {300, 129, 0},
+                       {1000, 200, 1000}});
+      // Position offsets: a shard of a longer sequence, and one before the
+      // keys (its first rows see nothing under causal).
+      cases.push_back({"offsets 200/-50", 2, 300, 600, 2, 1, H, cz, {}, {}, {200, -50}});
+      cases.push_back({"offsets 500/0, window (128, 0)", 2, 256, 1000, 2, 2, H, cz, {}, {}, {500, 0}, 128, 0});
+      // The soft cap (its gradient through the forward's tanh).
+      cases.push_back({"soft cap 30", 2, 1000, 1000, 4, 2, H, cz, {}, {}, {}, -1, -1, Segments::kNone, {}, 30.0});
+      // Everything at once, and a strong cap.
+      cases.push_back({"soft cap 5, kv lengths, documents, offsets, window (300, 0)", 2, 600, 900, 4, 2, H, cz, {},
+                       {900, 450}, {100, 0}, 300, 0, kDocs, {250, 400}, 5.0});
+      // One query row over key lengths.
+      cases.push_back({"one query, kv lengths 77/0/300", 3, 1, 300, 2, 1, H, cz, {}, {77, 0, 300}});
+    }
+  // Padded head dims in the 128 kernel (the dispatch takes 72..128).
+  for (int H : {72, 96}) {
+    cases.push_back({"packed 4 documents 300/200/257/243", 2, 1000, 1000, 4, 2, H, true, {}, {}, {}, -1, -1, kDocs,
+                     {300, 200, 257, 243}});
+    cases.push_back({"soft cap 30, window (100, 37)", 1, 700, 900, 2, 1, H, false, {}, {}, {}, 100, 37,
+                     Segments::kNone, {}, 30.0});
+  }
+  if (!quick) {
+    cases.push_back({"T=4096 packed 4 documents, causal", 4, 4096, 4096, 16, 16, 128, true, {}, {}, {}, -1, -1, kDocs,
+                     {1024}, 0.0, true});
+    cases.push_back({"T=4096 window (512, 0), causal", 4, 4096, 4096, 16, 16, 128, true, {}, {}, {}, 512, 0,
+                     Segments::kNone, {}, 0.0, true});
+  }
+  return cases;
+}
+
+// The feature launcher refuses what stays on sm80 (a bias, a boolean mask,
+// dropout), and the plain one any feature, with a message instead of
+// launching.
+template <typename Element>
+bool FeatureLauncherRejects() {
+  float* buf;
+  CHECK_CUDA(cudaMalloc(&buf, 16 << 20));
+  Element* e = reinterpret_cast<Element*>(buf);
+  AttentionParams p;
+  p.shape = {1, 128, 128, 2, 2, 128};
+  p.q_stride = p.k_stride = ContiguousBtnh(128, 2, 128);
+  p.q = e, p.k = e, p.v = e, p.out = e, p.dout = e, p.dq = e, p.dk = e, p.dv = e;
+  p.lse = buf + (1 << 20), p.delta = buf + (2 << 20), p.dq_accum = buf + (3 << 20);
+  p.scale = 0.1;
+  bool ok = true;
+  auto expect_error = [&](const char* what, bool features) {
+    const std::string err = features ? jax_flash::cuda::sm90::LaunchBackwardWithFeatures<Element, 128>(p, 0)
+                                     : jax_flash::cuda::sm90::LaunchBackward<Element, 128>(p, 0);
+    std::printf("%s (%s): %s\n", what, TypeName<Element>(), err.empty() ? "launched: FAIL" : err.c_str());
+    ok &= !err.empty();
+  };
+  // (Never read: the launchers refuse before touching any buffer.)
+  uint8_t* mask = reinterpret_cast<uint8_t*>(buf + (3 << 20));
+  p.features.bias = buf + (2 << 20);
+  expect_error("feature launcher, bias", true);
+  p.features.bias = nullptr;
+  p.features.mask = mask;
+  expect_error("feature launcher, boolean mask", true);
+  p.features.mask = nullptr;
+  p.features.dropout_rate = 0.1;
+  expect_error("feature launcher, dropout", true);
+  p.features.dropout_rate = 0.0;
+  p.features.window_left = 16;
+  expect_error("plain launcher, a window", false);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  cudaFree(buf);
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  // --quick: no 4096-long cases; --plain / --features: only that half.
+  bool quick = false, plain = true, features = true;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    else if (std::strcmp(argv[i], "--plain") == 0) features = false;
+    else if (std::strcmp(argv[i], "--features") == 0) plain = false;
+    else {
+      std::printf("unknown argument %s (--quick, --plain, --features)\n", argv[i]);
+      return 2;
+    }
+  }
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
@@ -400,20 +832,38 @@ int main(int argc, char** argv) {
       cases.push_back({4, 4096, 4096, 32, 32, 64, bool(causal), true});
       cases.push_back({4, 4096, 4096, 16, 16, 128, bool(causal), true});
     }
+  if (!plain) cases.clear();
   int failures = 0;
-  failures += !sm90_bwd_check::CheckBwdBuildingBlocks<__nv_bfloat16, 64>("bf16");
-  failures += !sm90_bwd_check::CheckBwdBuildingBlocks<__nv_bfloat16, 128>("bf16");
-  failures += !sm90_bwd_check::CheckBwdBuildingBlocks<__half, 128>("f16");
-  failures += !RejectsUnsupported<__nv_bfloat16>();
+  if (plain) {
+    failures += !sm90_bwd_check::CheckBwdBuildingBlocks<__nv_bfloat16, 64>("bf16");
+    failures += !sm90_bwd_check::CheckBwdBuildingBlocks<__nv_bfloat16, 128>("bf16");
+    failures += !sm90_bwd_check::CheckBwdBuildingBlocks<__half, 128>("f16");
+    failures += !RejectsUnsupported<__nv_bfloat16>();
+  }
   for (const Case& c : cases) {
     failures += !RunCaseAnyHead<__nv_bfloat16>(c);
     failures += !RunCaseAnyHead<__half>(c);
+  }
+  if (features) {
+    failures += !FeatureLauncherRejects<__nv_bfloat16>();
+    for (const FeatureCase& c : BackwardFeatureCases(quick)) {
+      failures += !RunBwdFeatureCaseAnyHead<__nv_bfloat16>(c);
+      if (!c.timed) failures += !RunBwdFeatureCaseAnyHead<__half>(c);
+    }
   }
   if (!timing_rows.empty()) {
     std::printf("\nTFLOP/s (2.5 x 4 B N T S H, halved when causal; delta pass + kernel + dQ conversion; median of 20 x 5)\n");
     std::printf("%-40s %8s %8s %8s %8s\n", "shape", "early-S", "serial", "sm80", "ratio");
     for (const TimingRow& r : timing_rows)
       std::printf("%-40s %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm90_serial, r.sm80,
+                  r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
+  }
+  if (!feature_timing_rows.empty()) {
+    std::printf("\nfeature backward, TFLOP/s over visible pairs (2.5 x 4 H N per pair; plain: the plain sm90 "
+                "backward, same shape and causality, over its own pairs)\n");
+    std::printf("%-48s %8s %8s %8s %8s\n", "shape", "sm90", "plain", "sm80", "ratio");
+    for (const FeatureTimingRow& r : feature_timing_rows)
+      std::printf("%-48s %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm90_plain, r.sm80,
                   r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
   }
   std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ALL PASS", failures);

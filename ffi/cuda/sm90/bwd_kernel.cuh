@@ -1,5 +1,7 @@
 // FlashAttention backward for Hopper (sm_90a), float16/bfloat16, plain and
-// causal, GQA: FlashAttention-3's structure (warp specialization, TMA ring,
+// causal, GQA, and in its feature variants (Features, kernel_traits.cuh)
+// lengths, windows, position offsets, segment ids and the soft cap:
+// FlashAttention-3's structure (warp specialization, TMA ring,
 // wgmma, S^T = K Q^T so that P^T and dS^T come out as the A operands of dV
 // and dK) in our own code. Runs between sm80's DeltaAndClearKernel (delta =
 // rowsum(dO * O), the float32 dQ accumulator zeroed) and DqConvertKernel
@@ -38,6 +40,18 @@
 // form needs no tensor map over the blocked layout (whose last partial
 // group is row-major); cp.reduce.async.bulk.tensor would.
 //
+// Feature variants (kMasks, kMasksSoftcap; feature_mask.cuh): a tile's steps
+// are the query blocks that may see its keys (FeatureQueryBlocks: the mask
+// policy's query range, trimmed by the segment-id summaries), so no step is
+// empty of pairs by those bounds; per step and warp, the visibility bits of
+// the thread's pairs are computed while S^T runs (FeatureStepMask:
+// ~0u, no element work, where the warp's keys x the step's queries need no
+// check) and applied as selects. kMasksSoftcap recomputes the forward's
+// probabilities (the same raw-unit formula and tanh) and multiplies dS by
+// the tanh's derivative, as sm80's backward (LogitFeatures::ChainSoftcap).
+// A tile with no step copies nothing and waits on no barrier: its consumers
+// write dK = dV = 0 (its keys are seen by no query).
+//
 // Barrier phases: step i uses stage i % 2 in parity (i / 2) & 1 on q_full,
 // do_full and empty; producers wait on empty from parity 1 (a fresh barrier
 // counts its previous phase as done, pipeline.cuh). kv_full is used once
@@ -57,6 +71,7 @@
 #include "cuda/row_stats.cuh"
 #include "cuda/sm90/bulk_reduce.cuh"
 #include "cuda/sm90/bwd_kernel_traits.cuh"
+#include "cuda/sm90/feature_mask.cuh"  // Features, FeatureQueryBlocks, FeatureStepMask
 #include "cuda/sm90/pipeline.cuh"  // LoadTile, KMajorDescriptor, PrefetchTensorMap
 #include "cuda/sm90/softmax.cuh"   // OnlineSoftmax::ToFragments
 #include "cuda/sm90/tma.cuh"
@@ -77,6 +92,10 @@ struct BackwardArgs {
   float scale_log2;  // scale * log2(e), scale > 0
   float scale;
   bool is_causal;
+  // The soft cap on raw q.k (kMasksSoftcap; SoftcapFactors): x ->
+  // softcap_unscale * tanh(softcap_scale * x). Last, so that the plain
+  // kernel's argument offsets stay as they were.
+  float softcap_scale, softcap_unscale;
 };
 
 constexpr int kDsBarrier = 1;
@@ -138,6 +157,9 @@ struct BwdSteps {
     m_count = m_blocks - m_first;
     count = m_count * a.group;
   }
+  // Feature variants: query blocks [blocks.lo, blocks.hi) (FeatureQueryBlocks).
+  __device__ BwdSteps(KeyBlocks blocks, int group)
+      : m_first(blocks.lo), m_count(blocks.hi - blocks.lo), count((blocks.hi - blocks.lo) * group) {}
   __device__ int m0(int i) const { return (m_first + i % m_count) * Tr::kBlockM; }
   __device__ int head(int i, int hk, int group) const { return hk * group + i / m_count; }
 };
@@ -325,10 +347,15 @@ __device__ __forceinline__ uint32_t Opaque(uint32_t x) {
 // kEarlyS (BwdSchedule::kEarlyS): step i's dQ share is staged and sent
 // after step i + 1's S^T is issued, so that the tensor cores run S^T under
 // the staging; kSerial: each step's share right after its product.
-template <typename Element, typename Tr, bool kEarlyS>
-__device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBarriers<Tr> bars, uint32_t smem,
-                                                    int warpgroup, const BwdTile& tile, const BwdSteps<Tr>& steps) {
+// Feature variants: `p` for the mask policy's per-step questions (the plain
+// kernel ignores it).
+template <typename Element, typename Tr, bool kEarlyS, Features kFeatures>
+__device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const AttentionParams& p,
+                                                    BwdBarriers<Tr> bars, uint32_t smem, int warpgroup,
+                                                    const BwdTile& tile, const BwdSteps<Tr>& steps) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockM = Tr::kBlockM;
+  constexpr bool kAnyFeature = kFeatures != Features::kNone;
+  constexpr bool kSoftcap = kFeatures == Features::kMasksSoftcap;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int row0 = warp * 16 + g;  // this thread's keys in the warpgroup: row0, row0 + 8
   const int wg_n0 = tile.n_block * Tr::kBlockN + 64 * warpgroup;
@@ -375,7 +402,8 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
       ReduceDqRows<Tr>(a, dq_stage, tile.b, steps.head(i, tile.hk, a.group), m0, warp, dq_col0, dq_cols);
   };
 
-  MbarrierWait(bars.kv_full(), 0);
+  // A feature variant's tile without steps: no K/V copy was issued.
+  if (!kAnyFeature || steps.count > 0) MbarrierWait(bars.kv_full(), 0);
   // Step i up to its dQ product (done, in dq). kSendPrevious (kEarlyS, all
   // steps but the first): step i - 1's dQ share is sent right after step
   // i's S^T is issued, so that S^T runs under it. (Issuing S^T at the end
@@ -388,6 +416,16 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
     const int m0 = steps.m0(i);
     issue_s(i);
     if constexpr (kSendPrevious) send_dq(i - 1);
+    // Feature variants: the step's visibility bits (FeatureStepMask), while
+    // S^T runs, so that its reads (lengths, offsets, id summaries, ids) hide
+    // under the product instead of holding back its issue (not timed yet);
+    // b and h opaque, so that the policy is rebuilt from the parameters here
+    // rather than held across the loop.
+    [[maybe_unused]] uint32_t visible = ~0u;
+    if constexpr (kAnyFeature)
+      visible = FeatureStepMask<kBlockM>(p, int(Opaque(uint32_t(tile.b))),
+                                         int(Opaque(uint32_t(steps.head(i, tile.hk, a.group)))), m0,
+                                         wg_n0 + 16 * warp, wg_n0 + row0, t);
     // dP^T = V dO^T [64 keys][64 queries], raw.
     float dpt[kBlockM / 2];
     const uint32_t base = Opaque(smem);
@@ -412,23 +450,39 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
     // causal, keys after the query: key <= q + diagonal (a select per
     // element; a branch around them, even a warp-uniform one, made ptxas
     // serialize every wgmma of the kernel, C7520, as dP^T is in flight here).
-    const int diagonal = a.is_causal ? m0 - wg_n0 : INT32_MAX / 2;  // query - key offset, block-relative
-    const int key_limit = a.seqlen_k - wg_n0;
+    // Feature variants: the selects of `visible` instead (lengths, causal,
+    // window, offsets and ids alike); kSoftcap: here only the soft cap's
+    // tanh, kept in st for dS (no extra registers), P after dP^T below.
+    // query - key offset, block-relative
+    [[maybe_unused]] const int diagonal = a.is_causal ? m0 - wg_n0 : INT32_MAX / 2;
+    [[maybe_unused]] const int key_limit = a.seqlen_k - wg_n0;
+    if constexpr (kSoftcap) {
 #pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j) {
-      float2 lse2;
-      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y)
-                   : "r"(stats + 4 * (8 * j + 2 * t))
-                   : "memory");
+      for (int k = 0; k < kBlockM / 2; ++k) {
+        const float x = st[k] * a.softcap_scale;
+        st[k] = std::is_same_v<Element, __nv_bfloat16> ? TanhApprox(x) : FastTanh(x);
+      }
+    } else {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
+      for (int j = 0; j < kBlockM / 8; ++j) {
+        float2 lse2;
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y)
+                     : "r"(stats + 4 * (8 * j + 2 * t))
+                     : "memory");
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = st[4 * j + 2 * hh + e];
-          const int key = row0 + 8 * hh, q = 8 * j + 2 * t + e;
-          x = key < key_limit && key <= q + diagonal ? x : -CUDART_INF_F;
-          x = FastExp2(fmaf(x, a.scale_log2, -(e ? lse2.y : lse2.x)));
-        }
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = st[4 * j + 2 * hh + e];
+            if constexpr (kAnyFeature) {
+              x = visible >> (16 * hh + 2 * j + e) & 1u ? x : -CUDART_INF_F;
+            } else {
+              const int key = row0 + 8 * hh, q = 8 * j + 2 * t + e;
+              x = key < key_limit && key <= q + diagonal ? x : -CUDART_INF_F;
+            }
+            x = FastExp2(fmaf(x, a.scale_log2, -(e ? lse2.y : lse2.x)));
+          }
+      }
     }
     WgmmaWait<0>();
     FenceRegisters(dpt);
@@ -439,10 +493,31 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
                    : "=f"(delta.x), "=f"(delta.y)
                    : "r"(stats + 4 * (kBlockM + 8 * j + 2 * t))
                    : "memory");
+      if constexpr (kSoftcap) {
+        // P = exp2(capped logit * scale log2(e) - lse2) of the forward's
+        // formula (capped = tanh * cap / scale); hidden pairs 0 by a select
+        // (no -inf through the tanh's derivative). dS = P (dP - delta)
+        // (1 - tanh^2): the soft cap's chain rule, as sm80's.
+        float2 lse2;
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(lse2.x), "=f"(lse2.y)
+                     : "r"(stats + 4 * (8 * j + 2 * t))
+                     : "memory");
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        dpt[4 * j + 2 * hh] = st[4 * j + 2 * hh] * (dpt[4 * j + 2 * hh] - delta.x);
-        dpt[4 * j + 2 * hh + 1] = st[4 * j + 2 * hh + 1] * (dpt[4 * j + 2 * hh + 1] - delta.y);
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int k = 4 * j + 2 * hh + e;
+            const float th = st[k];
+            const float prob = FastExp2(fmaf(th * a.softcap_unscale, a.scale_log2, -(e ? lse2.y : lse2.x)));
+            st[k] = visible >> (16 * hh + 2 * j + e) & 1u ? prob : 0.0f;
+            dpt[k] = st[k] * (dpt[k] - (e ? delta.y : delta.x)) * (1.0f - th * th);
+          }
+      } else {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          dpt[4 * j + 2 * hh] = st[4 * j + 2 * hh] * (dpt[4 * j + 2 * hh] - delta.x);
+          dpt[4 * j + 2 * hh + 1] = st[4 * j + 2 * hh + 1] * (dpt[4 * j + 2 * hh + 1] - delta.y);
+        }
       }
     }
     uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
@@ -512,12 +587,15 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, BwdBa
 }
 
 // grid: key_blocks * num_heads_k * batch blocks, one tile each (BwdTile).
-template <typename Element, int kHeadDim, BwdSchedule kSchedule>
+// `p`: the call's parameters, read by the feature variants' mask policy
+// only (last, so that the plain kernel's argument offsets stay as they were).
+template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures = Features::kNone>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     BackwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                    const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
-                   const BackwardArgs a) {
+                   const BackwardArgs a, const __grid_constant__ AttentionParams p) {
   using Tr = BwdTraits<kHeadDim>;
+  constexpr bool kAnyFeature = kFeatures != Features::kNone;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte aligned atoms (kSmemBytes includes the slack).
   const uint32_t smem = (SmemAddress(smem_raw) + 1023u) & ~1023u;
@@ -525,18 +603,32 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   if (threadIdx.x == 0) bars.Init();
   __syncthreads();
 
-  // Every role derives the same tile and steps, so their phases agree.
+  // Every role derives the same tile and steps, so their phases agree
+  // (FeatureQueryBlocks: warp-collective, called by every warp here, before
+  // the roles split).
   const BwdTile tile(a, int(blockIdx.x));
-  const BwdSteps<Tr> steps(a, tile.n_block);
+  const BwdSteps<Tr> steps = [&] {
+    if constexpr (kAnyFeature)
+      return BwdSteps<Tr>(FeatureQueryBlocks<Tr::kBlockM, Tr::kBlockN>(p, tile.n_block * Tr::kBlockN,
+                                                                        tile.hk * a.group, tile.b),
+                          a.group);
+    else
+      return BwdSteps<Tr>(a, tile.n_block);
+  }();
   // setmaxnreg needs each warpgroup's role as one branch of a single if/else.
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     RegistersDecrease<Tr::kProducerRegisters>();
-    if (threadIdx.x == 0) ProduceBackwardTile<Tr>(&q_map, &k_map, &v_map, &do_map, a, bars, smem, tile, steps);
-    else if (threadIdx.x / 32 == 1) StageRowStats<Tr>(a, bars, smem, tile, steps, threadIdx.x % 32);
+    // A feature variant's tile without steps copies nothing (its consumers
+    // then wait on nothing and write zeros).
+    if (threadIdx.x == 0) {
+      if (!kAnyFeature || steps.count > 0)
+        ProduceBackwardTile<Tr>(&q_map, &k_map, &v_map, &do_map, a, bars, smem, tile, steps);
+    } else if (threadIdx.x / 32 == 1) StageRowStats<Tr>(a, bars, smem, tile, steps, threadIdx.x % 32);
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
-    ConsumeBackwardTile<Element, Tr, kSchedule == BwdSchedule::kEarlyS>(a, bars, smem, warpgroup - 1, tile, steps);
+    ConsumeBackwardTile<Element, Tr, kSchedule == BwdSchedule::kEarlyS, kFeatures>(a, p, bars, smem, warpgroup - 1,
+                                                                                   tile, steps);
   }
 }
 

@@ -23,14 +23,20 @@ inline std::string DescribeBackward(const AttentionShape& s, int head_dim_padded
          std::to_string(head_dim_padded) + ")";
 }
 
-template <typename Element, int kHeadDim, BwdSchedule kSchedule>
+// kFeatures: the kernel variant (kernel_traits.cuh's Features); kNone takes
+// no attention features, kMasks lengths, windows, position offsets and
+// segment ids, kMasksSoftcap those and the soft cap (UnsupportedFeatures).
+template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures = Features::kNone>
 std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t stream) {
   using Tr = BwdTraits<kHeadDim>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   const auto& s = p.shape;
-  const std::string what = DescribeBackward(s, kHeadDim);
+  const std::string what = DescribeBackward(s, kHeadDim) +
+                           (kFeatures == Features::kNone    ? ""
+                            : kFeatures == Features::kMasks ? " with masks"
+                                                            : " with masks and soft cap");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
-  if (p.features.Any()) return fail("attention features are not supported yet");
+  if (auto why = UnsupportedFeatures(p, kFeatures); !why.empty()) return fail(why);
   if (p.deterministic) return fail("no deterministic variant yet (dQ is summed by atomic adds)");
   if (p.dq_accum == nullptr) return fail("needs the float32 dQ accumulator");
   if (!(p.scale > 0.0)) return fail("needs scale > 0");
@@ -113,11 +119,14 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
     args.scale_log2 = float(p.scale) * kLog2e;
     args.scale = float(p.scale);
     args.is_causal = p.is_causal;
+    const SoftcapFactors cap = SoftcapFactors::For(p);
+    args.softcap_scale = cap.scale_over_cap;
+    args.softcap_unscale = cap.cap_over_scale;
 
-    auto kernel = BackwardKernel<Element, kHeadDim, kSchedule>;
+    auto kernel = BackwardKernel<Element, kHeadDim, kSchedule, kFeatures>;
     if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 backward kernel"); !e.empty())
       return e + " (" + what + ")";
-    kernel<<<unsigned(tiles), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, do_map, args);
+    kernel<<<unsigned(tiles), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, do_map, args, p);
     if (auto e = CheckLaunch("sm90 backward kernel"); !e.empty()) return e + " (" + what + ")";
   }
 
@@ -135,8 +144,25 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   return LaunchBackwardScheduled<Element, kHeadDim, BwdTraits<kHeadDim>::kDefaultSchedule>(p, stream);
 }
 
+// The feature variants at the head dim's default schedule: kMasksSoftcap
+// only where the soft cap is on, so that calls without it keep the
+// masks-only variant's registers.
+template <typename Element, int kHeadDim>
+std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t stream) {
+  constexpr BwdSchedule kSchedule = BwdTraits<kHeadDim>::kDefaultSchedule;
+  if (p.features.softcap > 0.0)
+    return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksSoftcap>(p, stream);
+  return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasks>(p, stream);
+}
+
 #define JAX_FLASH_INSTANTIATE_SM90_BWD(Element)                                            \
   template std::string LaunchBackward<Element, 64>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchBackward<Element, 128>(const AttentionParams&, cudaStream_t);
+
+// In bwd_launch_features_<dtype>.cu, their own files, so that CI's two
+// cores compile them beside the plain ones.
+#define JAX_FLASH_INSTANTIATE_SM90_BWD_FEATURES(Element)                                               \
+  template std::string LaunchBackwardWithFeatures<Element, 64>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchBackwardWithFeatures<Element, 128>(const AttentionParams&, cudaStream_t);
 
 }  // namespace jax_flash::cuda::sm90

@@ -31,4 +31,13 @@ inline int BackwardSmemBytes(int64_t head_dim) {
 template <typename Element, int kHeadDim>
 std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream);
 
+// The same for calls with attention features (bwd_launch_features_<dtype>.cu):
+// query and key lengths, local windows, position offsets, segment ids (with
+// or without their block summaries) and the soft cap, with the semantics of
+// the sm90 forward's feature variants and of sm80's backward (the soft cap's
+// gradient through the same tanh). A bias, a boolean mask or dropout is
+// refused with a message (sm80's backward serves those). kHeadDim 64, 128.
+template <typename Element, int kHeadDim>
+std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t stream);
+
 }  // namespace jax_flash::cuda::sm90

@@ -14,6 +14,9 @@
 //   - the soft cap on every logit, in raw units (LogitFeatures::SoftcapRaw's
 //     formula and tanh: TanhApprox for bfloat16, FastTanh for float16), so
 //     the sm80 backward recomputes the same probabilities.
+// The sm90 backward's variants (bwd_kernel.cuh) take the same rules from the
+// key side: a tile's query blocks (FeatureQueryBlocks) and one step's
+// visibility with rows = keys (FeatureStepMask).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,12 +24,14 @@
 
 #include <algorithm>  // std::min / max: host and device (--expt-relaxed-constexpr)
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "common/mask_policy.h"
 #include "common/params.h"
 #include "cuda/logit_features.cuh"
 #include "cuda/row_stats.cuh"
+#include "cuda/sm90/kernel_traits.cuh"  // Features
 
 namespace jax_flash::cuda::sm90 {
 
@@ -37,13 +42,15 @@ struct KeyBlocks {
 
 // The ids of positions [p0, p0 + kCount) (p0 a multiple of kCount) from one
 // row's block summaries, in int32 from the entries directly: 16 query rows
-// lie in one kSegmentBlock entry, 128 rows or keys in two, and a block of 80
-// keys (at 256) in at most two (it ends at most 48 + 79 = 127 positions past
-// an entry's start). The same answer as SegmentRanges::Span, whose 64-bit
-// loop state made the consumers (and the producer) spill.
+// (or keys) and 64 (the backward's query blocks) lie in one kSegmentBlock
+// entry, 128 rows or keys in two, and a block of 80 keys (at 256) in at most
+// two (it ends at most 48 + 79 = 127 positions past an entry's start). The
+// same answer as SegmentRanges::Span, whose 64-bit loop state made the
+// consumers (and the producer) spill.
 template <int kCount>
 __host__ __device__ __forceinline__ IdSpan SummarySpan(const SegmentRanges& r, int p0) {
-  static_assert(kSegmentBlock == 64 && (kCount == 16 || kCount == 80 || kCount == 128), "at most two entries");
+  static_assert(kSegmentBlock == 64 && (kCount == 16 || kCount == 64 || kCount == 80 || kCount == 128),
+                "at most two entries");
   const int last = int(r.blocks) - 1;
   const int e1 = std::min((p0 + kCount - 1) / int(kSegmentBlock), last), e0 = std::min(p0 / int(kSegmentBlock), e1);
   const int32_t* x = r.ranges + 2 * e0;
@@ -71,6 +78,18 @@ __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, 
     });
   }
   return kb;
+}
+
+// Why a feature variant cannot serve p (empty: it can), forward and
+// backward alike. Bias, a boolean mask and dropout stay on the sm80 kernels;
+// the soft cap needs kMasksSoftcap.
+inline std::string UnsupportedFeatures(const AttentionParams& p, Features variant) {
+  const AttentionFeatures& f = p.features;
+  if (variant == Features::kNone) return f.Any() ? "attention features need a feature variant" : "";
+  if (f.bias || f.mask || f.dropout_rate > 0.0)
+    return "a bias, a boolean mask and dropout are not supported (the sm80 kernels serve them)";
+  if (f.softcap > 0.0 && variant != Features::kMasksSoftcap) return "the soft cap needs the kMasksSoftcap variant";
+  return {};
 }
 
 // The soft cap's factors on raw q.k (LogitFeatures::For's, in the same float
@@ -163,6 +182,74 @@ __device__ __forceinline__ void ApplyFeatures(float (&s)[kBlockN / 2], SoftcapFa
 #pragma unroll
       for (int e = 0; e < 2; ++e)
         if (!(mask.visible[hh] >> (2 * j + e) & 1u)) s[4 * j + 2 * hh + e] = -CUDART_INF_F;
+}
+
+// The backward's query blocks of kBlockM rows that may see the keys [n0, n0 +
+// kBlockN) of batch row b, as [lo, hi) block indices: the mask policy's
+// QueryRange (lengths, causal, window, position offsets: the same for every
+// head of the batch row), trimmed at both ends by the segment-id block
+// summaries (sm80's TrimSegmentBlocks rule, on SummarySpan). Warp-collective
+// (TrimEmptyBlocks votes): every warp of the block calls it and gets the same
+// answer, which keeps the producer's and the consumers' steps in step.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ KeyBlocks FeatureQueryBlocks(const AttentionParams& p, int n0, int h, int b) {
+  const MaskPolicy policy = MaskPolicy::For(p, b, h);
+  int64_t lo, hi;
+  policy.QueryRange(n0, int64_t(n0) + kBlockN, &lo, &hi);
+  if (hi <= lo) return {0, 0};
+  KeyBlocks mb{int(lo / kBlockM), int((hi + kBlockM - 1) / kBlockM)};
+  if (policy.HasSegmentRanges()) {
+    const IdSpan keys = SummarySpan<kBlockN>(policy.kv_ranges, n0);
+    TrimEmptyBlocks(&mb.lo, &mb.hi, [&](int m) {
+      return Meet(SummarySpan<kBlockM>(policy.q_ranges, m * kBlockM), keys) == SegmentMeet::kNone;
+    });
+  }
+  return mb;
+}
+
+// Which of this thread's pairs of one backward step are visible: S^T's rows
+// `key` and `key` + 8 (keys; of the warp's 16 from warp_j0) against its
+// columns, queries m0 + 8j + 2t + e (j < kBlockM / 8), as bit 2j + e, the
+// second row's bits from bit 16. ~0u where the warp's 16 keys x kBlockM
+// queries need no element check (NeedsBoundsCheck and the segment
+// summaries, as FeatureBlockMask), 0 where their ids never meet. Computed
+// while the step's S^T runs, before dP^T is issued (bwd_kernel.cuh: under
+// dP^T a branch made ptxas serialize every wgmma), and applied as selects.
+// Host-callable for tests/cpp/sm90_feature_mask_test.cu.
+template <int kBlockM>
+__host__ __device__ __forceinline__ uint32_t FeatureStepMask(const AttentionParams& p, int b, int h, int m0,
+                                                             int warp_j0, int key, int t) {
+  constexpr int kTiles = kBlockM / 8;
+  static_assert(2 * kTiles == 16, "two 16-bit rows in one word");
+  const MaskPolicy policy = MaskPolicy::For(p, b, h);
+  SegmentMeet meet = SegmentMeet::kAll;
+  if (policy.q_segments)
+    meet = policy.HasSegmentRanges()
+               ? Meet(SummarySpan<kBlockM>(policy.q_ranges, m0), SummarySpan<16>(policy.kv_ranges, warp_j0))
+               : SegmentMeet::kSome;
+  if (meet == SegmentMeet::kNone) return 0u;
+  const bool ids = meet == SegmentMeet::kSome;
+  if (!ids && !policy.NeedsBoundsCheck(m0, int64_t(m0) + kBlockM, warp_j0, int64_t(warp_j0) + 16)) return ~0u;
+  const MaskPolicy bounds = policy.WithoutSegments();
+  uint32_t visible = VisibleBits<kTiles, false>(bounds, key, int64_t(m0) + 2 * t) |
+                     VisibleBits<kTiles, false>(bounds, int64_t(key) + 8, int64_t(m0) + 2 * t) << 16;
+  if (ids) {
+    // Reads clamped into the sequences (positions past them are hidden by
+    // the bounds; a visited query block starts below seqlen_q).
+    const int k_last = int(p.shape.seqlen_k) - 1, q_last = int(p.shape.seqlen_q) - 1 - m0;
+    const int32_t id0 = policy.kv_segments[std::min(key, k_last)];
+    const int32_t id1 = policy.kv_segments[std::min(key + 8, k_last)];
+    const int32_t* query_ids = policy.q_segments + m0;
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int32_t id = query_ids[std::min(8 * j + 2 * t + e, q_last)];
+        if (id != id0) visible &= ~(1u << (2 * j + e));
+        if (id != id1) visible &= ~(1u << (16 + 2 * j + e));
+      }
+  }
+  return visible;
 }
 
 }  // namespace jax_flash::cuda::sm90

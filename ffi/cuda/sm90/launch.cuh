@@ -35,17 +35,6 @@ constexpr CausalOrder DefaultCausalOrder(int head_dim) {
   return head_dim <= 128 ? CausalOrder::kSections : CausalOrder::kAllHeads;
 }
 
-// Why a feature variant cannot serve p (empty: it can). Bias, a boolean mask
-// and dropout stay on the sm80 forward; the soft cap needs kMasksSoftcap.
-inline std::string UnsupportedFeatures(const AttentionParams& p, Features variant) {
-  const AttentionFeatures& f = p.features;
-  if (variant == Features::kNone) return f.Any() ? "attention features need a feature variant" : "";
-  if (f.bias || f.mask || f.dropout_rate > 0.0)
-    return "a bias, a boolean mask and dropout are not supported (the sm80 forward serves them)";
-  if (f.softcap > 0.0 && variant != Features::kMasksSoftcap) return "the soft cap needs the kMasksSoftcap variant";
-  return {};
-}
-
 // max_blocks > 0 caps the persistent grid (tests: several tiles per block);
 // kBlockN 0 is the head dim's default key block (kernel_traits.cuh);
 // section_pairs > 0 overrides CausalSection's size under kSections (tests:
