@@ -13,6 +13,10 @@
 #   sm90_bwd         scripts/sm90_bwd_check.sh on main's tree (no patch: the
 #                    Hopper backward's check, kept here for its quick mode:
 #                    SM80=0 BWD_ARGS=--quick by default)
+#   sm90_bwd_features scripts/sm90_bwd_check.sh ARGS=--features on main's tree
+#                    (the backward's feature variants, built in main but not
+#                    dispatched; sm80's feature backward beside them, SM80=1);
+#                    then the suite with sm90-bwd-features-dispatch.patch
 #   sm90_fwd_h64     the head-dim-64 cases with two and three consumer warpgroups
 #                    (sm90-h64-3wg.patch), SM80=0 ARGS=--h64: correctness of
 #                    both and their timing table
@@ -25,7 +29,7 @@ root=$PWD
 OUT=${OUT:-/tmp/pending_out}
 mkdir -p "$OUT"
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(sm90_fwd_h64 wheel)
+[ ${#checks[@]} -gt 0 ] || checks=(sm90_bwd_features sm90_fwd_h64)
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 wants() { local c; for c in "${checks[@]}"; do [ "$c" = "$1" ] && return 0; done; return 1; }
 
@@ -59,6 +63,10 @@ run_check() {  # name limit command...
 if wants sm90_bwd; then
   run_check sm90_bwd "${BWD_LIMIT:-300}" env OUT=/tmp/sm90_bwd SM80="${SM80:-0}" ARGS="${BWD_ARGS---quick}" \
     bash scripts/sm90_bwd_check.sh
+fi
+if wants sm90_bwd_features; then
+  run_check sm90_bwd_features "${BWD_LIMIT:-420}" env OUT=/tmp/sm90_bwd_features SM80="${SM80:-1}" \
+    ARGS="--features ${BWD_ARGS:-}" bash scripts/sm90_bwd_check.sh
 fi
 if wants sm90_fwd_h64 && [ -d /tmp/pending_h64 ]; then
   run_check sm90_fwd_h64 "${FWD_LIMIT:-540}" env OUT=/tmp/sm90_h64 SM80=0 ARGS="--h64 ${FWD_ARGS:-}" \
