@@ -17,6 +17,9 @@
 #                    (the backward's feature variants, built in main but not
 #                    dispatched; sm80's feature backward beside them, SM80=1);
 #                    then the suite with sm90-bwd-features-dispatch.patch
+#   sm90_fwd_lean    scripts/sm90_check.sh ARGS=--plain, then ARGS=--features,
+#                    with sm90-fwd-lean.patch (the forward without spills: its
+#                    plain kernels' SASS changes too); SM80=0 for both
 #   sm90_fwd_h64     the head-dim-64 cases with two and three consumer warpgroups
 #                    (sm90-h64-3wg.patch), SM80=0 ARGS=--h64: correctness of
 #                    both and their timing table
@@ -29,7 +32,7 @@ root=$PWD
 OUT=${OUT:-/tmp/pending_out}
 mkdir -p "$OUT"
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(sm90_bwd_features sm90_fwd_h64)
+[ ${#checks[@]} -gt 0 ] || checks=(sm90_bwd_features sm90_fwd_lean)
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 wants() { local c; for c in "${checks[@]}"; do [ "$c" = "$1" ] && return 0; done; return 1; }
 
@@ -44,6 +47,9 @@ patched_copy() {  # name patch...
 }
 
 pids=()
+if wants sm90_fwd_lean; then
+  patched_copy lean sm90-fwd-lean.patch > /dev/null || note "sm90_fwd_lean: the patch does not apply"
+fi
 if wants sm90_fwd_h64; then
   patched_copy h64 sm90-h64-3wg.patch > /dev/null || note "sm90_fwd_h64: the patch does not apply"
 fi
@@ -67,6 +73,12 @@ fi
 if wants sm90_bwd_features; then
   run_check sm90_bwd_features "${BWD_LIMIT:-420}" env OUT=/tmp/sm90_bwd_features SM80="${SM80:-1}" \
     ARGS="--features ${BWD_ARGS:-}" bash scripts/sm90_bwd_check.sh
+fi
+if wants sm90_fwd_lean && [ -d /tmp/pending_lean ]; then
+  for half in plain features; do
+    run_check sm90_fwd_lean_$half "${FWD_LIMIT:-300}" env OUT=/tmp/sm90_lean_$half SM80=0 ARGS="--$half ${FWD_ARGS:-}" \
+      bash /tmp/pending_lean/scripts/sm90_check.sh
+  done
 fi
 if wants sm90_fwd_h64 && [ -d /tmp/pending_h64 ]; then
   run_check sm90_fwd_h64 "${FWD_LIMIT:-540}" env OUT=/tmp/sm90_h64 SM80=0 ARGS="--h64 ${FWD_ARGS:-}" \

@@ -190,6 +190,59 @@ double Compare(const std::vector<Element>& got, const std::vector<float>& want, 
   return worst;
 }
 
+// The shape of a backward's gradients: dQ [B, T, N, H], dK / dV [B, S, K, H].
+struct GradientShape {
+  int B, T, S, N, K, H;
+};
+
+// Runs `launch` (a backward writing dq, dk, dv) on poisoned outputs and
+// checks every element against the references (Compare): one PASS / FAIL
+// line named `what` and, per failing gradient, its count and first bad
+// element. Returns whether every element passed; exits when the context is
+// lost (nothing after could run).
+template <typename Element, typename Launch>
+bool RunAndCheck(const char* what, Launch launch, Element* dq, Element* dk, Element* dv,
+                 const std::vector<float>& want_dq, const std::vector<float>& want_dk,
+                 const std::vector<float>& want_dv, GradientShape c, double tol) {
+  const int64_t q_elems = int64_t(want_dq.size()), kv_elems = int64_t(want_dk.size());
+  Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dq), q_elems);
+  Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dk), kv_elems);
+  Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dv), kv_elems);
+  CHECK_CUDA(cudaGetLastError());
+  const std::string err = launch();
+  const cudaError_t sync = SynchronizeOrDie(what);
+  if (!err.empty() || sync != cudaSuccess) {
+    std::printf("%s: FAIL (%s%s)\n", what, err.c_str(), sync != cudaSuccess ? cudaGetErrorString(sync) : "");
+    std::fflush(stdout);
+    if (sync != cudaSuccess) std::exit(3);  // the context is gone
+    return false;
+  }
+  std::vector<Element> got_dq(q_elems), got_dk(kv_elems), got_dv(kv_elems);
+  CHECK_CUDA(cudaMemcpy(got_dq.data(), dq, q_elems * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(got_dk.data(), dk, kv_elems * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(got_dv.data(), dv, kv_elems * 2, cudaMemcpyDeviceToHost));
+  int64_t bad[3], first[3];
+  const double r_dq = Compare(got_dq, want_dq, c.H, tol, &bad[0], &first[0]);
+  const double r_dk = Compare(got_dk, want_dk, c.H, tol, &bad[1], &first[1]);
+  const double r_dv = Compare(got_dv, want_dv, c.H, tol, &bad[2], &first[2]);
+  const bool ok = bad[0] == 0 && bad[1] == 0 && bad[2] == 0;
+  std::printf("%s: worst err / tol dq %.2f dk %.2f dv %.2f: %s\n", what, r_dq, r_dk, r_dv, ok ? "PASS" : "FAIL");
+  const char* names[3] = {"dq", "dk", "dv"};
+  const std::vector<Element>* gots[3] = {&got_dq, &got_dk, &got_dv};
+  const std::vector<float>* wants[3] = {&want_dq, &want_dk, &want_dv};
+  for (int x = 0; x < 3; ++x) {
+    if (!bad[x]) continue;
+    const int heads = x == 0 ? c.N : c.K, seq = x == 0 ? c.T : c.S;
+    const int64_t i = first[x], d = i % c.H, hh = i / c.H % heads, t = i / (int64_t(c.H) * heads) % seq,
+                  b = i / (int64_t(c.H) * heads * seq);
+    std::printf("  %lld bad %s elements; first at b=%lld t=%lld h=%lld d=%lld: got %g want %g\n",
+                (long long)bad[x], names[x], (long long)b, (long long)t, (long long)hh, (long long)d,
+                double(ToFloat((*gots[x])[i])), double((*wants[x])[i]));
+  }
+  std::fflush(stdout);
+  return ok;
+}
+
 template <typename Element, int kHeadDim>
 bool RunCase(const Case& c) {
   const int64_t q_elems = int64_t(c.B) * c.T * c.N * c.H, kv_elems = int64_t(c.B) * c.S * c.K * c.H;
@@ -240,7 +293,6 @@ bool RunCase(const Case& c) {
   CHECK_CUDA(cudaMemcpy(want_dq.data(), ref_dq, q_elems * 4, cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(want_dk.data(), ref_dk, kv_elems * 4, cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(want_dv.data(), ref_dv, kv_elems * 4, cudaMemcpyDeviceToHost));
-  std::vector<Element> got_dq(q_elems), got_dk(kv_elems), got_dv(kv_elems);
   // Tolerances relative to the 16-bit type: P and dS are rounded to it.
   const double tol = std::is_same_v<Element, __nv_bfloat16> ? 2e-2 : 4e-3;
   const double flops = 2.5 * 4.0 * c.B * c.N * double(c.T) * c.S * c.H / (c.causal ? 2.0 : 1.0);
@@ -251,43 +303,10 @@ bool RunCase(const Case& c) {
   // Runs a backward (sm90, or sm80 for the comparison) and checks it;
   // returns whether every element passed.
   auto run_and_check = [&](const char* family, auto launch) {
-    Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dq), q_elems);
-    Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dk), kv_elems);
-    Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dv), kv_elems);
-    CHECK_CUDA(cudaGetLastError());
-    const std::string err = launch();
-    char what[260];
+    char what[400];
     std::snprintf(what, sizeof what, "%s %s", family, name);
-    const cudaError_t sync = SynchronizeOrDie(what);
-    if (!err.empty() || sync != cudaSuccess) {
-      std::printf("%s: FAIL (%s%s)\n", what, err.c_str(), sync != cudaSuccess ? cudaGetErrorString(sync) : "");
-      std::fflush(stdout);
-      if (sync != cudaSuccess) std::exit(3);  // the context is gone
-      return false;
-    }
-    CHECK_CUDA(cudaMemcpy(got_dq.data(), dq, q_elems * 2, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(got_dk.data(), dk, kv_elems * 2, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(got_dv.data(), dv, kv_elems * 2, cudaMemcpyDeviceToHost));
-    int64_t bad[3], first[3];
-    const double r_dq = Compare(got_dq, want_dq, c.H, tol, &bad[0], &first[0]);
-    const double r_dk = Compare(got_dk, want_dk, c.H, tol, &bad[1], &first[1]);
-    const double r_dv = Compare(got_dv, want_dv, c.H, tol, &bad[2], &first[2]);
-    const bool ok = bad[0] == 0 && bad[1] == 0 && bad[2] == 0;
-    std::printf("%s: worst err / tol dq %.2f dk %.2f dv %.2f: %s\n", what, r_dq, r_dk, r_dv, ok ? "PASS" : "FAIL");
-    const char* names[3] = {"dq", "dk", "dv"};
-    const std::vector<Element>* gots[3] = {&got_dq, &got_dk, &got_dv};
-    const std::vector<float>* wants[3] = {&want_dq, &want_dk, &want_dv};
-    for (int x = 0; x < 3; ++x) {
-      if (!bad[x]) continue;
-      const int heads = x == 0 ? c.N : c.K, seq = x == 0 ? c.T : c.S;
-      const int64_t i = first[x], d = i % c.H, hh = i / c.H % heads, t = i / (int64_t(c.H) * heads) % seq,
-                    b = i / (int64_t(c.H) * heads * seq);
-      std::printf("  %lld bad %s elements; first at b=%lld t=%lld h=%lld d=%lld: got %g want %g\n",
-                  (long long)bad[x], names[x], (long long)b, (long long)t, (long long)hh, (long long)d,
-                  double(ToFloat((*gots[x])[i])), double((*wants[x])[i]));
-    }
-    std::fflush(stdout);
-    return ok;
+    return RunAndCheck<Element>(what, launch, dq, dk, dv, want_dq, want_dk, want_dv, {c.B, c.T, c.S, c.N, c.K, c.H},
+                                tol);
   };
 
   // Both schedules (bwd_kernel_traits.cuh), the default (kEarlyS) first:
@@ -574,7 +593,6 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
   CHECK_CUDA(cudaMemcpy(want_dq.data(), ref_dq, q_elems * 4, cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(want_dk.data(), ref_dk, kv_elems * 4, cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(want_dv.data(), ref_dv, kv_elems * 4, cudaMemcpyDeviceToHost));
-  std::vector<Element> got_dq(q_elems), got_dk(kv_elems), got_dv(kv_elems);
   // The plain cases' tolerances; the soft cap's tanh (TanhApprox for
   // bfloat16, 2^-11 relative) stays far inside them.
   const double tol = std::is_same_v<Element, __nv_bfloat16> ? 2e-2 : 4e-3;
@@ -583,43 +601,10 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
   std::snprintf(name, sizeof name, "%s H=%d (kHeadDim %d) B=%d T=%d S=%d N=%d K=%d causal=%d %s", TypeName<Element>(),
                 c.H, kHeadDim, c.B, c.T, c.S, c.N, c.K, int(c.causal), c.name.c_str());
   auto run_and_check = [&](const char* family, auto launch) {
-    Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dq), q_elems);
-    Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dk), kv_elems);
-    Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dv), kv_elems);
-    CHECK_CUDA(cudaGetLastError());
-    const std::string err = launch();
     char what[400];
     std::snprintf(what, sizeof what, "%s %s", family, name);
-    const cudaError_t sync = SynchronizeOrDie(what);
-    if (!err.empty() || sync != cudaSuccess) {
-      std::printf("%s: FAIL (%s%s)\n", what, err.c_str(), sync != cudaSuccess ? cudaGetErrorString(sync) : "");
-      std::fflush(stdout);
-      if (sync != cudaSuccess) std::exit(3);  // the context is gone
-      return false;
-    }
-    CHECK_CUDA(cudaMemcpy(got_dq.data(), dq, q_elems * 2, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(got_dk.data(), dk, kv_elems * 2, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(got_dv.data(), dv, kv_elems * 2, cudaMemcpyDeviceToHost));
-    int64_t bad[3], first[3];
-    const double r_dq = Compare(got_dq, want_dq, c.H, tol, &bad[0], &first[0]);
-    const double r_dk = Compare(got_dk, want_dk, c.H, tol, &bad[1], &first[1]);
-    const double r_dv = Compare(got_dv, want_dv, c.H, tol, &bad[2], &first[2]);
-    const bool ok = bad[0] == 0 && bad[1] == 0 && bad[2] == 0;
-    std::printf("%s: worst err / tol dq %.2f dk %.2f dv %.2f: %s\n", what, r_dq, r_dk, r_dv, ok ? "PASS" : "FAIL");
-    const char* names[3] = {"dq", "dk", "dv"};
-    const std::vector<Element>* gots[3] = {&got_dq, &got_dk, &got_dv};
-    const std::vector<float>* wants[3] = {&want_dq, &want_dk, &want_dv};
-    for (int x = 0; x < 3; ++x) {
-      if (!bad[x]) continue;
-      const int heads = x == 0 ? c.N : c.K, seq = x == 0 ? c.T : c.S;
-      const int64_t i = first[x], d = i % c.H, hh = i / c.H % heads, t = i / (int64_t(c.H) * heads) % seq,
-                    b = i / (int64_t(c.H) * heads * seq);
-      std::printf("  %lld bad %s elements; first at b=%lld t=%lld h=%lld d=%lld: got %g want %g\n",
-                  (long long)bad[x], names[x], (long long)b, (long long)t, (long long)hh, (long long)d,
-                  double(ToFloat((*gots[x])[i])), double((*wants[x])[i]));
-    }
-    std::fflush(stdout);
-    return ok;
+    return RunAndCheck<Element>(what, launch, dq, dk, dv, want_dq, want_dk, want_dv, {c.B, c.T, c.S, c.N, c.K, c.H},
+                                tol);
   };
 
   auto launch90 = [&] { return jax_flash::cuda::sm90::LaunchBackwardWithFeatures<Element, kHeadDim>(p, 0); };
