@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include "common/test_hooks.h"
 #include "cpu/handlers.h"
 #ifdef JAX_FLASH_WITH_CUDA
 #include "cuda/handlers.h"
@@ -49,6 +50,9 @@ NB_MODULE(_ffi, m) {
 #endif
     return d;
   });
+  // Test hook (common/test_hooks.h): the next `count` kernel launches report
+  // a failure through their real error path (tests/test_robustness.py).
+  m.def("inject_launch_failures", [](int count) { jax_flash::InjectLaunchFailures(count); }, nb::arg("count"));
   m.def("build_info", [] {
     nb::dict d;
 #ifdef JAX_FLASH_WITH_CUDA

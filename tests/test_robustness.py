@@ -1,7 +1,9 @@
 """Robustness: NaN/Inf inputs stay confined to the outputs they reach, huge
 logits stay finite, empty batches work (and zero heads is a clear error),
-concurrent calls from Python threads, and the compiled memory of forward +
-backward at T = 128k is O(T) (no T x T buffer)."""
+concurrent calls from Python threads, a failing kernel launch is an error
+that names the kernel and the shape and leaves the process working, and the
+compiled memory of forward + backward at T = 128k is O(T) (no T x T
+buffer)."""
 
 import threading
 
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 
 import jax_flash
-from jax_flash import reference
+from jax_flash import _ffi, reference
 from helpers import CPU, GRAD_FACTOR, ON_GPU, TOLERANCE, assert_close
 
 B, T, S, N, K, H = 2, 70, 90, 4, 2, 16
@@ -241,6 +243,59 @@ def test_concurrent_calls_from_threads(rng):
                     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
                 else:
                     np.testing.assert_array_equal(a, b)
+
+
+@pytest.fixture
+def inject_launch_failures():
+    """jax_flash._ffi.inject_launch_failures, always reset after the test."""
+    yield _ffi.inject_launch_failures
+    _ffi.inject_launch_failures(0)
+
+
+# Whatever the platform and kernel family: the launcher's or the CPU
+# kernel's message, then the shape (B=.., Tq=.., ...).
+INJECTED = r"injected failure \(test hook\)[\s\S]*Tq=48"
+
+
+def test_a_failing_launch_is_an_error_and_the_next_call_works(rng, inject_launch_failures):
+    """A kernel launch that fails (here by the test hook, which takes the
+    same road as a real CUDA or C++ failure: the launcher's message, an
+    ffi::Error, an exception) raises in Python with the kernel and the shape
+    named, in the forward, the backward and the paged forward; the calls
+    after it run and give the same results as before."""
+    dtype = jnp.bfloat16 if ON_GPU else jnp.float32
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 48, 4, 64)), dtype) for _ in range(3))
+    forward = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, is_causal=True))
+    want = jax.block_until_ready(forward(q, k, v))
+    inject_launch_failures(1)
+    with pytest.raises(Exception, match=INJECTED):
+        jax.block_until_ready(forward(q, k, v))
+    np.testing.assert_array_equal(forward(q, k, v), want)
+
+    out, vjp = jax.vjp(jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, is_causal=True)), q, k, v)
+    cotangent = jnp.asarray(rng.standard_normal(out.shape), dtype)
+    backward = jax.jit(vjp)
+    want_grads = jax.block_until_ready(backward(cotangent))
+    inject_launch_failures(1)  # the forward has run: this is the backward's launch
+    with pytest.raises(Exception, match=INJECTED):
+        jax.block_until_ready(backward(cotangent))
+    for got, expected in zip(backward(cotangent), want_grads):
+        if ON_GPU:  # the default CUDA backward adds dQ by float32 atomics: any order
+            np.testing.assert_allclose(np.float32(got), np.float32(expected), rtol=1e-2, atol=1e-2)
+        else:
+            np.testing.assert_array_equal(got, expected)
+
+    pool = jnp.asarray(rng.standard_normal((2, 4, 16, 2, 64)), dtype)  # [k/v, blocks, block, K, H]
+    tables = jnp.asarray([[0, 1], [2, 3]], jnp.int32)
+    lengths = jnp.asarray([20, 32], jnp.int32)
+    query = jnp.asarray(rng.standard_normal((2, 48, 4, 64))[:, :1], dtype)
+    paged = jax.jit(jax_flash.paged_attention)
+    want_paged = jax.block_until_ready(paged(query, pool[0], pool[1], tables, lengths))
+    inject_launch_failures(1)
+    # (the CUDA decode launcher names the shape its own way: "seqlen_q 1")
+    with pytest.raises(Exception, match=r"injected failure \(test hook\)[\s\S]*(Tq=1|seqlen_q 1)\b"):
+        jax.block_until_ready(paged(query, pool[0], pool[1], tables, lengths))
+    np.testing.assert_array_equal(paged(query, pool[0], pool[1], tables, lengths), want_paged)
 
 
 @pytest.mark.parametrize("features", ["plain", "causal_padding_segments"])

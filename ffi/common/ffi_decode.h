@@ -21,6 +21,21 @@ inline std::string DimsToString(ffi::AnyBuffer::Dimensions dims) {
   return s + "]";
 }
 
+// " (B=.., Tq=.., Tk=.., N=.., K=.., H=..)": the shape a handler's error
+// message names (the launchers' own messages name their kernel).
+inline std::string ShapeSuffix(const AttentionShape& s) {
+  return " (B=" + std::to_string(s.batch) + ", Tq=" + std::to_string(s.seqlen_q) + ", Tk=" +
+         std::to_string(s.seqlen_k) + ", N=" + std::to_string(s.num_heads) + ", K=" +
+         std::to_string(s.num_heads_k) + ", H=" + std::to_string(s.head_dim) + ")";
+}
+
+// An internal error whose message names the call's shape (unless the
+// launcher's message already did: the sm90 and decode launchers do).
+inline ffi::Error InternalWithShape(const std::string& message, const AttentionShape& s) {
+  const bool named = message.find("Tq=") != std::string::npos || message.find("seqlen_q") != std::string::npos;
+  return ffi::Error::Internal(named ? message : message + ShapeSuffix(s));
+}
+
 // q: [..., Tq, N, H]; k, v: [..., Tk, K, H] with equal leading dims.
 inline ffi::Error DecodeShape(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                               const ffi::AnyBuffer& v, AttentionShape* shape) {

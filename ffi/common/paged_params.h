@@ -29,6 +29,11 @@ struct PagedShape {
   JAX_FLASH_HOST_DEVICE int64_t group() const { return num_heads / num_heads_k; }
   // The longest sequence a table row can describe.
   JAX_FLASH_HOST_DEVICE int64_t max_seqlen() const { return max_blocks * block_size; }
+  // The call as attention over outer * batch sequences of up to max_seqlen()
+  // keys (what its error messages name).
+  AttentionShape AsAttention() const {
+    return AttentionShape{outer * batch, seqlen_q, max_seqlen(), num_heads, num_heads_k, head_dim};
+  }
 };
 
 struct PagedParams {

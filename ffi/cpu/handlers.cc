@@ -10,6 +10,7 @@
 #include "common/ffi_bindings.h"
 #include "common/feature_decode.h"
 #include "common/ffi_decode.h"
+#include "common/test_hooks.h"
 #include "cpu/attention_cpu.h"
 #include "cpu/element.h"
 #include "common/paged_decode.h"
@@ -38,13 +39,16 @@ void Poison(const ffi::AnyBuffer& buf) {
 }
 
 // Kernels may throw std::bad_alloc (scratch vectors): turn it into an error
-// instead of letting it cross the C API.
+// naming the call's shape instead of letting it cross the C API. A test's
+// injected failure (common/test_hooks.h) takes the same road.
 template <typename Fn>
-ffi::Error Guarded(Fn&& fn) {
+ffi::Error Guarded(const AttentionShape& shape, Fn&& fn) {
+  if (TakeInjectedLaunchFailure())
+    return InternalWithShape("jax_flash CPU kernel failed: an injected failure (test hook)", shape);
   try {
     return fn();
   } catch (const std::exception& e) {
-    return ffi::Error::Internal(std::string("jax_flash CPU kernel failed: ") + e.what());
+    return InternalWithShape(std::string("jax_flash CPU kernel failed: ") + e.what(), shape);
   }
 }
 
@@ -61,7 +65,7 @@ ffi::Error ForwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
     Poison(*out);
     Poison(*lse);
   }
-  return Guarded([&] {
+  return Guarded(p.shape, [&] {
     return DispatchDtype(q.element_type(), [&](auto element) {
       AttentionForward<decltype(element)>(p);
     });
@@ -84,7 +88,7 @@ ffi::Error BackwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
   if (PoisonOutputsRequested()) {
     for (auto* b : {&*dq, &*dk, &*dv, &*delta}) Poison(*b);
   }
-  return Guarded([&] {
+  return Guarded(p.shape, [&] {
     return DispatchDtype(q.element_type(), [&](auto element) {
       AttentionBackward<decltype(element)>(p);
     });
@@ -118,7 +122,7 @@ ffi::Error BiasGradientImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v
     Poison(*dbias);
     Poison(*delta);
   }
-  return Guarded([&] {
+  return Guarded(p.shape, [&] {
     return DispatchDtype(q.element_type(), [&](auto element) {
       AttentionBiasGradient<decltype(element)>(p, bias_shape, dbias->untyped_data());
     });
@@ -139,7 +143,7 @@ ffi::Error PagedForwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k_cache, ffi::AnyBu
     Poison(*out);
     Poison(*lse);
   }
-  return Guarded([&] {
+  return Guarded(p.shape.AsAttention(), [&] {
     return DispatchDtype(q.element_type(), [&](auto element) {
       PagedAttentionForward<decltype(element)>(p);
     });

@@ -26,7 +26,8 @@ namespace {
 // Calls fn(Element{}, std::integral_constant<int, kHeadDim>{}) for the
 // instantiation that serves this dtype and head dim.
 template <typename Fn>
-ffi::Error Dispatch(ffi::DataType dtype, int64_t head_dim, Fn&& fn) {
+ffi::Error Dispatch(ffi::DataType dtype, const AttentionShape& shape, Fn&& fn) {
+  const int64_t head_dim = shape.head_dim;
   auto by_head_dim = [&](auto element) -> std::string {
     if (head_dim <= 32) return fn(element, std::integral_constant<int, 32>{});
     if (head_dim <= 64) return fn(element, std::integral_constant<int, 64>{});
@@ -47,7 +48,7 @@ ffi::Error Dispatch(ffi::DataType dtype, int64_t head_dim, Fn&& fn) {
       return ffi::Error::InvalidArgument(
           "jax_flash: unsupported dtype; expected float16, bfloat16 or float32");
   }
-  if (!err.empty()) return ffi::Error::Internal(err);
+  if (!err.empty()) return InternalWithShape(err, shape);
   return ffi::Error::Success();
 }
 
@@ -73,7 +74,8 @@ bool Sm80Supports(ffi::DataType dtype, int64_t head_dim, int smem_bytes) {
 // Calls fn(Element{}, std::integral_constant<int, kHeadDim>{}) for 16-bit
 // dtypes with the head dim rounded up to 64, 128 or 256.
 template <typename Fn>
-ffi::Error DispatchTensorCores(ffi::DataType dtype, int64_t head_dim, Fn&& fn) {
+ffi::Error DispatchTensorCores(ffi::DataType dtype, const AttentionShape& shape, Fn&& fn) {
+  const int64_t head_dim = shape.head_dim;
   auto by_head_dim = [&](auto element) -> std::string {
     if (head_dim <= 64) return fn(element, std::integral_constant<int, 64>{});
     if (head_dim <= 128) return fn(element, std::integral_constant<int, 128>{});
@@ -81,7 +83,7 @@ ffi::Error DispatchTensorCores(ffi::DataType dtype, int64_t head_dim, Fn&& fn) {
   };
   const std::string err = dtype == ffi::DataType::F16 ? by_head_dim(__half{})
                                                       : by_head_dim(__nv_bfloat16{});
-  if (!err.empty()) return ffi::Error::Internal(err);
+  if (!err.empty()) return InternalWithShape(err, shape);
   return ffi::Error::Success();
 }
 
@@ -201,7 +203,7 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
     if (DecodeScratch(*decode_scratch, s.batch, s.seqlen_q, s.num_heads, s.num_heads_k, s.seqlen_k,
                       s.head_dim, &partial_out, &partial_lse, &max_splits)) {
       // splits = 0: chosen from the work, capped at what the scratch holds.
-      return DispatchTensorCores(q.element_type(), s.head_dim, [&](auto element, auto head_dim) {
+      return DispatchTensorCores(q.element_type(), s, [&](auto element, auto head_dim) {
         return decode::LaunchForward<decltype(element), decltype(head_dim)::value>(
             p, max_splits == 1 ? 1 : 0, partial_out, partial_lse, stream);
       });
@@ -226,7 +228,7 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   }
 #ifdef JAX_FLASH_WITH_SM90
   if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {
-    return DispatchTensorCores(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
+    return DispatchTensorCores(q.element_type(), p.shape, [&](auto element, auto head_dim) {
       constexpr int kHeadDim = decltype(head_dim)::value;
       if constexpr (kHeadDim <= 128) {
         if (p.features.Any()) return sm90::LaunchForwardWithFeatures<decltype(element), kHeadDim>(p, stream);
@@ -242,11 +244,11 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
         "shared memory for that head dim");
   }
   if (Family(family) != Family::kGeneric && sm80_ok) {
-    return DispatchTensorCores(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
+    return DispatchTensorCores(q.element_type(), p.shape, [&](auto element, auto head_dim) {
       return sm80::LaunchForward<decltype(element), decltype(head_dim)::value>(p, stream);
     });
   }
-  return Dispatch(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
+  return Dispatch(q.element_type(), p.shape, [&](auto element, auto head_dim) {
     return LaunchGenericForward<decltype(element), decltype(head_dim)::value>(p, stream);
   });
 }
@@ -291,7 +293,7 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                        (Family(family) == Family::kSm90 || p.shape.head_dim > 64);
 #ifdef JAX_FLASH_WITH_SM90
   if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {
-    return DispatchTensorCores(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) -> std::string {
+    return DispatchTensorCores(q.element_type(), p.shape, [&](auto element, auto head_dim) -> std::string {
       if constexpr (decltype(head_dim)::value <= 128)
         return sm90::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);
       else
@@ -307,11 +309,11 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
       Sm80Supports(q.element_type(), p.shape.head_dim,
                    sm80::BackwardSmemBytes(p.shape.head_dim, p.deterministic,
                                            DeviceAttribute(cudaDevAttrComputeCapabilityMajor)))) {
-    return DispatchTensorCores(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
+    return DispatchTensorCores(q.element_type(), p.shape, [&](auto element, auto head_dim) {
       return sm80::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);
     });
   }
-  return Dispatch(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
+  return Dispatch(q.element_type(), p.shape, [&](auto element, auto head_dim) {
     return LaunchGenericBackward<decltype(element), decltype(head_dim)::value>(p, stream);
   });
 }
@@ -340,7 +342,7 @@ ffi::Error BiasGradientImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
   if (PoisonOutputsRequested()) {
     if (auto e = PoisonAsync(stream, {&*dbias, &*delta}); e.failure()) return e;
   }
-  return Dispatch(q.element_type(), p.shape.head_dim, [&](auto element, auto head_dim) {
+  return Dispatch(q.element_type(), p.shape, [&](auto element, auto head_dim) {
     return LaunchGenericBiasGradient<decltype(element), decltype(head_dim)::value>(
         p, dbias->size_bytes(), stream);
   });
@@ -375,7 +377,7 @@ ffi::Error PagedForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
   if (!DecodeScratch(*decode_scratch, s.outer * s.batch, s.seqlen_q, s.num_heads, s.num_heads_k,
                      s.max_seqlen(), s.head_dim, &partial_out, &partial_lse, &max_splits))
     return ffi::Error::InvalidArgument("jax_flash: paged attention's decode scratch is too small for its shapes");
-  return DispatchTensorCores(q.element_type(), s.head_dim, [&](auto element, auto head_dim) {
+  return DispatchTensorCores(q.element_type(), s.AsAttention(), [&](auto element, auto head_dim) {
     return decode::LaunchPagedForward<decltype(element), decltype(head_dim)::value>(
         p, max_splits == 1 ? 1 : 0, partial_out, partial_lse, stream);
   });

@@ -3,16 +3,22 @@
 // translation units that build in parallel.
 #pragma once
 
+#include "common/test_hooks.h"
 #include "cuda/generic/bwd_kernels.cuh"
 #include "cuda/generic/fwd_kernel.cuh"
 #include "cuda/generic/launch.h"
 
 namespace jax_flash::cuda {
 
+// The error of the launch just made (empty: none). Every launcher ends its
+// launches here, so a test's injected failure (common/test_hooks.h) takes
+// each one's error path.
 inline std::string CheckLaunch(const char* what) {
   const cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return {};
-  return std::string("jax_flash: launching ") + what + " failed: " + cudaGetErrorString(err);
+  if (err != cudaSuccess) return std::string("jax_flash: launching ") + what + " failed: " + cudaGetErrorString(err);
+  if (TakeInjectedLaunchFailure())
+    return std::string("jax_flash: launching ") + what + " failed: an injected failure (test hook)";
+  return {};
 }
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
