@@ -3,7 +3,9 @@
 # backward's dq, dk, dv against a float reference on every case (PASS/FAIL
 # per case, exit code 1 on any FAIL), then TFLOP/s at T=S=4096 beside the
 # sm80 backward (which also runs every case, uncounted, to show what the
-# tolerance allows a known-good kernel).
+# tolerance allows a known-good kernel). The TFLOP/s table also times the
+# candidate schedules (lean-dQ; +early-dP at head dim 64) beside the default
+# early-S (bwd_kernel_traits.cuh), each checked on every case first.
 #
 #   bash scripts/sm90_bwd_check.sh             # from the worktree root
 #   SM80=0 bash scripts/sm90_bwd_check.sh      # without the sm80 comparison (faster build)

@@ -149,6 +149,8 @@ struct Case {
 struct TimingRow {
   std::string shape;
   double sm90 = 0, sm90_serial = 0, sm80 = 0;
+  // The candidate schedules (bwd_kernel_traits.cuh); lean_dp at 64 only.
+  double sm90_lean = 0, sm90_lean_dp = 0;
 };
 std::vector<TimingRow> timing_rows;
 
@@ -309,14 +311,24 @@ bool RunCase(const Case& c) {
                                 tol);
   };
 
-  // Both schedules (bwd_kernel_traits.cuh), the default (kEarlyS) first:
-  // a failure of only one points at its step order.
+  // Every schedule (bwd_kernel_traits.cuh), the default (kEarlyS) first:
+  // a failure of only one points at its step order. kLeanDq (and, at 64,
+  // kLeanDqEarlyDp) are the candidates: their full steps take SendDqFull,
+  // their tail steps and padded head dims kEarlyS's general send.
   using jax_flash::cuda::sm90::BwdSchedule;
   using jax_flash::cuda::sm90::LaunchBackwardScheduled;
   auto launch90 = [&] { return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kEarlyS>(p, 0); };
   auto launch90_serial = [&] { return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kSerial>(p, 0); };
+  auto launch90_lean = [&] { return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kLeanDq>(p, 0); };
+  // (kLeanDqEarlyDp spills and serializes its wgmma at 128: built at 64 only.)
+  constexpr BwdSchedule kLeanDp = kHeadDim == 64 ? BwdSchedule::kLeanDqEarlyDp : BwdSchedule::kLeanDq;
+  auto launch90_lean_dp = [&] { return LaunchBackwardScheduled<Element, kHeadDim, kLeanDp>(p, 0); };
   bool ok = run_and_check("sm90 early-S (default)", launch90);
   ok &= run_and_check("sm90 serial", launch90_serial);
+  // A candidate's failure is reported (and counted) but does not stop the
+  // default's timing.
+  const bool ok_lean = run_and_check("sm90 lean-dQ (candidate)", launch90_lean);
+  const bool ok_lean_dp = kHeadDim != 64 || run_and_check("sm90 lean-dQ early-dP (candidate)", launch90_lean_dp);
   TimingRow row;
   if (ok && c.timed) {
     const float ms = TimeLaunches(launch90), ms_serial = TimeLaunches(launch90_serial);
@@ -324,6 +336,18 @@ bool RunCase(const Case& c) {
     row.sm90_serial = ms_serial > 0 ? flops / (ms_serial * 1e-3) / 1e12 : 0.0;
     std::printf("  time sm90 early-S: %.3f ms, %.1f TFLOP/s; serial: %.3f ms, %.1f TFLOP/s\n", ms, row.sm90,
                 ms_serial, row.sm90_serial);
+    if (ok_lean) {
+      const float ms_lean = TimeLaunches(launch90_lean);
+      row.sm90_lean = ms_lean > 0 ? flops / (ms_lean * 1e-3) / 1e12 : 0.0;
+      std::printf("  time sm90 lean-dQ: %.3f ms, %.1f TFLOP/s (%.3fx early-S)\n", ms_lean, row.sm90_lean,
+                  row.sm90 > 0 ? row.sm90_lean / row.sm90 : 0.0);
+    }
+    if (kHeadDim == 64 && ok_lean_dp) {
+      const float ms_dp = TimeLaunches(launch90_lean_dp);
+      row.sm90_lean_dp = ms_dp > 0 ? flops / (ms_dp * 1e-3) / 1e12 : 0.0;
+      std::printf("  time sm90 lean-dQ early-dP: %.3f ms, %.1f TFLOP/s (%.3fx early-S)\n", ms_dp, row.sm90_lean_dp,
+                  row.sm90 > 0 ? row.sm90_lean_dp / row.sm90 : 0.0);
+    }
   }
 #ifdef JAX_FLASH_CHECK_SM80
   // sm80's backward on the same inputs: its errors show what the tolerance
@@ -351,7 +375,7 @@ bool RunCase(const Case& c) {
                     (void*)lse, (void*)delta, (void*)ref_delta, (void*)dq_accum, (void*)ref_dq, (void*)ref_dk,
                     (void*)ref_dv})
     cudaFree(ptr);
-  return ok;
+  return ok && ok_lean && ok_lean_dp;
 }
 
 template <typename Element>
@@ -838,10 +862,11 @@ int main(int argc, char** argv) {
   }
   if (!timing_rows.empty()) {
     std::printf("\nTFLOP/s (2.5 x 4 B N T S H, halved when causal; delta pass + kernel + dQ conversion; median of 20 x 5)\n");
-    std::printf("%-40s %8s %8s %8s %8s\n", "shape", "early-S", "serial", "sm80", "ratio");
+    std::printf("%-40s %8s %8s %8s %8s %8s %8s\n", "shape", "early-S", "serial", "lean-dQ", "+early-dP", "sm80",
+                "ratio");
     for (const TimingRow& r : timing_rows)
-      std::printf("%-40s %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm90_serial, r.sm80,
-                  r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
+      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm90_serial,
+                  r.sm90_lean, r.sm90_lean_dp, r.sm80, r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
   }
   if (!feature_timing_rows.empty()) {
     std::printf("\nfeature backward, TFLOP/s over visible pairs (2.5 x 4 H N per pair; plain: the plain sm90 "
@@ -855,7 +880,8 @@ int main(int argc, char** argv) {
   if (failures)
     std::printf(
         "where to look: only the early-S schedule fails -> bwd_kernel.cuh's step order (send_dq after the "
-        "next S^T, the wgmma waits); only dv wrong -> P^T (lse staging, masks) or dO's MN-major descriptor; dv right, dk "
+        "next S^T, the wgmma waits); only a lean-dQ candidate fails, dq wrong -> SendDqFull (its constant "
+        "offsets, the full-step test) or, early-dP, the send's place after dP^T's issue; only dv wrong -> P^T (lse staging, masks) or dO's MN-major descriptor; dv right, dk "
         "wrong -> dS^T (delta, dP^T = V dO^T) or Q's MN-major descriptor; dk, dv right, dq wrong -> the dS^T "
         "smem tile / WgmmaSSMn descriptors or the dQ staging and bulk reduces (blocked layout, tails); only "
         "GQA or T != S fails -> BwdSteps / BwdTile; a HANG -> barrier phases (empty / q_full / do_full "

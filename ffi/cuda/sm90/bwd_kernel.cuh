@@ -25,7 +25,9 @@
 //     barrier); dQ_share = dS K (wgmma, smem x smem, both operands MN-major);
 //     wait; arrive empty[s]; [kSerial: dQ_share sent here]. Sending: the
 //     share through shared memory into the float32 accumulator by bulk
-//     reduce-adds (below).
+//     reduce-adds (below). [Candidates kLeanDq / kLeanDqEarlyDp: kEarlyS
+//     with a constant-offset send for full steps (SendDqFull), the latter
+//     placed after dP^T's issue; bwd_kernel_traits.cuh.]
 //   Epilogue: dK * scale and dV straight from registers to global memory in
 //   the input dtype (once per tile).
 //
@@ -272,6 +274,49 @@ __device__ __forceinline__ void StageDq(const BackwardArgs& a, const float (&dq)
   }
 }
 
+// kLeanDq's send of a full step (all kBlockM queries below seqlen_q,
+// head_dim == kHeadDim, so dq_cols == 64): the same staging order and the
+// same accumulator runs as StageDq + ReduceDqRows take there, with every
+// offset a constant. Each warp's 16 rows are groups 2 warp and 2 warp + 1:
+// staged at floats 1024 warp .., 512 per group, thread (g, t) at g 8 + 2t
+// in each 8 x 8 block j (j 64) of group hh (hh 512); in the accumulator
+// the warp's two groups are contiguous at kHeadDim 64 (one 4 KiB run: one
+// bulk reduce-add) and kHeadDim floats apart at 128 (the column split: two
+// 2 KiB runs). The general path spends ~13 instructions per store on its
+// bounds test and address (SASS) and carries the row-tail loops; this one
+// issues 16 st.shared.v2 off one base and one or two reduces.
+template <typename Tr>
+__device__ __forceinline__ void SendDqFull(const BackwardArgs& a, const float (&dq)[Tr::kDqCols / 2], uint32_t stage,
+                                           int b, int h, int m0, int warp, int lane, int col0) {
+  static_assert(Tr::kDqCols == 64 && Tr::kBlockM == 64, "two 8-row groups of 64 columns per warp");
+  constexpr int kGroupFloats = 8 * Tr::kDqCols;
+  const int g = lane / 4, t = lane % 4;
+  if (lane == 0) BulkWaitRead<0>();  // the previous step's reduces have read the staging
+  __syncwarp();
+  const uint32_t base = stage + 4 * (warp * 2 * kGroupFloats + g * 8 + 2 * t);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int j = 0; j < Tr::kDqCols / 8; ++j)
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(base + 4 * (hh * kGroupFloats + j * 64)),
+                   "f"(dq[4 * j + 2 * hh]), "f"(dq[4 * j + 2 * hh + 1])
+                   : "memory");
+  FenceProxyAsync();
+  __syncwarp();
+  if (lane == 0) {
+    float* const rows =
+        a.dq_accum + ((int64_t(b) * a.num_heads + h) * a.seqlen_q + m0 + 16 * warp) * Tr::kHeadDim + col0 * 8;
+    const uint32_t src = stage + 4 * warp * 2 * kGroupFloats;
+    if constexpr (Tr::kDqCols == Tr::kHeadDim) {
+      BulkReduceAddF32(rows, src, 2 * kGroupFloats * 4);
+    } else {
+      BulkReduceAddF32(rows, src, kGroupFloats * 4);
+      BulkReduceAddF32(rows + 8 * Tr::kHeadDim, src + kGroupFloats * 4, kGroupFloats * 4);
+    }
+    BulkCommit();
+  }
+}
+
 // dK (times scale) or dV rows of this thread to global memory: 32-bit pairs
 // (head_dim is a multiple of 8; the launch checks 16-byte strides).
 template <typename Element, int kHeadDim>
@@ -347,15 +392,23 @@ __device__ __forceinline__ uint32_t Opaque(uint32_t x) {
 // kEarlyS (BwdSchedule::kEarlyS): step i's dQ share is staged and sent
 // after step i + 1's S^T is issued, so that the tensor cores run S^T under
 // the staging; kSerial: each step's share right after its product.
+// kLeanDq, kLeanDqEarlyDp (bwd_kernel_traits.cuh): kEarlyS with SendDqFull
+// for full steps, the latter sending after dP^T's issue.
 // Feature variants: `p` for the mask policy's per-step questions (the plain
 // kernel ignores it).
-template <typename Element, typename Tr, bool kEarlyS, Features kFeatures>
+template <typename Element, typename Tr, BwdSchedule kSchedule, Features kFeatures>
 __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const AttentionParams& p,
                                                     BwdBarriers<Tr> bars, uint32_t smem, int warpgroup,
                                                     const BwdTile& tile, const BwdSteps<Tr>& steps) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockM = Tr::kBlockM;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
   constexpr bool kSoftcap = kFeatures == Features::kMasksSoftcap;
+  constexpr bool kEarlyS = kSchedule != BwdSchedule::kSerial;
+  constexpr bool kLeanDq = kSchedule == BwdSchedule::kLeanDq || kSchedule == BwdSchedule::kLeanDqEarlyDp;
+  constexpr bool kSendAfterDp = kSchedule == BwdSchedule::kLeanDqEarlyDp;
+  // At 128 dQ's 32 floats beside dK, dV (128), S^T and dP^T (64) in flight
+  // leave too few registers: ptxas serializes the wgmma (C7512) and spills.
+  static_assert(!kSendAfterDp || kHeadDim == 64, "kLeanDqEarlyDp is a head dim 64 schedule");
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int row0 = warp * 16 + g;  // this thread's keys in the warpgroup: row0, row0 + 8
   const int wg_n0 = tile.n_block * Tr::kBlockN + 64 * warpgroup;
@@ -392,6 +445,14 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   float dq[Tr::kDqCols / 2];
   auto send_dq = [&](int i) {
     const int m0 = steps.m0(i);
+    // kLeanDq: full steps (a warp-uniform test) take the constant-offset send.
+    if constexpr (kLeanDq) {
+      if (m0 + kBlockM <= a.seqlen_q && a.head_dim == kHeadDim) {
+        SendDqFull<Tr>(a, dq, Opaque(smem) + Tr::kDqStageOffset + warpgroup * Tr::kDqStageBytes, tile.b,
+                       steps.head(i, tile.hk, a.group), m0, warp, lane, dq_col0);
+        return;
+      }
+    }
     if (lane == 0) BulkWaitRead<0>();
     __syncwarp();
     const uint32_t dq_stage = Opaque(smem) + Tr::kDqStageOffset + warpgroup * Tr::kDqStageBytes;
@@ -415,7 +476,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     const uint32_t parity = (i / Tr::kStages) & 1;
     const int m0 = steps.m0(i);
     issue_s(i);
-    if constexpr (kSendPrevious) send_dq(i - 1);
+    if constexpr (kSendPrevious && !kSendAfterDp) send_dq(i - 1);
     // Feature variants: the step's visibility bits (FeatureStepMask), while
     // S^T runs, so that its reads (lengths, offsets, id summaries, ids) hide
     // under the product instead of holding back its issue (not timed yet);
@@ -439,6 +500,8 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       WgmmaSS<Element, kBlockM>(dpt, KMajorDescriptor<Tr>(v_rows, Tr::kKvChunkBytes, kk),
                                 KMajorDescriptor<Tr>(do_tile, Tr::kQChunkBytes, kk), kk > 0 ? 1 : 0);
     WgmmaCommit();
+    // kLeanDqEarlyDp: step i - 1's share sent with both S^T and dP^T in flight.
+    if constexpr (kSendPrevious && kSendAfterDp) send_dq(i - 1);
 
     // P^T while dP^T is still on the tensor cores. Column c of the thread's
     // accumulators is query m0 + 8j + 2t + e; its lse2 and delta pairs come
@@ -627,8 +690,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     } else if (threadIdx.x / 32 == 1) StageRowStats<Tr>(a, bars, smem, tile, steps, threadIdx.x % 32);
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
-    ConsumeBackwardTile<Element, Tr, kSchedule == BwdSchedule::kEarlyS, kFeatures>(a, p, bars, smem, warpgroup - 1,
-                                                                                   tile, steps);
+    ConsumeBackwardTile<Element, Tr, kSchedule, kFeatures>(a, p, bars, smem, warpgroup - 1, tile, steps);
   }
 }
 

@@ -8,8 +8,21 @@ namespace jax_flash::cuda::sm90 {
 //   kSerial: S^T, dP^T, dV / dK, dQ, then the dQ staging, step after step.
 //   kEarlyS: the next step's S^T issued before this step's dQ staging, so
 //            the tensor cores run it under the staging (the default; the
-//            check program times both).
-enum class BwdSchedule { kSerial, kEarlyS };
+//            check program times all of them).
+//   kLeanDq: kEarlyS, but a step whose 64 queries are all below seqlen_q at
+//            an unpadded head dim (every step but a tail) stages its dQ
+//            share with constant offsets and sends it as one bulk
+//            reduce-add per contiguous run (bwd_kernel.cuh, SendDqFull):
+//            kEarlyS's general staging, with a bounds test per store and
+//            ReduceDqRows' row-tail paths, is ~450 of a consumer warp's
+//            ~1000-1250 issued instructions per step (SASS), all of them
+//            between S^T's issue and dP^T's, on the step's critical path.
+//   kLeanDqEarlyDp: kLeanDq with the send after dP^T's issue too, so that
+//            both S^T and dP^T run under it (dQ's 32 floats stay live
+//            across dP^T's issue: 32 more registers at the peak).
+// kLeanDq and kLeanDqEarlyDp are candidates for the H200's A/B
+// (tests/cuda/sm90_bwd_check.cu times them beside the default).
+enum class BwdSchedule { kSerial, kEarlyS, kLeanDq, kLeanDqEarlyDp };
 
 template <int kHeadDim_>
 struct BwdTraits {
