@@ -14,9 +14,10 @@ namespace jax_flash::cuda::sm90 {
 //            share with constant offsets and sends it as one bulk
 //            reduce-add per contiguous run (bwd_kernel.cuh, SendDqFull):
 //            kEarlyS's general staging, with a bounds test per store and
-//            ReduceDqRows' row-tail paths, is ~450 of a consumer warp's
-//            ~1000-1250 issued instructions per step (SASS), all of them
-//            between S^T's issue and dP^T's, on the step's critical path.
+//            ReduceDqRows' row-tail paths, is ~320 of a consumer warp's
+//            ~950-1130 executed instructions per step (estimated from the
+//            SASS), all of them between S^T's issue and dP^T's, on the
+//            step's critical path; the lean send is ~75-95.
 //   kLeanDqEarlyDp: kLeanDq with the send after dP^T's issue too, so that
 //            both S^T and dP^T run under it (dQ's 32 floats stay live
 //            across dP^T's issue: 32 more registers at the peak).
