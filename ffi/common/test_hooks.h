@@ -4,14 +4,29 @@
 // issue 25's fault tests). An injected failure takes the same road as a
 // real one: the launcher's message, an ffi::Error from the handler, an
 // exception in Python; the next call runs normally.
+//
+// Header-only: the counter is an inline variable, one per program (the
+// extension's CPU and CUDA translation units share it), so a standalone
+// check program that includes a launcher (tests/cuda/*_check.cu) links
+// without anything else and never injects.
 #pragma once
+
+#include <atomic>
 
 namespace jax_flash {
 
+// Launches still to fail.
+inline std::atomic<int> injected_launch_failures{0};
+
 // The next `count` kernel launches report a failure (count <= 0: none).
-void InjectLaunchFailures(int count);
+inline void InjectLaunchFailures(int count) { injected_launch_failures.store(count > 0 ? count : 0); }
 
 // Whether this launch is to report an injected failure (consumes one).
-bool TakeInjectedLaunchFailure();
+inline bool TakeInjectedLaunchFailure() {
+  int left = injected_launch_failures.load(std::memory_order_relaxed);
+  while (left > 0)  // a decrement only from a positive count (concurrent launches take one each)
+    if (injected_launch_failures.compare_exchange_weak(left, left - 1)) return true;
+  return false;
+}
 
 }  // namespace jax_flash
