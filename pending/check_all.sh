@@ -17,6 +17,8 @@
 #                    (the backward's feature variants, built in main but not
 #                    dispatched; sm80's feature backward beside them, SM80=1);
 #                    then the suite with sm90-bwd-features-dispatch.patch
+#   decode_pow2      scripts/decode_check.sh with decode-paged-pow2.patch (every
+#                    case, then the paged rows: shuffled and in-order tables)
 #   sm90_fwd_lean    scripts/sm90_check.sh ARGS=--plain, then ARGS=--features,
 #                    with sm90-fwd-lean.patch (the forward without spills: its
 #                    plain kernels' SASS changes too); SM80=0 for both
@@ -32,7 +34,7 @@ root=$PWD
 OUT=${OUT:-/tmp/pending_out}
 mkdir -p "$OUT"
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(sm90_bwd_features sm90_fwd_lean)
+[ ${#checks[@]} -gt 0 ] || checks=(sm90_bwd_features sm90_fwd_lean decode_pow2)
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 wants() { local c; for c in "${checks[@]}"; do [ "$c" = "$1" ] && return 0; done; return 1; }
 
@@ -47,6 +49,9 @@ patched_copy() {  # name patch...
 }
 
 pids=()
+if wants decode_pow2; then
+  patched_copy pow2 decode-paged-pow2.patch > /dev/null || note "decode_pow2: the patch does not apply"
+fi
 if wants sm90_fwd_lean; then
   patched_copy lean sm90-fwd-lean.patch > /dev/null || note "sm90_fwd_lean: the patch does not apply"
 fi
@@ -73,6 +78,9 @@ fi
 if wants sm90_bwd_features; then
   run_check sm90_bwd_features "${BWD_LIMIT:-420}" env OUT=/tmp/sm90_bwd_features SM80="${SM80:-1}" \
     ARGS="--features ${BWD_ARGS:-}" bash scripts/sm90_bwd_check.sh
+fi
+if wants decode_pow2 && [ -d /tmp/pending_pow2 ]; then
+  run_check decode_pow2 "${DECODE_LIMIT:-240}" env OUT=/tmp/decode_pow2 bash /tmp/pending_pow2/scripts/decode_check.sh
 fi
 if wants sm90_fwd_lean && [ -d /tmp/pending_lean ]; then
   for half in plain features; do
