@@ -103,12 +103,13 @@ def attention(
         that supports the inputs. On Hopper GPUs that is the sm90 forward for
         calls without a bias, boolean mask or dropout (with sequence lengths,
         segment ids, windows, position offsets or a soft cap only at head dims
-        up to 128), and the sm90 backward for calls without features at head
-        dims from 72 to 128 that are not ``deterministic``. ``"sm90"`` forces
-        the Hopper (wgmma / TMA) forward (compute capability 9.x, 16-bit, head
-        dim a multiple of 8, those features) and, where it covers the call
-        (no features, head dim <= 128, not deterministic), the Hopper backward
-        (sm80's otherwise); ``"sm80"`` forces the mma.sync tensor-core
+        up to 128), and the sm90 backward for calls at head dims from 72 to
+        128 that are not ``deterministic``, without a bias, boolean mask or
+        dropout. ``"sm90"`` forces the Hopper (wgmma / TMA) forward (compute
+        capability 9.x, 16-bit, head dim a multiple of 8, those features)
+        and, where it covers the call (no bias, boolean mask or dropout, head
+        dim <= 128, not deterministic), the Hopper backward (sm80's
+        otherwise); ``"sm80"`` forces the mma.sync tensor-core
         kernels (float16/bfloat16, head dim a multiple of 8, compute capability
         >= 8.0; an error otherwise), ``"generic"`` the exact SIMT kernels that
         take every dtype and head dim. The mma.sync kernels cover head dims up to

@@ -7,7 +7,7 @@
 #   bash scripts/decode_check.sh                 # from the worktree root
 #   ARGS=--quick bash scripts/decode_check.sh    # skip S = 33000 and the timings
 #   ARCH=sm_80 bash scripts/decode_check.sh      # an A100 (default sm_90a)
-#   SANITIZE=memcheck bash scripts/decode_check.sh   # six short cases under compute-sanitizer
+#   SANITIZE=memcheck bash scripts/decode_check.sh   # seven short cases under compute-sanitizer
 #   SANITIZE=racecheck bash scripts/decode_check.sh
 # Writes the binary and the logs under ${OUT:-build-decode-check}.
 set -euo pipefail

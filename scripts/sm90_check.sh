@@ -23,5 +23,8 @@ echo "built in $(( $(date +%s) - start )) s; registers / spills of the sm90 kern
 awk '/Compiling entry/ {n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n)}
      /spill stores/ {spill = $5 " B spill stores, " $9 " B loads"}
      /Used [0-9]+ registers/ && n ~ /ForwardKernel/ {print "  " n ": " $5 " registers, " spill}' "$out/ptxas.log"
+# Whose the spilled words are (producer / consumers, inside the key-block
+# loops or not) and each role's highest register, where cuobjdump is at hand.
+if command -v cuobjdump > /dev/null; then python3 scripts/sm90_locals.py "$out/sm90_fwd_check" || true; fi
 # The program ends itself on a hung launch (20 s); the timeout is a backstop.
 timeout "${CHECK_TIMEOUT:-480}" "$out/sm90_fwd_check" ${ARGS:-} 2>&1 | tee "$out/sm90_fwd_check.log"

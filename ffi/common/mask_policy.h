@@ -72,6 +72,21 @@ struct MaskPolicy {
   int64_t mask_row = 0, mask_col = 0;
 
   JAX_FLASH_HOST_DEVICE static MaskPolicy For(const AttentionParams& p, int64_t b, int64_t h) {
+    MaskPolicy m = ForWithoutMaskArray(p, b);
+    const AttentionFeatures& f = p.features;
+    if (f.mask) {
+      m.mask = f.mask + f.BroadcastOffset(f.mask_stride, b, h);
+      m.mask_row = f.mask_stride.row;
+      m.mask_col = f.mask_stride.col;
+    }
+    return m;
+  }
+
+  // For() without the boolean mask array (mask stays null): for kernels whose
+  // launch rejects a mask (the sm90 forward's feature variants), which then
+  // carry none of BroadcastOffset's 64-bit divisions (code and registers in
+  // the hot loops, even where the mask branch is never taken).
+  JAX_FLASH_HOST_DEVICE static MaskPolicy ForWithoutMaskArray(const AttentionParams& p, int64_t b) {
     const AttentionFeatures& f = p.features;
     MaskPolicy m;
     m.seqlen_q = p.shape.seqlen_q;
@@ -91,11 +106,6 @@ struct MaskPolicy {
         m.q_ranges.ranges = f.q_segment_ranges + 2 * b * m.q_ranges.blocks;
         m.kv_ranges.ranges = f.kv_segment_ranges + 2 * b * m.kv_ranges.blocks;
       }
-    }
-    if (f.mask) {
-      m.mask = f.mask + f.BroadcastOffset(f.mask_stride, b, h);
-      m.mask_row = f.mask_stride.row;
-      m.mask_col = f.mask_stride.col;
     }
     return m;
   }

@@ -115,12 +115,15 @@ bool Sm90ForwardSupports(ffi::DataType dtype, const AttentionParams& p) {
 
 // Whether the Hopper backward (sm90/bwd_*) serves this call: as the forward
 // (Sm90ForwardSupports), head dims up to 128 (256 stays on sm80's fused
-// backward), not deterministic (dQ is summed by atomic adds), with the
-// float32 dQ accumulator. Decided after the features are decoded.
+// backward), the features its variants take (Sm90TakesFeatures: lengths,
+// windows, position offsets, segment ids, the soft cap; a bias, a boolean
+// mask and dropout stay on sm80's), not deterministic (dQ is summed by
+// atomic adds), with the float32 dQ accumulator. Decided after the
+// features are decoded.
 bool Sm90BackwardSupports(ffi::DataType dtype, const AttentionParams& p) {
 #ifdef JAX_FLASH_WITH_SM90
   return (dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16) && p.shape.head_dim % 8 == 0 &&
-         sm90::BackwardCoversHeadDim(p.shape.head_dim) && p.scale > 0 && !p.features.Any() &&
+         sm90::BackwardCoversHeadDim(p.shape.head_dim) && p.scale > 0 && Sm90TakesFeatures(p) &&
          !p.deterministic && p.dq_accum != nullptr &&
          DeviceAttribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
          DeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >=
@@ -282,11 +285,13 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                        /*sm80_has_features=*/!p.deterministic, &family, &p);
       e.failure())
     return e;
-  // The Hopper backward: plain, non-deterministic 16-bit calls on compute
-  // capability 9.x up to head dim 128 when sm90 is forced; by default only
-  // above 64, where it is 1.20-1.27x sm80's (H=128, T=4096, bf16 / f16,
-  // causal or not). At 64 it measured 0.99x (non-causal) and 0.91-0.93x
-  // (causal) of sm80's, so sm80 keeps those (session 16, sm90_bwd_check).
+  // The Hopper backward: non-deterministic 16-bit calls, plain or with the
+  // features its variants take, on compute capability 9.x up to head dim
+  // 128 when sm90 is forced; by default only above 64, where the plain
+  // kernel is 1.20-1.27x sm80's (H=128, T=4096, bf16 / f16, causal or not).
+  // At 64 it measured 0.99x (non-causal) and 0.91-0.93x (causal) of sm80's,
+  // so sm80 keeps those (session 16, sm90_bwd_check); the feature variants
+  // follow the same split (not yet timed on the H200).
   // Other sm90-forced calls run sm80's backward, as before: the forward's
   // family does not bind the backward's.
   const bool sm90_ok = Sm90BackwardSupports(q.element_type(), p) &&
@@ -294,9 +299,11 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
 #ifdef JAX_FLASH_WITH_SM90
   if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {
     return DispatchTensorCores(q.element_type(), p.shape, [&](auto element, auto head_dim) -> std::string {
-      if constexpr (decltype(head_dim)::value <= 128)
+      if constexpr (decltype(head_dim)::value <= 128) {
+        if (p.features.Any())
+          return sm90::LaunchBackwardWithFeatures<decltype(element), decltype(head_dim)::value>(p, stream);
         return sm90::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);
-      else
+      } else
         return "jax_flash: the sm90 backward has no head dim 256 kernel";  // Sm90BackwardSupports excludes it
     });
   }

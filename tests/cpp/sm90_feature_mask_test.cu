@@ -7,10 +7,13 @@
 //     visible pair of its 128 rows, and a block the segment summaries call
 //     empty (what its trim drops) holds none; SummarySpan, the kernel's
 //     reading of the summaries, equals SegmentRanges::Span;
-//   - FeatureBlockMask, for every warp and lane of the two consumer
-//     warpgroups, marks exactly the visible pairs of its fragment (rows g,
-//     g + 8; columns 8j + 2t + e), and says "no check" only where all are
-//     visible;
+//   - FeatureBlockMask (FeatureRows::For once per tile, then Block per key
+//     block), for every warp and lane of the two consumer warpgroups, marks
+//     exactly the visible pairs of its fragment (rows g, g + 8; columns
+//     8j + 2t + e), and skips the element work ("no check") exactly where
+//     the policy says no pair needs one (NeedsBoundsCheck false, segment
+//     ids all meeting), so the int32 fast test is the policy's;
+//   - ColumnRangeBits, the masks of a column range, for every range;
 //   - the backward's (bwd_kernel.cuh) the same from the key side: a tile of
 //     128 keys' query blocks of 64 (FeatureQueryBlocks' QueryRange part)
 //     hold every visible pair of its keys, a query block its segment trim
@@ -135,7 +138,12 @@ long Check(const Spec& c, long* checked) {
       for (int warp = 0; warp < 8; ++warp)
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4, t = lane % 4, warp_i0 = m0 + 16 * warp, row = warp_i0 + g;
-          const BlockMask mask = FeatureBlockMask<kBlockN>(p, 0, 0, warp_i0, row, t, n0);
+          const BlockMask mask = FeatureBlockMask<kBlockN>(p, 0, warp_i0, row, t, n0);
+          const bool skip = policy.Segments(warp_i0, int64_t(warp_i0) + 16, n0, int64_t(n0) + kBlockN) ==
+                                SegmentMeet::kAll &&
+                            !policy.NeedsBoundsCheck(warp_i0, int64_t(warp_i0) + 16, n0, int64_t(n0) + kBlockN);
+          if (mask.check == skip) fail(skip ? "element masks where the policy needs none" : "a needed check skipped",
+                                       m0, n0, row, -1);
           for (int hh = 0; hh < 2; ++hh)
             for (int j = 0; j < kBlockN / 8; ++j)
               for (int e = 0; e < 2; ++e) {
@@ -230,12 +238,30 @@ long CheckBackward(const Spec& c, long* checked) {
   return failures;
 }
 
+// ColumnRangeBits against the per-column definition, for every range.
+template <int kTiles>
+long CheckColumnRangeBits() {
+  long failures = 0;
+  for (int lo = -1; lo <= 8 * kTiles; ++lo)
+    for (int hi = -1; hi <= 8 * kTiles; ++hi) {
+      uint32_t want = 0;
+      for (int j = 0; j < kTiles; ++j)
+        for (int e = 0; e < 2; ++e)
+          if (8 * j + e >= lo && 8 * j + e < hi) want |= 1u << (2 * j + e);
+      if (ColumnRangeBits<kTiles>(lo, hi) != want && failures++ < 5)
+        std::printf("FAIL ColumnRangeBits<%d>(%d, %d) = %08x, want %08x\n", kTiles, lo, hi,
+                    ColumnRangeBits<kTiles>(lo, hi), want);
+    }
+  return failures;
+}
+
 }  // namespace
 
 int main() {
+  long failures = CheckColumnRangeBits<16>() + CheckColumnRangeBits<10>();
   std::mt19937 rng(1234);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  long failures = 0, configs = 0, checked = 0;
+  long configs = 0, checked = 0;
   for (int n = 0; n < 400; ++n) {
     Spec c;
     c.T = uniform(1, 700);

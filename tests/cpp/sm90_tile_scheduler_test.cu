@@ -15,8 +15,49 @@
 
 using namespace jax_flash::cuda::sm90;
 
+namespace {
+
+// Decode as plain int32 divisions (the definition FastDivisor replaces).
+TileCoord ReferenceDecode(const TileScheduler& s, int tile) {
+  const int pairs = s.heads * s.batch;
+  if (s.causal) {
+    const int sec = s.SectionPairs();
+    const int first = tile / (sec * s.m_blocks) * sec;
+    const int count = pairs - first < sec ? pairs - first : sec;
+    const int rest = tile - first * s.m_blocks;
+    const int bh = first + rest % count;
+    return {s.m_blocks - 1 - rest / count, bh % s.heads, bh / s.heads};
+  }
+  const int rest = tile / s.m_blocks;
+  return {tile % s.m_blocks, rest % s.heads, rest / s.heads};
+}
+
+// FastDivisor against / and % on divisors and dividends at the edges of
+// their ranges (powers of two and their neighbours, 2^31 - 1) and random ones.
+long CheckFastDivisor() {
+  long failures = 0;
+  uint64_t x = 88172645463325252ull;
+  auto next = [&] { x ^= x << 13, x ^= x >> 7, x ^= x << 17; return uint32_t(x) & 0x7fffffffu; };
+  std::vector<int> divisors = {1, 2, 3, 5, 6, 7, 10, 33, 100, 132, 1000, 65535, 65536, 65537, 0x7fffffff};
+  for (int k = 2; k < 31; ++k) divisors.insert(divisors.end(), {(1 << k) - 1, 1 << k, (1 << k) + 1});
+  for (int i = 0; i < 200; ++i) divisors.push_back(int(next() >> (next() % 31)) | 1);
+  for (int d : divisors) {
+    const FastDivisor f(d);
+    std::vector<int> ns = {0, 1, d - 1, d, 0x7fffffff, 0x7ffffffe, 0x40000000};
+    if (d < 0x7fffffff) ns.push_back(d + 1);
+    for (int i = 0; i < 2000; ++i) ns.push_back(int(next() >> (next() % 31)));
+    for (int n : ns)
+      if (n >= 0 && f.Div(n) != n / d) {
+        if (failures++ < 5) std::printf("FAIL FastDivisor(%d).Div(%d) = %d, want %d\n", d, n, f.Div(n), n / d);
+      }
+  }
+  return failures;
+}
+
+}  // namespace
+
 int main() {
-  long configs = 0, failures = 0;
+  long configs = 0, failures = CheckFastDivisor();
   double worst_sectioned_spread = 0;  // in tiles of the heaviest weight
   auto expect = [&](bool ok, const char* what, int m_blocks, int heads, int batch, int grid, int section) {
     if (ok) return;
@@ -40,6 +81,12 @@ int main() {
               std::vector<int> seen(s.Tiles(), 0);
               std::vector<long> work(blocks, 0);
               bool in_range = true, heaviest_first = true, own_pairs = true, order_heaviest_first = true;
+              bool decodes = true;
+              for (int t = 0; t < s.Tiles(); ++t) {
+                const TileCoord a = s.Decode(t), r = ReferenceDecode(s, t);
+                decodes &= a.m_block == r.m_block && a.h == r.h && a.b == r.b;
+              }
+              expect(decodes, "Decode equals the plain divisions", m_blocks, heads, batch, grid, section);
               // The order itself: tile t + 1 never heavier than tile t of the same section.
               for (int t = 0; t + 1 < s.Tiles(); ++t) {
                 const TileCoord a = s.Decode(t), c = s.Decode(t + 1);

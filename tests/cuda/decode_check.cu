@@ -331,7 +331,8 @@ bool RunCaseAnyHead(const Case& c, std::mt19937& rng) {
 // The decode shapes of issue 22: bf16, B=8, N=32, K=8, H=128, causal
 // bottom-right (contiguous) / the paged rule, full-length sequences.
 // Also, for the tuning of ChooseSplits, the contiguous call at forced split
-// counts, and (extra_blocks) the paged one at block sizes 16 and 256.
+// counts, and (extra_blocks) the paged one at block sizes 16, 32, 64 and
+// 256, with shuffled and in-order tables.
 void TimeDecode(int Tq, int S, bool extra_blocks) {
   using Element = __nv_bfloat16;
   const int B = 8, N = 32, K = 8, H = 128;
@@ -360,10 +361,14 @@ void TimeDecode(int Tq, int S, bool extra_blocks) {
   CHECK_CUDA(cudaMalloc(&table, int64_t(B) * S * 4));  // room for block size 1
   CHECK_CUDA(cudaMemcpy(offsets, h_offsets.data(), B * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(lens, h_lens.data(), B * 4, cudaMemcpyHostToDevice));
-  auto make_table = [&](int block_size) {
+  // in_order: block j of sequence b is pool block b * S / block_size + j,
+  // so the paged call reads exactly the contiguous call's addresses: its
+  // time beside the shuffled table's separates the addressing code's cost
+  // from the scattered blocks' (DRAM pages, TLB).
+  auto make_table = [&](int block_size, bool in_order = false) {
     std::vector<int32_t> h_table(int64_t(B) * S / block_size);
     std::iota(h_table.begin(), h_table.end(), 0);
-    std::shuffle(h_table.begin(), h_table.end(), std::mt19937(5));
+    if (!in_order) std::shuffle(h_table.begin(), h_table.end(), std::mt19937(5));
     CHECK_CUDA(cudaMemcpy(table, h_table.data(), h_table.size() * 4, cudaMemcpyHostToDevice));
   };
   make_table(block);
@@ -406,15 +411,17 @@ void TimeDecode(int Tq, int S, bool extra_blocks) {
   }
   std::printf("%s\n", sweep.c_str());
   if (extra_blocks)
-    for (int bs : {16, 256}) {
-      make_table(bs);
-      pp.shape.block_size = bs, pp.shape.max_blocks = S / bs, pp.shape.num_blocks = int64_t(B) * S / bs;
-      const float ms = TimeLaunches([&] {
-        return decode::LaunchPagedForward<Element, 128>(pp, 0, scratch, scratch + partial_out, 0, nullptr);
-      });
-      std::printf("    paged Tq=%d S=%d block %d: %.1f us (%.2f of the floor, %.2f of contiguous)\n", Tq, S, bs,
-                  ms * 1e3, ms * 1e3 / floor_us, ms / c_ms);
-    }
+    for (int bs : {16, 32, 64, 256})
+      for (bool in_order : {false, true}) {
+        if (bs == block && !in_order) continue;  // the table row's
+        make_table(bs, in_order);
+        pp.shape.block_size = bs, pp.shape.max_blocks = S / bs, pp.shape.num_blocks = int64_t(B) * S / bs;
+        const float ms = TimeLaunches([&] {
+          return decode::LaunchPagedForward<Element, 128>(pp, 0, scratch, scratch + partial_out, 0, nullptr);
+        });
+        std::printf("    paged Tq=%d S=%d block %d, %s table: %.1f us (%.2f of the floor, %.2f of contiguous)\n",
+                    Tq, S, bs, in_order ? "in-order" : "shuffled", ms * 1e3, ms * 1e3 / floor_us, ms / c_ms);
+      }
   std::fflush(stdout);
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(lse), cudaFree(scratch);
   cudaFree(offsets), cudaFree(lens), cudaFree(table);
@@ -457,10 +464,13 @@ int main(int argc, char** argv) {
   }
   cases.push_back({2, 16, 1500, 8, 2, 72, true, true});   // padded head dims: only real columns written
   cases.push_back({2, 3, 1500, 8, 2, 200, false, false, 64, 64});
-  // Paged: shuffled tables, block sizes 1..256 (100: not a multiple of the
-  // 64-key tile, so rows are gathered), partial last blocks, ragged lengths
-  // with one beyond the table and one negative (clamped), out-of-range ids.
-  for (int bs : {1, 16, 64, 100, 256})
+  // Paged: shuffled tables, block sizes 1..256 (1 and 100: not a multiple
+  // of the 64-key tile, so rows are gathered; 8, 16, 32: powers of two
+  // below it, one table entry per pass of rows, except 8 at head dim 64,
+  // whose passes of 16 rows span two blocks: gathered), partial last
+  // blocks, ragged lengths with one beyond the table and one negative
+  // (clamped), out-of-range ids.
+  for (int bs : {1, 8, 16, 32, 64, 100, 256})
     for (int H : {64, 128, 256}) {
       cases.push_back({4, 1, 2000, 8, 2, H, true, false, -1, -1, 0.0f, true, bs});
       cases.push_back({4, 16, 1000, 16, 2, H, true, false, -1, -1, 0.0f, true, bs});
@@ -477,6 +487,7 @@ int main(int argc, char** argv) {
              {2, 4, 150, 4, 1, 256, false, false, 20, 30},
              {4, 4, 300, 8, 2, 128, true, false, -1, -1, 0.0f, true, 1},
              {4, 16, 300, 16, 2, 64, true, false, 40, -1, 0.0f, true, 100},
+             {4, 16, 300, 16, 2, 128, true, false, -1, -1, 0.0f, true, 16},  // per-pass entries
              {4, 1, 700, 8, 2, 256, true, false, -1, -1, 4.0f, true, 256}};
   }
   std::mt19937 rng(1234);

@@ -10,7 +10,10 @@
 //     element only where NeedsBoundsCheck or the segment summaries say a pair
 //     may be hidden; a block whose ids all meet skips the id reads, one whose
 //     ids never meet (between documents of non-contiguous ids) is hidden
-//     whole;
+//     whole. The per-row bounds, the warp's id span and its rows' ids are
+//     taken from the policy once per tile (FeatureRows, ten int32); a block
+//     then costs a few compares, plus the key block's summaries (read a
+//     block ahead by the consumer) and, on partial blocks, the bits;
 //   - the soft cap on every logit, in raw units (LogitFeatures::SoftcapRaw's
 //     formula and tanh: TanhApprox for bfloat16, FastTanh for float16), so
 //     the sm80 backward recomputes the same probabilities.
@@ -23,6 +26,7 @@
 #include <math_constants.h>
 
 #include <algorithm>  // std::min / max: host and device (--expt-relaxed-constexpr)
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -46,16 +50,29 @@ struct KeyBlocks {
 // entry, 128 rows or keys in two, and a block of 80 keys (at 256) in at most
 // two (it ends at most 48 + 79 = 127 positions past an entry's start). The
 // same answer as SegmentRanges::Span, whose 64-bit loop state made the
-// consumers (and the producer) spill.
+// consumers (and the producer) spill. Loaded as the two entries
+// (SummaryEntries) and joined by Span(), so that a caller that loads a block
+// ahead joins them only where it uses them (joining at the load waits for
+// it).
+struct SummaryEntries {
+  int32_t first_lo = 0, first_hi = 0, last_lo = 0, last_hi = 0;
+  __host__ __device__ IdSpan Span() const {
+    return {std::min(first_lo, last_lo), std::max(first_hi, last_hi)};
+  }
+};
 template <int kCount>
-__host__ __device__ __forceinline__ IdSpan SummarySpan(const SegmentRanges& r, int p0) {
+__host__ __device__ __forceinline__ SummaryEntries LoadSummaryEntries(const SegmentRanges& r, int p0) {
   static_assert(kSegmentBlock == 64 && (kCount == 16 || kCount == 64 || kCount == 80 || kCount == 128),
                 "at most two entries");
   const int last = int(r.blocks) - 1;
   const int e1 = std::min((p0 + kCount - 1) / int(kSegmentBlock), last), e0 = std::min(p0 / int(kSegmentBlock), e1);
   const int32_t* x = r.ranges + 2 * e0;
   const int32_t* y = r.ranges + 2 * e1;
-  return {std::min(x[0], y[0]), std::max(x[1], y[1])};
+  return {x[0], x[1], y[0], y[1]};
+}
+template <int kCount>
+__host__ __device__ __forceinline__ IdSpan SummarySpan(const SegmentRanges& r, int p0) {
+  return LoadSummaryEntries<kCount>(r, p0).Span();
 }
 
 // The key blocks that query rows [m0, m0 + kBlockM) of (b, h) may see. One
@@ -63,12 +80,14 @@ __host__ __device__ __forceinline__ IdSpan SummarySpan(const SegmentRanges& r, i
 // answer, which is what keeps the producer's and the consumers' ring
 // positions in step.
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, int m0, int h, int b) {
-  const MaskPolicy policy = MaskPolicy::For(p, b, h);
+__device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, int m0, int b) {
+  const MaskPolicy policy = MaskPolicy::ForWithoutMaskArray(p, b);
   int64_t lo, hi;
   policy.KeyRange(m0, int64_t(m0) + kBlockM, &lo, &hi);
   if (hi <= lo) return {0, 0};
-  KeyBlocks kb{int(lo / kBlockN), int((hi + kBlockN - 1) / kBlockN)};
+  // 0 <= lo < hi <= seqlen_k < 2^31 - kBlockN here: the block indices in
+  // int32 (64-bit divisions cost the producer's 24 registers spills).
+  KeyBlocks kb{int(lo) / kBlockN, (int(hi) + kBlockN - 1) / kBlockN};
   // Packed documents: only the key blocks of this tile's documents
   // (TrimSegmentBlocks' rule, on SummarySpan).
   if (policy.HasSegmentRanges()) {
@@ -102,65 +121,137 @@ struct SoftcapFactors {
   }
 };
 
-// MaskPolicy::Segments for one warp's 16 query rows from i0 against key
-// block [n0, n0 + kBlockN) (SummarySpan).
-template <int kBlockN>
-__host__ __device__ __forceinline__ SegmentMeet WarpSegmentMeet(const MaskPolicy& m, int i0, int n0) {
-  if (!m.q_segments) return SegmentMeet::kAll;
-  if (!m.HasSegmentRanges()) return SegmentMeet::kSome;
-  return Meet(SummarySpan<16>(m.q_ranges, i0), SummarySpan<kBlockN>(m.kv_ranges, n0));
-}
-
 // Which of this thread's pairs of one key block are visible: its rows `row`
 // and `row` + 8, columns 8j + 2t + e (softmax.cuh's layout) as bit 2j + e
 // of visible[hh]. Computed before the block's S = Q K^T is issued, while
-// S's registers are still free (the id reads then also run under the
-// product): a uint32 per row is all that stays live across it.
+// S's registers are still free: a uint32 per row is all that stays live
+// across it.
 struct BlockMask {
   uint32_t visible[2];
   bool check;  // false: every pair of the warp's rows is visible
 };
 
-// MaskPolicy::Visible for the pairs above (the structural bounds by
-// VisibleBits, then the segment ids), skipping the element work where the
-// warp's 16 rows from `warp_i0` need none (NeedsBoundsCheck, WarpSegmentMeet).
-// Host-callable for tests/cpp/sm90_feature_mask_test.cu.
+// The summary entries of key block [n0, n0 + kBlockN) (zeros without
+// summaries: then unused). The consumer loads them one block ahead
+// (FeatureRows::Block takes them), so that the loads are not waited for
+// before the block's S is issued.
 template <int kBlockN>
-__host__ __device__ __forceinline__ BlockMask FeatureBlockMask(const AttentionParams& p, int b, int h, int warp_i0, int row,
-                                                      int t, int n0) {
-  constexpr int kTiles = kBlockN / 8;
-  static_assert(2 * kTiles <= 32, "VisibleBits: one bit per column of the thread's row");
-  // Opaque b and h: the policy's fields are rebuilt here for every block
-  // (a few loads from the parameters) instead of being hoisted out of the
-  // key-block loop, where the consumer has no registers to hold them.
-  const MaskPolicy policy = MaskPolicy::For(p, b, h);
-  const SegmentMeet meet = WarpSegmentMeet<kBlockN>(policy, warp_i0, n0);
-  if (meet == SegmentMeet::kNone) return {{0u, 0u}, true};
-  const bool ids = meet == SegmentMeet::kSome;
-  if (!ids && !policy.NeedsBoundsCheck(warp_i0, int64_t(warp_i0) + 16, n0, int64_t(n0) + kBlockN))
-    return {{~0u, ~0u}, false};
-  // Lengths, causal, window and offsets (no element masks: the ids follow).
-  const MaskPolicy bounds = policy.WithoutSegments();
-  BlockMask m{{VisibleBits<kTiles, true>(bounds, row, int64_t(n0) + 2 * t),
-               VisibleBits<kTiles, true>(bounds, int64_t(row) + 8, int64_t(n0) + 2 * t)},
-              true};
-  if (ids) {
-    // Reads clamped into the sequences (positions past them are hidden by
-    // the bounds: a visited key block starts below seqlen_k).
-    const int q_last = int(p.shape.seqlen_q) - 1, k_last = int(p.shape.seqlen_k) - 1 - n0;
-    const int32_t id0 = policy.q_segments[std::min(row, q_last)];
-    const int32_t id1 = policy.q_segments[std::min(row + 8, q_last)];
-    const int32_t* key_ids = policy.kv_segments + n0;
+__host__ __device__ __forceinline__ SummaryEntries KeyBlockSummaries(const AttentionParams& p, int b, int n0) {
+  const MaskPolicy policy = MaskPolicy::ForWithoutMaskArray(p, b);
+  return policy.HasSegmentRanges() ? LoadSummaryEntries<kBlockN>(policy.kv_ranges, n0) : SummaryEntries{};
+}
+
+// Bit 2j + e (j < kTiles, e < 2) set where column 8j + e lies in [lo, hi),
+// for lo and hi in [-1, 8 kTiles]: VisibleBits' per-column compares as
+// masks, a handful of integer operations instead of 4 kTiles compares. For
+// each e, the columns 8j + e in range are j in [ceil((lo - e) / 8),
+// ceil((hi - e) / 8)) (numerators >= 5 - 8 + 7 > 0: plain shifts), bits
+// 2j + e of the pattern 0x55555555 << e.
+template <int kTiles>
+__host__ __device__ __forceinline__ uint32_t ColumnRangeBits(int lo, int hi) {
+  static_assert(2 * kTiles <= 32);
+  auto below = [](int n) { return n >= 32 ? ~0u : (1u << n) - 1u; };  // bits [0, n), n in [0, 32]
+  uint32_t bits = 0;
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int32_t id = key_ids[std::min(8 * j + 2 * t + e, k_last)];
-        if (id != id0) m.visible[0] &= ~(1u << (2 * j + e));
-        if (id != id1) m.visible[1] &= ~(1u << (2 * j + e));
-      }
+  for (int e = 0; e < 2; ++e) {
+    const int j0 = (lo - e + 7) >> 3, j1 = (hi - e + 7) >> 3;
+    bits |= (0x55555555u << e) & below(2 * j1) & ~below(2 * j0);
   }
-  return m;
+  return bits & below(2 * kTiles);
+}
+
+// What one consumer thread's masks need of the policy for a whole tile, in
+// int32, computed once per tile (FeatureRows::For): rebuilding the policy
+// per key block (its loads of lengths and offsets, its 64-bit bounds) sat
+// in front of every block's S = Q K^T. The thread's rows are `row` and
+// `row` + 8 of the warp's 16 from `warp_i0`.
+struct FeatureRows {
+  // Structural bounds (lengths, causal, window, offsets): row hh sees keys
+  // [lo[hh], hi[hh]) (MaskPolicy::KeyRange of one query), clamped to
+  // [0, 2^31 - 1]; the compared columns lie in [0, 2^31 - 1), so the clamps
+  // change no answer. Every row of the warp sees all keys of
+  // [full_lo, full_hi) (the warp's last row's lo, the smaller hi of its
+  // first and last rows: lo grows with the row, hi too up to the length,
+  // past which it is 0), so a block inside it passes NeedsBoundsCheck.
+  int lo[2], hi[2];
+  int full_lo, full_hi;
+  IdSpan warp_ids;  // SummarySpan of the warp's rows (with summaries)
+  int32_t row_ids[2];  // the rows' segment ids (clamped into seqlen_q; with ids)
+
+  template <int kBlockN>
+  __host__ __device__ __forceinline__ static FeatureRows For(const AttentionParams& p, int b, int warp_i0, int row) {
+    const MaskPolicy policy = MaskPolicy::ForWithoutMaskArray(p, b);
+    auto clamp = [](int64_t x) { return int(x < 0 ? 0 : x > INT32_MAX ? INT32_MAX : x); };
+    FeatureRows r{};
+    int64_t lo, hi;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      policy.KeyRange(row + 8 * hh, int64_t(row) + 8 * hh + 1, &lo, &hi);
+      r.lo[hh] = clamp(lo), r.hi[hh] = clamp(hi);
+    }
+    policy.KeyRange(warp_i0, int64_t(warp_i0) + 1, &lo, &hi);
+    r.full_hi = clamp(hi);
+    policy.KeyRange(int64_t(warp_i0) + 15, int64_t(warp_i0) + 16, &lo, &hi);
+    r.full_lo = clamp(lo), r.full_hi = std::min(r.full_hi, clamp(hi));
+    if (policy.HasSegmentRanges()) r.warp_ids = SummarySpan<16>(policy.q_ranges, warp_i0);
+    if (policy.q_segments) {
+      const int q_last = int(p.shape.seqlen_q) - 1;
+      r.row_ids[0] = policy.q_segments[std::min(row, q_last)];
+      r.row_ids[1] = policy.q_segments[std::min(row + 8, q_last)];
+    }
+    return r;
+  }
+
+  // MaskPolicy::Visible for the pairs of key block [n0, n0 + kBlockN) (the
+  // structural bounds, then the segment ids), skipping the element work
+  // where the warp's rows need none (NeedsBoundsCheck's answer from
+  // full_lo / full_hi; MaskPolicy::Segments from warp_ids and `keys`, the
+  // block's KeyBlockSummaries). `t`: the thread's column pair (lane % 4).
+  template <int kBlockN>
+  __host__ __device__ __forceinline__ BlockMask Block(const AttentionParams& p, int b, int n0, int t,
+                                                      const SummaryEntries& keys) const {
+    constexpr int kTiles = kBlockN / 8, kCols = 8 * kTiles;
+    static_assert(2 * kTiles <= 32, "one bit per column of the thread's row");
+    const AttentionFeatures& f = p.features;
+    const bool segments = f.q_segment_ids && f.kv_segment_ids;
+    const SegmentMeet meet = !segments                                        ? SegmentMeet::kAll
+                             : !(f.q_segment_ranges && f.kv_segment_ranges) ? SegmentMeet::kSome
+                                                                              : Meet(warp_ids, keys.Span());
+    if (meet == SegmentMeet::kNone) return {{0u, 0u}, true};
+    const bool ids = meet == SegmentMeet::kSome;
+    if (!ids && n0 >= full_lo && n0 + kBlockN <= full_hi) return {{~0u, ~0u}, false};
+    // VisibleBits' column test on the int32 bounds: column c0 + 8j + e is
+    // visible to row hh when it lies in [lo[hh], hi[hh]) (ColumnRangeBits).
+    const int c0 = n0 + 2 * t;
+    auto relative = [&](int x) { return std::min(std::max(x - c0, -1), kCols); };
+    BlockMask m{{ColumnRangeBits<kTiles>(relative(lo[0]), relative(hi[0])),
+                 ColumnRangeBits<kTiles>(relative(lo[1]), relative(hi[1]))},
+                true};
+    if (ids) {
+      // Reads clamped into the sequence (positions past it are hidden by
+      // the bounds: a visited key block starts below seqlen_k).
+      const int k_last = int(p.shape.seqlen_k) - 1 - n0;
+      const int32_t* key_ids = f.kv_segment_ids + int64_t(b) * p.shape.seqlen_k + n0;
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int32_t id = key_ids[std::min(8 * j + 2 * t + e, k_last)];
+          if (id != row_ids[0]) m.visible[0] &= ~(1u << (2 * j + e));
+          if (id != row_ids[1]) m.visible[1] &= ~(1u << (2 * j + e));
+        }
+    }
+    return m;
+  }
+};
+
+// One block's mask from scratch (FeatureRows::For, then Block): what the
+// consumer computes, in one call. Host-callable for
+// tests/cpp/sm90_feature_mask_test.cu.
+template <int kBlockN>
+__host__ __device__ __forceinline__ BlockMask FeatureBlockMask(const AttentionParams& p, int b, int warp_i0, int row,
+                                                               int t, int n0) {
+  return FeatureRows::For<kBlockN>(p, b, warp_i0, row).template Block<kBlockN>(p, b, n0, t, KeyBlockSummaries<kBlockN>(p, b, n0));
 }
 
 // The features on S = Q K^T of one key block (raw logits): soft-capped

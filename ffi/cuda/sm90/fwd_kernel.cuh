@@ -6,14 +6,15 @@
 // A persistent grid (one block per SM) walks tiles of (128 query rows, head,
 // batch) in tile_scheduler.cuh's order; each block has three warpgroups:
 //
-//   warpgroup 0 (producer, 24 registers): one thread issues TMA copies
+//   warpgroup 0 (producer, 40 registers at 64/128, 24 at 256; traits):
+//     one thread issues TMA copies
 //     (pipeline.cuh): for each key block i of the tile (last to first)
 //     into ring stage s (counted across the block's tiles):
 //       wait k_empty[s]; K tile -> k_full[s];
 //       (after the first K) wait q_empty; Q tile -> q_full;
 //       wait v_empty[s]; V tile -> v_full[s]
 //     (a tile without key blocks: wait q_empty, arrive q_full, no copy)
-//   warpgroups 1, 2 (consumers, 240 registers), 64 query rows each:
+//   warpgroups 1, 2 (consumers, 232 / 240 registers), 64 query rows each:
 //     wait q_full; for each key block: wait k_full[s], S = Q K^T (wgmma,
 //     smem x smem), arrive k_empty[s]; mask, online softmax in registers,
 //     P to 16 bits (the A fragments); wait v_full[s], O += P V (wgmma,
@@ -33,10 +34,11 @@
 // Key blocks run last to first so the ones needing masks (the causal
 // diagonal, the seqlen_k tail) come first and the rest skip mask arithmetic.
 // A tile's key blocks are [lo, hi) (KeyBlocks): [0, its causal or seqlen_k
-// end) in the plain kernel; in the feature variants the mask policy's range,
-// and each block decides per warp whether it needs the element masks
-// (ApplyFeatures), in one loop body (their positions vary: window edges,
-// document boundaries).
+// end) in the plain kernel; in the feature variants the mask policy's range
+// (computed by the producer warp, handed to the consumers in shared memory
+// with Q: KeyBlocksSlot), and each block decides per warp whether it needs
+// the element masks (FeatureRows::Block, ApplyFeatures), in one loop body
+// (their positions vary: window edges, document boundaries).
 #pragma once
 
 #include <cuda.h>
@@ -68,13 +70,14 @@ constexpr int kTurnBarrier = 3;
 // decoded from `tile` again for the epilogue, their only user: kept live
 // through the loop they made the 256 kernel spill.
 // Key blocks keys.hi - 1 down to keys.lo. Feature variants: `params`, `h`
-// and `b` for the mask policy's per-block questions (the plain kernel
-// ignores them).
+// and `b` for the mask policy's per-block questions, `rows` this thread's
+// FeatureRows (the plain kernel ignores them); their Q is already waited
+// for (the wait that published `keys`, KeyBlocksSlot).
 template <typename Element, typename Tr, Schedule kSchedule, Features kFeatures>
 __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const AttentionParams& params,
                                             const TileScheduler& scheduler, Barriers<Tr> bars, uint32_t smem,
                                             int warpgroup, int tile, int m0, int h, int b, KeyBlocks keys,
-                                            int pipe, int tile_iter) {
+                                            int pipe, int tile_iter, const FeatureRows& rows) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockN = Tr::kBlockN;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
   const int n_hi = keys.hi, n_blocks = keys.hi - keys.lo;
@@ -94,12 +97,37 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   const int limit = a.is_causal ? min(a.seqlen_k, m0 + 1) : a.seqlen_k;
   const int first_masked = limit / kBlockN;
   // The feature variants' masks of block i come from prepare(i), called
-  // before its S is issued (BlockMask); the plain kernel's need nothing.
+  // before its S is issued (BlockMask), from the tile's FeatureRows (ten
+  // int32, taken from the policy once per tile) and the block's key-id
+  // summaries, whose loads prepare(i - 1) issued (after the last block:
+  // block 0's, harmless; none for a tile without blocks, whose position
+  // would be negative); the plain kernel's need nothing.
   auto is_masked = [&](int i) { return kAnyFeature || n_hi - 1 - i >= first_masked; };
+  // The batch row's key-id summaries (KeyBlockSummaries' row, once per
+  // tile: rebuilt per block, its 64-bit offset cost ~20 instructions there).
+  const int32_t* kv_ranges = nullptr;
+  int kv_entries = 0;
+  if constexpr (kAnyFeature) {
+    const MaskPolicy policy = MaskPolicy::ForWithoutMaskArray(params, b);
+    if (policy.HasSegmentRanges()) kv_ranges = policy.kv_ranges.ranges, kv_entries = int(policy.kv_ranges.blocks);
+  }
+  auto key_summaries = [&](int n0) {
+    SummaryEntries e{};
+    if constexpr (kAnyFeature)  // (feature variants only: at most 128 keys per block)
+      if (kv_ranges) e = LoadSummaryEntries<kBlockN>(SegmentRanges{kv_ranges, kv_entries}, n0);
+    return e;
+  };
+  SummaryEntries next_keys{};
+  if constexpr (kAnyFeature)
+    if (n_blocks > 0) next_keys = key_summaries((n_hi - 1) * kBlockN);
   auto prepare = [&](int i) {
     BlockMask m{};
-    if constexpr (kAnyFeature)
-      m = FeatureBlockMask<kBlockN>(params, b, h, wg_m0 + 16 * warp, wg_m0 + row0, t, (n_hi - 1 - i) * kBlockN);
+    if constexpr (kAnyFeature) {
+      const int n0 = (n_hi - 1 - i) * kBlockN;
+      const SummaryEntries keys = next_keys;
+      next_keys = key_summaries(max(n0 - kBlockN, 0));
+      m = rows.Block<kBlockN>(params, b, n0, t, keys);
+    }
     return m;
   };
   auto mask = [&](float (&s)[kBlockN / 2], int i, const BlockMask& block_mask) {
@@ -173,7 +201,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   if constexpr (kTurns)
     if (warpgroup == 1 && n_blocks > 1) NamedBarrierArrive(kTurnBarrier, 256);
 
-  MbarrierWait(bars.q_full(), tile_iter & 1);
+  if constexpr (!kAnyFeature) MbarrierWait(bars.q_full(), tile_iter & 1);
   if (Tr::kSeparateStaging && n_blocks == 0) release_q();
 
   if constexpr (kSchedule == Schedule::kSerial) {
@@ -311,9 +339,11 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN>::kThreads, 1)
   // Both roles walk the same tiles and count the same key blocks, so their
   // barrier phases agree without any other exchange: the same rounds
   // (Next, skipping the -1 of a section's last round without a tile),
-  // the same Decode and the same key blocks (PlainKeyBlocks, or
-  // FeatureKeyBlocks: warp-collective, hence a whole warp in each role).
-  auto for_each_tile = [&](auto&& body) {
+  // the same Decode and the same key blocks: PlainKeyBlocks in each role,
+  // or in the feature variants FeatureKeyBlocks in the producer warp (warp
+  // votes), which hands them to the consumers (KeyBlocksSlot). keys_of(m0,
+  // b, tile_iter): the role's key blocks of the tile.
+  auto for_each_tile = [&](auto&& keys_of, auto&& body) {
     const int tiles = int(scheduler.Tiles());
     int pipe = 0, tile_iter = 0;  // key blocks and tiles so far
     for (TileCursor cursor;;) {
@@ -322,12 +352,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN>::kThreads, 1)
       if (tile < 0) continue;    // no tile this round (a section's last round)
       const TileCoord c = scheduler.Decode(tile);
       const int m0 = c.m_block * Tr::kBlockM;
-      KeyBlocks keys;
-      if constexpr (kAnyFeature) {
-        keys = FeatureKeyBlocks<Tr::kBlockM, Tr::kBlockN>(p, m0, c.h, c.b);
-      } else {
-        keys = PlainKeyBlocks<Tr>(a, m0);
-      }
+      const KeyBlocks keys = keys_of(m0, c.b, tile_iter);
       body(tile, m0, c.h, c.b, keys, pipe, tile_iter);
       pipe += keys.hi - keys.lo;
       ++tile_iter;
@@ -335,23 +360,51 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN>::kThreads, 1)
   };
 
   // setmaxnreg needs each warpgroup's role as one branch of a single if/else.
-  const int warpgroup = threadIdx.x / 128;
-  if (warpgroup == 0) {
+  if (threadIdx.x < 128) {
     RegistersDecrease<Tr::kProducerRegisters>();
     // One thread issues the copies; the feature variants run the whole warp
     // through the loop for FeatureKeyBlocks' votes.
     if (kAnyFeature ? threadIdx.x < 32 : threadIdx.x == 0) {
       if (threadIdx.x == 0) PrefetchTensorMaps(&q_map, &k_map, &v_map);
-      for_each_tile([&](int, int m0, int h, int b, KeyBlocks keys, int pipe, int tile_iter) {
+      auto keys_of = [&](int m0, int b, int) {
+        if constexpr (kAnyFeature) {
+          return FeatureKeyBlocks<Tr::kBlockM, Tr::kBlockN>(p, m0, b);
+        } else {
+          return PlainKeyBlocks<Tr>(a, m0);
+        }
+      };
+      for_each_tile(keys_of, [&](int, int m0, int h, int b, KeyBlocks keys, int pipe, int tile_iter) {
         if (threadIdx.x == 0)
-          ProduceTile<Tr>(&q_map, &k_map, &v_map, bars, smem, m0, h, h / a.group, b, keys, pipe, tile_iter);
+          ProduceTile<Tr, kAnyFeature>(&q_map, &k_map, &v_map, bars, smem, m0, h, a.group.Div(h), b, keys, pipe,
+                                       tile_iter);
       });
     }
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
-    for_each_tile([&](int tile, int m0, int h, int b, KeyBlocks keys, int pipe, int tile_iter) {
-      ConsumeTile<Element, Tr, kSchedule, kFeatures>(a, p, scheduler, bars, smem, warpgroup - 1, tile, m0, h, b,
-                                                     keys, pipe, tile_iter);
+    // The consumer warpgroup (0 or 1), broadcast from lane 0 after the
+    // setmaxnreg (CUTLASS's canonical_warp_group_idx): ptxas then knows it
+    // is warp-uniform, so what derives from it (the warpgroup's Q rows,
+    // hence its wgmma descriptors) lives in uniform registers instead of
+    // loop-invariant general ones, which made the feature variants at 256
+    // spill inside the key-block loop. (Taken before the setmaxnreg, it was
+    // spilled across it.)
+    const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) - 1;
+    // Feature variants: this thread's FeatureRows, whose loads are issued
+    // before the wait for Q that publishes the tile's key blocks.
+    FeatureRows rows{};
+    auto keys_of = [&](int m0, int b, int tile_iter) {
+      if constexpr (kAnyFeature) {
+        const int tid = threadIdx.x % 128, warp_i0 = m0 + 64 * warpgroup + 16 * (tid / 32);
+        rows = FeatureRows::For<Tr::kBlockN>(p, b, warp_i0, warp_i0 + tid % 32 / 4);
+        MbarrierWait(bars.q_full(), tile_iter & 1);
+        return LoadKeyBlocks(KeyBlocksSlot<Tr>(smem, tile_iter));
+      } else {
+        return PlainKeyBlocks<Tr>(a, m0);
+      }
+    };
+    for_each_tile(keys_of, [&](int tile, int m0, int h, int b, KeyBlocks keys, int pipe, int tile_iter) {
+      ConsumeTile<Element, Tr, kSchedule, kFeatures>(a, p, scheduler, bars, smem, warpgroup, tile, m0, h, b, keys,
+                                                     pipe, tile_iter, rows);
     });
   }
 }

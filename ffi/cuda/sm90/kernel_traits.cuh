@@ -48,9 +48,16 @@ struct FwdTraits {
 
   // setmaxnreg: 128 x 24 + 256 x 240 = 64512 of the SM's 65536 registers
   // (the launch cap is 65536 / 384 -> 168 per thread; the producer gives
-  // 144 each away, the consumers take 72 each).
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  // 144 each away, the consumers take 72 each). With 128 keys at 64 and 128
+  // the consumers need at most 208 (ptxas: highest register R207 in every
+  // schedule and variant), so they take 232 and the producer keeps 40
+  // (128 x 40 + 256 x 232 = 64512): its tile loop (the scheduler, the
+  // feature variants' key-block range, a warp-collective vote) spilled in
+  // 24. At 256, and with 176 keys, the consumers need the 240.
+  static constexpr bool kRoomyProducer = kHeadDim <= 128 && kBlockN <= 128;
+  static constexpr int kProducerRegisters = kRoomyProducer ? 40 : 24;
+  static constexpr int kConsumerRegisters = kRoomyProducer ? 232 : 240;
+  static_assert(128 * kProducerRegisters + 128 * kConsumerWarpgroups * kConsumerRegisters <= 168 * kThreads);
 
   // Every tile is stored as TMA's 128-byte swizzle writes it: column chunks
   // of 64 elements (128 bytes per row), each [rows][128 B], 1024-byte atoms
@@ -72,7 +79,7 @@ struct FwdTraits {
   static constexpr bool kSeparateStaging = 2 * kQBytes + kRingBytes + 8 * (2 + 4 * kStages) + 1024 <= 227 * 1024;
 
   // Shared memory: Q, the K stages, the V stages, the output staging (if
-  // separate), then the mbarriers. The base is rounded up to 1024 bytes
+  // separate), the mbarriers, then the key-block slots. The base is rounded up to 1024 bytes
   // inside the kernel, hence the extra 1024 requested.
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQBytes;
@@ -81,7 +88,10 @@ struct FwdTraits {
   static constexpr int kBarrierOffset = kVOffset + kStages * kKvTileBytes + (kSeparateStaging ? kQBytes : 0);
   // q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty.
   static constexpr int kBarriers = 2 + 4 * kStages;
-  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
+  // Feature variants: the producer hands each tile's key blocks (KeyBlocks,
+  // two int32) to the consumers here, in a slot per Q phase (pipeline.cuh).
+  static constexpr int kKeyBlocksOffset = kBarrierOffset + 8 * kBarriers;
+  static constexpr int kSmemBytes = kKeyBlocksOffset + 2 * 8 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KiB per block");
 };
 

@@ -9,6 +9,7 @@
 #include "common/params.h"
 #include "cuda/sm90/feature_mask.cuh"
 #include "cuda/sm90/kernel_traits.cuh"
+#include "cuda/sm90/tile_scheduler.cuh"  // FastDivisor
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
@@ -20,7 +21,8 @@ struct ForwardArgs {
   void* out;   // [B, Tq, N, H] strided like q
   float* lse;  // [B, N, Tq]
   Strides out_stride;
-  int seqlen_q, seqlen_k, num_heads, group, head_dim;
+  int seqlen_q, seqlen_k, num_heads, head_dim;
+  FastDivisor group;  // query heads per key head (the producer's h -> key head, without a division)
   float scale_log2;  // scale * log2(e), scale > 0
   bool is_causal;
   // The soft cap's SoftcapFactors (feature_mask.cuh; kMasksSoftcap only).
@@ -99,6 +101,28 @@ __device__ __forceinline__ void PrefetchTensorMaps(const CUtensorMap* q_map, con
   PrefetchTensorMap(v_map);
 }
 
+// The feature variants' key blocks of the block's `tile_iter`-th tile, in
+// shared memory slot tile_iter & 1: written by the producer thread after
+// q_empty's wait and before its arrival on q_full (release), read by the
+// consumers after their wait on q_full (acquire). The consumers read a
+// tile's slot before they release Q for the tile after it, and the producer
+// writes that slot again only after that release (two tiles on).
+// FeatureKeyBlocks (warp votes over chains of global loads) then runs once
+// per tile, in the producer warp ahead of the copies, instead of also at the
+// head of each consumer warp's tile.
+template <typename Tr>
+__device__ __forceinline__ uint32_t KeyBlocksSlot(uint32_t smem, int tile_iter) {
+  return smem + Tr::kKeyBlocksOffset + 8 * (tile_iter & 1);
+}
+__device__ __forceinline__ void StoreKeyBlocks(uint32_t slot, KeyBlocks keys) {
+  asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(slot), "r"(keys.lo), "r"(keys.hi) : "memory");
+}
+__device__ __forceinline__ KeyBlocks LoadKeyBlocks(uint32_t slot) {
+  KeyBlocks keys;
+  asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];\n" : "=r"(keys.lo), "=r"(keys.hi) : "r"(slot) : "memory");
+  return keys;
+}
+
 // Issued by one thread for the block's `tile_iter`-th tile: K and V of key
 // blocks keys.hi - 1 down to keys.lo into the ring (from ring position
 // `pipe`), each stage as soon as all consumer warps released it, and Q once
@@ -106,39 +130,60 @@ __device__ __forceinline__ void PrefetchTensorMaps(const CUtensorMap* q_map, con
 // doubles as the output staging, that K copy then runs under the previous
 // tile's epilogue; a tile without key blocks gets no Q copy. Producer waits
 // on empties start from parity 1: a fresh barrier counts its "previous"
-// phase as done.
-template <typename Tr>
+// phase as done. kPublishKeys (feature variants): also publishes `keys`
+// for the consumers (KeyBlocksSlot) before q_full's arrival.
+template <typename Tr, bool kPublishKeys = false>
 __device__ __forceinline__ void ProduceTile(const CUtensorMap* q_map, const CUtensorMap* k_map,
                                             const CUtensorMap* v_map, Barriers<Tr> bars, uint32_t smem,
                                             int m0, int h, int hk, int b, KeyBlocks keys, int pipe,
                                             int tile_iter) {
-  const int n_blocks = keys.hi - keys.lo;
-  auto load_q = [&] {
-    MbarrierWait(bars.q_empty(), (tile_iter & 1) ^ 1);
-    MbarrierArriveExpectTx(bars.q_full(), Tr::kQBytes);
-    LoadTile<Tr>(smem + Tr::kQOffset, Tr::kQChunkBytes, q_map, bars.q_full(), m0, h, b);
+  const uint32_t q_parity = (tile_iter & 1) ^ 1;
+  auto publish = [&] {
+    if constexpr (kPublishKeys) StoreKeyBlocks(KeyBlocksSlot<Tr>(smem, tile_iter), keys);
   };
-  if (n_blocks == 0) {
+  if (keys.hi <= keys.lo) {
     // A tile with no visible key block (lengths, offsets, documents) only
     // writes zeros and lse -inf: Q is not copied, a plain arrival completes
     // q_full's phase (after the previous tile released Q, as a copy would).
-    MbarrierWait(bars.q_empty(), (tile_iter & 1) ^ 1);
+    MbarrierWait(bars.q_empty(), q_parity);
+    publish();
     MbarrierArrive(bars.q_full());
+    return;
   }
-  // Not unrolled: the copies gain nothing from it, and the unrolled loop's
-  // state is what spilled the producer's 24 registers (ptxas: 80 B of
-  // spills in the plain kernels, 20 B left outside this loop, per tile).
-#pragma unroll 1
-  for (int i = 0; i < n_blocks; ++i) {
-    const int n0 = (keys.hi - 1 - i) * Tr::kBlockN, stage = (pipe + i) % Tr::kStages;
-    const uint32_t parity = ((pipe + i) / Tr::kStages) & 1;
+  // The ring position of the next key block as a stage and its parity,
+  // advanced per block (no division per block), and the block's first key.
+  int stage = pipe % Tr::kStages;
+  uint32_t parity = (pipe / Tr::kStages) & 1;
+  int n0 = (keys.hi - 1) * Tr::kBlockN;
+  const int n_end = keys.lo * Tr::kBlockN;
+  auto load_k = [&] {
     MbarrierWait(bars.k_empty(stage), parity ^ 1);
     MbarrierArriveExpectTx(bars.k_full(stage), Tr::kKvTileBytes);
     LoadTile<Tr>(KTile<Tr>(smem, stage), Tr::kKvChunkBytes, k_map, bars.k_full(stage), n0, hk, b);
-    if (i == 0) load_q();
+  };
+  auto load_v_and_advance = [&] {
     MbarrierWait(bars.v_empty(stage), parity ^ 1);
     MbarrierArriveExpectTx(bars.v_full(stage), Tr::kKvTileBytes);
     LoadTile<Tr>(VTile<Tr>(smem, stage), Tr::kKvChunkBytes, v_map, bars.v_full(stage), n0, hk, b);
+    if (++stage == Tr::kStages) stage = 0, parity ^= 1;
+    n0 -= Tr::kBlockN;
+  };
+  // The first block, with Q after its K (peeled: m0, h and the Q parity are
+  // then dead in the loop below, which holds only the ring state, n0 and
+  // the coordinates of K/V: the producer has 24 registers at 256).
+  load_k();
+  MbarrierWait(bars.q_empty(), q_parity);
+  publish();
+  MbarrierArriveExpectTx(bars.q_full(), Tr::kQBytes);
+  LoadTile<Tr>(smem + Tr::kQOffset, Tr::kQChunkBytes, q_map, bars.q_full(), m0, h, b);
+  load_v_and_advance();
+  // Not unrolled: the copies gain nothing from it, and the unrolled loop's
+  // state is what spilled the producer's 24 registers (ptxas: 80 B of
+  // spills in the plain kernels, before this loop lost Q and the divisions).
+#pragma unroll 1
+  while (n0 >= n_end) {
+    load_k();
+    load_v_and_advance();
   }
 }
 

@@ -40,12 +40,40 @@ struct TileCursor {
   int first_tile = 0;  // the section's first tile
 };
 
+// n / d and n % d for 0 <= n < 2^31 by a divisor 1 <= d < 2^31 fixed per
+// launch: a multiply-high, an add and a shift with the magic number set on
+// the host (Granlund and Montgomery, 1994; CUTLASS's FastDivmod), exact for
+// every such n. Decode's five int32 divisions by launch sizes took ~20
+// instructions and several temporaries each, in the producer's 24 registers
+// (a spill per tile) and ahead of every tile in both roles.
+struct FastDivisor {
+  uint32_t divisor = 1, multiplier = 1, shift = 0;
+
+  FastDivisor() = default;
+  // shift = ceil(log2 d), multiplier = floor(2^32 (2^shift - d) / d) + 1 (< 2^32).
+  explicit FastDivisor(int d) : divisor(uint32_t(d)) {
+    while ((uint64_t(1) << shift) < divisor) ++shift;
+    multiplier = uint32_t((uint64_t(1) << 32) * ((uint64_t(1) << shift) - divisor) / divisor + 1);
+  }
+  __host__ __device__ int Div(int n) const {
+#ifdef __CUDA_ARCH__
+    const uint32_t hi = __umulhi(uint32_t(n), multiplier);
+#else
+    const uint32_t hi = uint32_t((uint64_t(uint32_t(n)) * multiplier) >> 32);
+#endif
+    return int((hi + uint32_t(n)) >> shift);  // hi <= n < 2^31: no carry out of 32 bits
+  }
+};
+
 struct TileScheduler {
   int m_blocks, heads, batch;
   bool causal;
   int section = 0;         // (batch, head) pairs per causal section; 0: one section of all
   int section_tiles = 0;   // tiles per section (SetSections)
   int section_rounds = 1;  // rounds per section (SetSections)
+  // Decode's divisors (SetSections): query blocks, heads, tiles per section,
+  // and the pairs of a full section and of the last one.
+  FastDivisor by_m_blocks, by_heads, by_section_tiles, by_section_pairs, by_last_pairs;
 
   __host__ __device__ int64_t Tiles() const { return int64_t(m_blocks) * heads * batch; }
   // Pairs per section: all of them (one section) unless causal and sectioned.
@@ -55,10 +83,17 @@ struct TileScheduler {
   }
   // The order (`pairs` per causal section, 0: order 0) dealt to `blocks`
   // blocks; the launch calls it before every launch, the rounds being per grid.
-  __host__ __device__ void SetSections(int pairs, int blocks) {
+  // Host only (the divisors' magic numbers).
+  void SetSections(int pairs, int blocks) {
     section = pairs;
-    section_tiles = SectionPairs() * m_blocks;
+    const int s = SectionPairs(), all = heads * batch;
+    section_tiles = s * m_blocks;
     section_rounds = (section_tiles + blocks - 1) / blocks;
+    by_m_blocks = FastDivisor(m_blocks);
+    by_heads = FastDivisor(heads);
+    by_section_tiles = FastDivisor(section_tiles);
+    by_section_pairs = FastDivisor(s);
+    by_last_pairs = FastDivisor(all - (all - 1) / s * s);  // the last section's pairs
   }
   // Block `block`'s tile of its next round (and the cursor on to the round
   // after): Tiles() when the block has no tiles left, -1 when it has none in
@@ -83,22 +118,29 @@ struct TileScheduler {
   }
   // Both roles decode every tile with this one function (and the consumer
   // again for its epilogue), so they agree on each tile's coordinates and
-  // hence on its key blocks and barrier phases.
+  // hence on its key blocks and barrier phases. Divisions by FastDivisor
+  // (SetSections must have run).
   __host__ __device__ TileCoord Decode(int tile) const {
-    const int pairs = heads * batch;
+    int rest = tile, m_block;
     if (causal) {
       // The sections before this tile's are full (s pairs x m_blocks tiles
-      // each); the last one holds the remaining pairs.
-      const int s = SectionPairs();
-      const int per_section = s * m_blocks;
-      const int first = tile / per_section * s;
-      const int count = pairs - first < s ? pairs - first : s;
-      const int rest = tile - first * m_blocks;
-      const int bh = first + rest % count;
-      return {m_blocks - 1 - rest / count, bh % heads, bh / heads};
+      // each); the last one holds the remaining pairs. Order 0 is one
+      // section: first = 0, count = all pairs.
+      const int s = int(by_section_pairs.divisor);
+      const int first = by_section_tiles.Div(tile) * s;
+      const bool last = heads * batch - first < s;
+      const FastDivisor& count = last ? by_last_pairs : by_section_pairs;
+      rest = tile - first * m_blocks;
+      const int q = count.Div(rest);
+      m_block = m_blocks - 1 - q;
+      rest = first + (rest - q * int(count.divisor));  // the flat pair b * heads + h
+    } else {
+      const int q = by_m_blocks.Div(tile);
+      m_block = tile - q * m_blocks;
+      rest = q;
     }
-    const int rest = tile / m_blocks;
-    return {tile % m_blocks, rest % heads, rest / heads};
+    const int b = by_heads.Div(rest);
+    return {m_block, rest - b * heads, b};
   }
 };
 
