@@ -104,8 +104,8 @@ def attention(
         calls without a bias, boolean mask or dropout (with sequence lengths,
         segment ids, windows, position offsets or a soft cap only at head dims
         up to 128), and the sm90 backward for calls at head dims from 72 to
-        128 that are not ``deterministic``, without a bias, boolean mask or
-        dropout. ``"sm90"`` forces the Hopper (wgmma / TMA) forward (compute
+        128 (and plain non-causal calls at 64) that are not
+        ``deterministic``, without a bias, boolean mask or dropout. ``"sm90"`` forces the Hopper (wgmma / TMA) forward (compute
         capability 9.x, 16-bit, head dim a multiple of 8, those features)
         and, where it covers the call (no bias, boolean mask or dropout, head
         dim <= 128, not deterministic), the Hopper backward (sm80's

@@ -287,15 +287,17 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
     return e;
   // The Hopper backward: non-deterministic 16-bit calls, plain or with the
   // features its variants take, on compute capability 9.x up to head dim
-  // 128 when sm90 is forced; by default only above 64, where the plain
-  // kernel is 1.20-1.27x sm80's (H=128, T=4096, bf16 / f16, causal or not).
-  // At 64 it measured 0.99x (non-causal) and 0.91-0.93x (causal) of sm80's,
-  // so sm80 keeps those (session 16, sm90_bwd_check); the feature variants
-  // follow the same split (not yet timed on the H200).
-  // Other sm90-forced calls run sm80's backward, as before: the forward's
-  // family does not bind the backward's.
+  // 128 when sm90 is forced. By default above 64, where the plain kernel
+  // (kLeanDq) is 1.34x / 1.27x sm80's (H=128, T=4096, bf16, non-causal /
+  // causal), and at 64 for plain non-causal calls (1.14x); 64 causal
+  // measured 0.93x of sm80's and stays there (session 17, sm90_bwd_check),
+  // as do 64's feature calls (not yet timed beside sm80). Other
+  // sm90-forced calls run sm80's backward, as before: the forward's family
+  // does not bind the backward's.
+  const bool sm90_by_default =
+      p.shape.head_dim > 64 || (!p.is_causal && !p.features.Any());
   const bool sm90_ok = Sm90BackwardSupports(q.element_type(), p) &&
-                       (Family(family) == Family::kSm90 || p.shape.head_dim > 64);
+                       (Family(family) == Family::kSm90 || sm90_by_default);
 #ifdef JAX_FLASH_WITH_SM90
   if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {
     return DispatchTensorCores(q.element_type(), p.shape, [&](auto element, auto head_dim) -> std::string {

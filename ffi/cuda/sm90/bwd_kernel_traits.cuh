@@ -7,8 +7,8 @@ namespace jax_flash::cuda::sm90 {
 // How a consumer warpgroup orders a step's products (bwd_kernel.cuh):
 //   kSerial: S^T, dP^T, dV / dK, dQ, then the dQ staging, step after step.
 //   kEarlyS: the next step's S^T issued before this step's dQ staging, so
-//            the tensor cores run it under the staging (the default; the
-//            check program times all of them).
+//            the tensor cores run it under the staging (the check program
+//            times all of them).
 //   kLeanDq: kEarlyS, but a step whose 64 queries are all below seqlen_q at
 //            an unpadded head dim (every step but a tail) stages its dQ
 //            share with constant offsets and sends it as one bulk
@@ -17,12 +17,14 @@ namespace jax_flash::cuda::sm90 {
 //            ReduceDqRows' row-tail paths, is ~320 of a consumer warp's
 //            ~950-1130 executed instructions per step (estimated from the
 //            SASS), all of them between S^T's issue and dP^T's, on the
-//            step's critical path; the lean send is ~75-95.
+//            step's critical path; the lean send is ~75-95. The default:
+//            on the H200 (session 17, B=4 T=4096, bf16) 1.05x / 1.08x
+//            kEarlyS at 128 (non-causal / causal), 1.16x / 1.03x at 64.
 //   kLeanDqEarlyDp: kLeanDq with the send after dP^T's issue too, so that
 //            both S^T and dP^T run under it (dQ's 32 floats stay live
 //            across dP^T's issue: 32 more registers at the peak).
-// kLeanDq and kLeanDqEarlyDp are candidates for the H200's A/B
-// (tests/cuda/sm90_bwd_check.cu times them beside the default).
+// tests/cuda/sm90_bwd_check.cu times them all. kLeanDqEarlyDp measured
+// 1.01x kLeanDq at 64 non-causal and 0.94x causal: not taken.
 enum class BwdSchedule { kSerial, kEarlyS, kLeanDq, kLeanDqEarlyDp };
 
 template <int kHeadDim_>
@@ -48,7 +50,7 @@ struct BwdTraits {
   static constexpr int kBlockM = 64;
   // Q/dO ring depth: the copies of step m + 1 run under step m's products.
   static constexpr int kStages = 2;
-  static constexpr BwdSchedule kDefaultSchedule = BwdSchedule::kEarlyS;
+  static constexpr BwdSchedule kDefaultSchedule = BwdSchedule::kLeanDq;
 
   // dQ = dS K [kBlockM x kHeadDim] per step. At 128 the two consumer
   // warpgroups split its columns (64 each, one 128-byte chunk of K: a wgmma
