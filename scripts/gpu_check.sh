@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
 # One device call: build with CUDA, run the whole test suite on the GPU, then
-# the benchmark points given in BENCH_ARGS. Logs and JSON go to $OUT as each
+# the benchmark points given in BENCH_ARGS. Logs ($LOGS) and JSON ($OUT) are written as each
 # step runs, so a call cut off by its time limit still brings back what ran.
 # Steps, each optional but the build (SKIP_BUILD=1 reuses the last install): TESTS=0 skips pytest; BENCH_ARGS,
 # BENCH2_ARGS, LONG_ARGS, NCU=1, EXAMPLES=1 add the benchmark (and a second
 # one), the 128k run, a profile, SANITIZE=1 compute-sanitizer's race, barrier
 # and memory checks, and issue 5's training comparison.
-# The device brings back at most 8 files from $OUT: every step's result line
-# also goes to summary.txt (printed again last, so a `tail` of the output
-# keeps it), and the logs are bundled into logs.tgz at the end.
+# The device brings back at most 8 files from $OUT, and when more are there
+# it picks which: so $OUT holds only summary.txt (every step's result line,
+# printed again last, so a `tail` of the output keeps it), logs.tgz and the
+# benchmarks' json / md / png (7 files at most; a caller adds one of its own
+# at most). Logs and profiles are written to $LOGS and bundled into
+# logs.tgz again after every step, so a call cut off by its time limit
+# still brings back the summary and every finished step's log (session 17
+# lost a suite's result line to the 8-file pick).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
-mkdir -p "$OUT"
-note() { echo "$*" | tee -a "$OUT/summary.txt"; }
+LOGS=${LOGS:-/tmp/gpu_logs}
+mkdir -p "$OUT" "$LOGS"
+bundle() { (cd "$LOGS" && tar czf "$OUT/logs.tgz" .); }
+note() { echo "$*" | tee -a "$OUT/summary.txt"; bundle; }
 note "$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv,noheader)"
 export CMAKE_BUILD_PARALLEL_LEVEL=16
 start=$(date +%s)
 if [ -z "${SKIP_BUILD:-}" ]; then  # SKIP_BUILD=1: a second call in one device run reuses the install
-python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+python3 -m pip install --no-build-isolation --no-deps -v . > "$LOGS/build.log" 2>&1 || { tail -50 "$LOGS/build.log"; exit 1; }
 note "build: $(( $(date +%s) - start )) s"
 fi
 
@@ -31,29 +38,29 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 if [ "${TESTS:-1}" != 0 ]; then
 start=$(date +%s)
 if python3 -c "import xdist" 2> /dev/null && [ "${PYTEST_WORKERS:-8}" != 0 ]; then
-  python3 -m pytest "$OLDPWD/tests" -q -n "${PYTEST_WORKERS:-8}" -rfE -p no:cacheprovider ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1
+  python3 -m pytest "$OLDPWD/tests" -q -n "${PYTEST_WORKERS:-8}" -rfE -p no:cacheprovider ${PYTEST_ARGS:-} > "$LOGS/pytest.log" 2>&1
   note "pytest rc=$? in $(( $(date +%s) - start )) s"
-  note "$(grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20; tail -1 "$OUT/pytest.log")"
+  note "$(grep -E "^(FAILED|ERROR)" "$LOGS/pytest.log" | head -20; tail -1 "$LOGS/pytest.log")"
 else
-  python3 -m pytest "$OLDPWD/tests/test_attention.py" -q ${PYTEST_ARGS:-} > "$OUT/pytest_attention.log" 2>&1 &
+  python3 -m pytest "$OLDPWD/tests/test_attention.py" -q ${PYTEST_ARGS:-} > "$LOGS/pytest_attention.log" 2>&1 &
   pid1=$!
-  python3 -m pytest "$OLDPWD/tests" --ignore="$OLDPWD/tests/test_attention.py" -q ${PYTEST_ARGS:-} > "$OUT/pytest_rest.log" 2>&1 &
+  python3 -m pytest "$OLDPWD/tests" --ignore="$OLDPWD/tests/test_attention.py" -q ${PYTEST_ARGS:-} > "$LOGS/pytest_rest.log" 2>&1 &
   pid2=$!
   wait $pid1; rc1=$?; wait $pid2; rc2=$?
   note "pytest rc=$rc1/$rc2 in $(( $(date +%s) - start )) s"
-  for f in "$OUT"/pytest_attention.log "$OUT"/pytest_rest.log; do note "$(grep -E "^FAILED" "$f" | head -20; tail -1 "$f")"; done
+  for f in "$LOGS"/pytest_attention.log "$LOGS"/pytest_rest.log; do note "$(grep -E "^FAILED" "$f" | head -20; tail -1 "$f")"; done
 fi
 fi
-if [ -n "${LONG_ARGS:-}" ]; then python3 "$OLDPWD/scripts/long_sequence.py" $LONG_ARGS > "$OUT/long.log" 2>&1; note "$(tail -3 "$OUT/long.log")"; fi
+if [ -n "${LONG_ARGS:-}" ]; then python3 "$OLDPWD/scripts/long_sequence.py" $LONG_ARGS > "$LOGS/long.log" 2>&1; note "$(tail -3 "$LOGS/long.log")"; fi
 if [ -n "${BENCH_ARGS:-}" ]; then
   # json, table and chart come back beside summary.txt and logs.tgz.
-  python3 -m jax_flash.benchmark $BENCH_ARGS --out /tmp/bench > "$OUT/bench.log" 2>&1; tail -40 "$OUT/bench.log"
+  python3 -m jax_flash.benchmark $BENCH_ARGS --out /tmp/bench > "$LOGS/bench.log" 2>&1; tail -40 "$LOGS/bench.log"
   cp /tmp/bench/results.json "$OUT/bench.json"; cp /tmp/bench/results.md "$OUT/bench.md"
-  cp /tmp/bench/results.png "$OUT/bench.png" 2>/dev/null
+  cp /tmp/bench/results.png "$OUT/bench.png" 2>/dev/null; bundle
 fi
 if [ -n "${BENCH2_ARGS:-}" ]; then  # a second grid, e.g. the same with --cotangent random
-  python3 -m jax_flash.benchmark $BENCH2_ARGS --out /tmp/bench2 > "$OUT/bench2.log" 2>&1; tail -40 "$OUT/bench2.log"
-  cp /tmp/bench2/results.json "$OUT/bench2.json"; cp /tmp/bench2/results.md "$OUT/bench2.md"
+  python3 -m jax_flash.benchmark $BENCH2_ARGS --out /tmp/bench2 > "$LOGS/bench2.log" 2>&1; tail -40 "$LOGS/bench2.log"
+  cp /tmp/bench2/results.json "$OUT/bench2.json"; cp /tmp/bench2/results.md "$OUT/bench2.md"; bundle
 fi
 if [ -n "${NCU:-}" ]; then
   # Profiled kernels (Nsight Compute). Default: one forward and fused backward
@@ -84,26 +91,26 @@ PY
     for shape in ${NCU_SHAPES:-4,4096,16,128}; do
       name="timeline_${shape//,/_}"
       timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-        python3 /tmp/ncu_case.py "$shape" > "$OUT/$name.csv" 2>&1
+        python3 /tmp/ncu_case.py "$shape" > "$LOGS/$name.csv" 2>&1
       echo "== kernels of one grad call at $shape"
-      python3 "$OLDPWD/scripts/kernel_timeline.py" "$OUT/$name.csv"
+      python3 "$OLDPWD/scripts/kernel_timeline.py" "$LOGS/$name.csv"
     done
   elif [ -z "${NCU_SHAPES:-}" ]; then
     timeout 300 ncu --clock-control none --kernel-name regex:"ForwardKernel|DqKernel|DkvKernel" --launch-count 4 \
-      $sections python3 /tmp/ncu_case.py > "$OUT/ncu.txt" 2>&1
-    grep -E "$summary" "$OUT/ncu.txt" | head -80
+      $sections python3 /tmp/ncu_case.py > "$LOGS/ncu.txt" 2>&1
+    grep -E "$summary" "$LOGS/ncu.txt" | head -80
   fi
   for shape in ${NCU_SHAPES:-}; do
     name="ncu_${shape//,/_}"
     timeout 200 ncu --clock-control none --kernel-name regex:"${NCU_KERNELS:-DkvKernel}" --launch-count 1 \
-      $sections ${NCU_SOURCE:+-o /tmp/$name} python3 /tmp/ncu_case.py "$shape" > "$OUT/$name.txt" 2>&1
+      $sections ${NCU_SOURCE:+-o /tmp/$name} python3 /tmp/ncu_case.py "$shape" > "$LOGS/$name.txt" 2>&1
     if [ -n "${NCU_SOURCE:-}" ]; then
-      ncu -i "/tmp/$name.ncu-rep" --print-details all >> "$OUT/$name.txt" 2>&1
-      ncu -i "/tmp/$name.ncu-rep" --page source --print-source sass --csv > "$OUT/${name}_sass.csv" 2>&1
+      ncu -i "/tmp/$name.ncu-rep" --print-details all >> "$LOGS/$name.txt" 2>&1
+      ncu -i "/tmp/$name.ncu-rep" --page source --print-source sass --csv > "$LOGS/${name}_sass.csv" 2>&1
       echo "== stalls per instruction at $shape"
-      python3 "$OLDPWD/scripts/ncu_stalls.py" "$OUT/${name}_sass.csv" --top 30
+      python3 "$OLDPWD/scripts/ncu_stalls.py" "$LOGS/${name}_sass.csv" --top 30
     fi
-    echo "== ncu $shape"; grep -E "$summary" "$OUT/$name.txt" | head -40
+    echo "== ncu $shape"; grep -E "$summary" "$LOGS/$name.txt" | head -40
   done
 fi
 if [ -n "${SANITIZE:-}" ]; then  # compute-sanitizer racecheck + synccheck of our kernels
@@ -112,16 +119,13 @@ fi
 if [ -n "${EXAMPLES:-}" ]; then
   # Issue 5's larger config: tokens/s and final loss for flash vs cudnn vs xla.
   for impl in flash cudnn xla; do
-    echo "example --attention $impl" | tee -a "$OUT/examples.log"
+    echo "example --attention $impl" | tee -a "$LOGS/examples.log"
     timeout ${EXAMPLE_TIMEOUT:-120} python3 "$OLDPWD/examples/train_gpt_flax.py" --depth 8 --width 512 \
       --heads 8 --seq-len 2048 --batch-size 8 --steps ${EXAMPLE_STEPS:-200} \
       --log-every ${EXAMPLE_LOG_EVERY:-50} --dtype bfloat16 --attention $impl --no-progress \
-      --sample-chars 0 >> "$OUT/examples.log" 2>&1
-    grep -E "^step|^loss|Error" "$OUT/examples.log" | tail -3
+      --sample-chars 0 >> "$LOGS/examples.log" 2>&1
+    grep -E "^step|^loss|Error" "$LOGS/examples.log" | tail -3
   done
 fi
-# Logs and profiles in one file (see the 8-file limit above), then the summary.
-cd "$OUT" && shopt -s nullglob && logs=(*.log *.csv ncu_*.txt) && if [ ${#logs[@]} -gt 0 ]; then
-  tar czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}"
-fi
+bundle
 echo "== summary"; cat "$OUT/summary.txt"
