@@ -114,7 +114,7 @@ PY
   done
 fi
 if [ -n "${SANITIZE:-}" ]; then  # compute-sanitizer racecheck + synccheck of our kernels
-  note "$(cd "$OLDPWD" && bash scripts/sanitize_kernels.sh 2>&1 | tail -20)"
+  note "$(cd "$OLDPWD" && LOGS="$LOGS" bash scripts/sanitize_kernels.sh 2>&1 | tail -20)"
 fi
 if [ -n "${EXAMPLES:-}" ]; then
   # Issue 5's larger config: tokens/s and final loss for flash vs cudnn vs xla.

@@ -4,7 +4,8 @@
 # calls (head dims 64 / 128 / 256, causal and not, lengths with tails, two
 # query heads per key head; the sm90 forward where the GPU is 9.x and the
 # sm80 one; the split-KV decode kernels, contiguous and paged; then the feature variants: packed documents, a
-# window, a key-padding mask, a bias and its gradient, soft cap, dropout)
+# window, key lengths, a key-padding mask, a bias and its gradient, soft cap,
+# dropout; on 9.x the sm90 feature variants at 64 and 128 and sm80's forced)
 # under compute-sanitizer's racecheck, synccheck, memcheck and initcheck
 # (reads of device memory nothing wrote), only our kernels instrumented.
 # A kernel whose barriers are wrong can pass the numeric tests by timing
@@ -15,7 +16,8 @@
 #   SANITIZE_KERNELS=DkvKernel bash scripts/sanitize_kernels.sh   # a name substring
 #   SANITIZE_TOOLS=initcheck bash scripts/sanitize_kernels.sh     # some of the tools
 set -uo pipefail
-OUT=${OUT:-/tmp/gpu_out}
+# Logs go to $LOGS (gpu_check.sh's, bundled into its logs.tgz), else $OUT.
+OUT=${LOGS:-${OUT:-/tmp/gpu_out}}
 mkdir -p "$OUT"
 tool_bin=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -z "$tool_bin" ]; then echo "sanitize: compute-sanitizer not found"; exit 1; fi
@@ -46,23 +48,34 @@ lengths = jnp.asarray([700, 333], jnp.int32)
 out = jax.jit(jax_flash.paged_attention)(q, pool_k, pool_v, tables, lengths)
 assert bool(jnp.isfinite(out.astype(jnp.float32)).all()), "paged decode"
 # The feature variants (their own instantiations): packed documents, a
-# window, a key-padding mask, a bias with its gradient, soft cap, dropout.
-t, n, h = 197, 2, 128
-q, k, v = (jnp.asarray(rng.standard_normal((1, t, n, h)), jnp.bfloat16) for _ in range(3))
+# window, key lengths, a key-padding mask, a bias with its gradient, soft
+# cap, dropout. On 9.x segments, windows, lengths and the soft cap run the
+# sm90 forward's and backward's feature variants (head dims 64 and 128:
+# each its own kernels), so those also run once forced onto sm80's.
+t, n = 197, 2
 ids = jnp.asarray(np.repeat(np.arange(3), [70, 64, t - 134])[None], jnp.int32)
-bias = jnp.asarray(rng.standard_normal((1, n, t, t)), jnp.bfloat16)
 mask = jnp.asarray(np.arange(t) < 150)[None, None, None, :]
-cases = {
+sm90_cases = {
     "segments": dict(is_causal=True, q_segment_ids=ids, kv_segment_ids=ids),
     "window": dict(is_causal=True, local_window_size=(40, 0)),
-    "mask": dict(mask=mask),
+    "lengths": dict(key_value_seq_lengths=jnp.asarray([150], jnp.int32)),
     "softcap": dict(logits_soft_cap=30.0),
+}
+sm80_cases = {
+    "mask": dict(mask=mask),
     "dropout": dict(dropout_rate=0.1, dropout_rng=jax.random.key(1)),
 }
-for name, kwargs in cases.items():
+runs = [(h, name, kw) for h in (64, 128) for name, kw in sm90_cases.items()]
+runs += [(128, name + " on sm80", dict(kw, implementation="sm80")) for name, kw in sm90_cases.items()]
+runs += [(128, name, kw) for name, kw in sm80_cases.items()]
+for h, name, kwargs in runs:
+    q, k, v = (jnp.asarray(rng.standard_normal((1, t, n, h)), jnp.bfloat16) for _ in range(3))
     loss = lambda q, k, v: jnp.sum(jax_flash.attention(q, k, v, **kwargs).astype(jnp.float32))
     grads = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v)
-    assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads), name
+    assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads), (h, name)
+h = 128
+q, k, v = (jnp.asarray(rng.standard_normal((1, t, n, h)), jnp.bfloat16) for _ in range(3))
+bias = jnp.asarray(rng.standard_normal((1, n, t, t)), jnp.bfloat16)
 loss = lambda q, k, v, bias: jnp.sum(jax_flash.attention(q, k, v, bias=bias).astype(jnp.float32))
 grads = jax.jit(jax.grad(loss, (0, 1, 2, 3)))(q, k, v, bias)
 assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads), "bias"
