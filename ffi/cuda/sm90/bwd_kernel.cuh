@@ -535,7 +535,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   // for kDiagonalMasks' steps that need none (needs_masks below).
   auto step = [&](int i, auto send_previous, auto masked) {
     constexpr bool kSendPrevious = decltype(send_previous)::value;
-    constexpr bool kMasked = decltype(masked)::value;
+    [[maybe_unused]] constexpr bool kMasked = decltype(masked)::value;
     const int s = i % Tr::kStages;
     const uint32_t parity = (i / Tr::kStages) & 1;
     const int m0 = steps.m0(i);
