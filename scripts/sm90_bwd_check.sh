@@ -6,7 +6,8 @@
 # tolerance allows a known-good kernel). The TFLOP/s table also times the
 # other schedules beside the default lean-dQ (early-S, serial, +early-dP at
 # head dim 64) and session 17's candidates (dQ-first, lean-dQ with uniform
-# descriptors, both, both + diagonal-only masks; bwd_kernel_traits.cuh),
+# descriptors, both, both + diagonal-only masks, that + step counters;
+# bwd_kernel_traits.cuh),
 # each checked on every case first, each candidate timed right after a
 # lean-dQ timing (its "x lean-dQ" line).
 #

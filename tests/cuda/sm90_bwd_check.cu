@@ -152,8 +152,9 @@ struct TimingRow {
   // lean-dQ: the default (kLeanDq); lean_dp at 64 only.
   double sm90_lean = 0, sm90_lean_dp = 0;
   // Session 17's candidates (bwd_kernel_traits.cuh): kDqFirst,
-  // kLeanDqUniform, kDqFirstUniform, kDqFirstUniformDiag.
-  double sm90_dq_first = 0, sm90_uniform = 0, sm90_dq_first_uniform = 0, sm90_diag = 0;
+  // kLeanDqUniform, kDqFirstUniform, kDqFirstUniformDiag,
+  // kDqFirstUniformDiagCounters.
+  double sm90_dq_first = 0, sm90_uniform = 0, sm90_dq_first_uniform = 0, sm90_diag = 0, sm90_counters = 0;
 };
 std::vector<TimingRow> timing_rows;
 
@@ -321,7 +322,9 @@ bool RunCase(const Case& c) {
   // 17's candidates, timed against kLeanDq: kDqFirst (dV, barrier, dQ, dK,
   // the send under dK), kLeanDqUniform (uniform-register descriptors),
   // kDqFirstUniform (both), kDqFirstUniformDiag (both, masks only on the
-  // steps that need them: causal diagonal blocks, key tails).
+  // steps that need them: causal diagonal blocks, key tails),
+  // kDqFirstUniformDiagCounters (that, the step's query block and head as
+  // counters instead of a division).
   using jax_flash::cuda::sm90::BwdSchedule;
   using jax_flash::cuda::sm90::LaunchBackwardScheduled;
   auto launch90 = [&] { return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kEarlyS>(p, 0); };
@@ -340,6 +343,9 @@ bool RunCase(const Case& c) {
   auto launch90_diag = [&] {
     return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kDqFirstUniformDiag>(p, 0);
   };
+  auto launch90_counters = [&] {
+    return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kDqFirstUniformDiagCounters>(p, 0);
+  };
   bool ok = run_and_check("sm90 early-S", launch90);
   ok &= run_and_check("sm90 serial", launch90_serial);
   // A candidate's failure is reported (and counted) but does not stop the
@@ -350,6 +356,8 @@ bool RunCase(const Case& c) {
   const bool ok_uniform = run_and_check("sm90 lean-dQ uniform-desc (candidate)", launch90_uniform);
   const bool ok_dq_first_uniform = run_and_check("sm90 dQ-first uniform-desc (candidate)", launch90_dq_first_uniform);
   const bool ok_diag = run_and_check("sm90 dQ-first uniform-desc diagonal-masks (candidate)", launch90_diag);
+  const bool ok_counters =
+      run_and_check("sm90 dQ-first uniform-desc diagonal-masks counters (candidate)", launch90_counters);
   TimingRow row;
   if (ok && c.timed) {
     const float ms = TimeLaunches(launch90), ms_serial = TimeLaunches(launch90_serial);
@@ -384,6 +392,8 @@ bool RunCase(const Case& c) {
     time_against_lean("dQ-first uniform-desc", ok_dq_first_uniform, launch90_dq_first_uniform,
                       &row.sm90_dq_first_uniform);
     time_against_lean("dQ-first uniform-desc diagonal-masks", ok_diag, launch90_diag, &row.sm90_diag);
+    time_against_lean("dQ-first uniform-desc diagonal-masks counters", ok_counters, launch90_counters,
+                      &row.sm90_counters);
   }
 #ifdef JAX_FLASH_CHECK_SM80
   // sm80's backward on the same inputs: its errors show what the tolerance
@@ -411,7 +421,7 @@ bool RunCase(const Case& c) {
                     (void*)lse, (void*)delta, (void*)ref_delta, (void*)dq_accum, (void*)ref_dq, (void*)ref_dk,
                     (void*)ref_dv})
     cudaFree(ptr);
-  return ok && ok_lean && ok_lean_dp && ok_dq_first && ok_uniform && ok_dq_first_uniform && ok_diag;
+  return ok && ok_lean && ok_lean_dp && ok_dq_first && ok_uniform && ok_dq_first_uniform && ok_diag && ok_counters;
 }
 
 template <typename Element>
@@ -898,14 +908,15 @@ int main(int argc, char** argv) {
   }
   if (!timing_rows.empty()) {
     std::printf("\nTFLOP/s (2.5 x 4 B N T S H, halved when causal; delta pass + kernel + dQ conversion; median of 20 x 5)\n");
-    std::printf("(lean-dQ is the default; ratio: lean-dQ / sm80; dQ-first, uniform, dQF+unif, +diag: session 17's "
-                "candidates, ratio to lean-dQ each in its own line above)\n");
-    std::printf("%-40s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "shape", "early-S", "serial", "lean-dQ",
-                "+early-dP", "dQ-first", "uniform", "dQF+unif", "+diag", "sm80", "ratio");
+    std::printf("(lean-dQ is the default; ratio: lean-dQ / sm80; dQ-first, uniform, dQF+unif, +diag, +count: "
+                "session 17's candidates, ratio to lean-dQ each in its own line above)\n");
+    std::printf("%-40s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "shape", "early-S", "serial", "lean-dQ",
+                "+early-dP", "dQ-first", "uniform", "dQF+unif", "+diag", "+count", "sm80", "ratio");
     for (const TimingRow& r : timing_rows)
-      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90,
-                  r.sm90_serial, r.sm90_lean, r.sm90_lean_dp, r.sm90_dq_first, r.sm90_uniform,
-                  r.sm90_dq_first_uniform, r.sm90_diag, r.sm80, r.sm80 > 0 ? r.sm90_lean / r.sm80 : 0.0);
+      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(),
+                  r.sm90, r.sm90_serial, r.sm90_lean, r.sm90_lean_dp, r.sm90_dq_first, r.sm90_uniform,
+                  r.sm90_dq_first_uniform, r.sm90_diag, r.sm90_counters, r.sm80,
+                  r.sm80 > 0 ? r.sm90_lean / r.sm80 : 0.0);
   }
   if (!feature_timing_rows.empty()) {
     std::printf("\nfeature backward, TFLOP/s over visible pairs (2.5 x 4 H N per pair; plain: the plain sm90 "
@@ -922,7 +933,8 @@ int main(int argc, char** argv) {
         "next S^T, the wgmma waits); only a lean-dQ candidate fails, dq wrong -> SendDqFull (its constant "
         "offsets, the full-step test) or, early-dP, the send's place after dP^T's issue; only dQ-first fails -> "
         "its three commit groups and the wait<1> before the send; only the uniform-desc ones -> UniformDescriptor / "
-        "KMajorOffset / MnMajorOffset; only diagonal-masks -> needs_masks (a step run unmasked that needed them); only dv wrong -> P^T (lse staging, masks) or dO's MN-major descriptor; dv right, dk "
+        "KMajorOffset / MnMajorOffset; only diagonal-masks -> needs_masks (a step run unmasked that needed them); "
+        "only counters -> the kCounters loop (step_m0, step_h against BwdSteps::m0 / head); only dv wrong -> P^T (lse staging, masks) or dO's MN-major descriptor; dv right, dk "
         "wrong -> dS^T (delta, dP^T = V dO^T) or Q's MN-major descriptor; dk, dv right, dq wrong -> the dS^T "
         "smem tile / WgmmaSSMn descriptors or the dQ staging and bulk reduces (blocked layout, tails); only "
         "GQA or T != S fails -> BwdSteps / BwdTile; a HANG -> barrier phases (empty / q_full / do_full "

@@ -444,6 +444,8 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   constexpr bool kDqFirst = BwdDqFirst(kSchedule);
   constexpr bool kUniform = BwdUniformDescriptors(kSchedule);
   constexpr bool kDiagonalMasks = BwdDiagonalMasks(kSchedule) && !kAnyFeature;
+  constexpr bool kCounters = BwdStepCounters(kSchedule) && !kAnyFeature;
+  static_assert(!kCounters || BwdDqFirst(kSchedule), "the counters are the current step's (no send of step i - 1)");
   constexpr bool kEarlyS = kSchedule != BwdSchedule::kSerial && !kDqFirst;
   constexpr bool kLeanDq = kSchedule == BwdSchedule::kLeanDq || kSchedule == BwdSchedule::kLeanDqEarlyDp ||
                            kSchedule == BwdSchedule::kLeanDqUniform || kDqFirst;
@@ -499,13 +501,24 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   // stores before its copy (async proxy). With dq_cols <= 0 nothing is
   // staged or sent.
   float dq[Tr::kDqCols / 2];
+  // Step i's first query and head: BwdSteps' division, or (kCounters) the
+  // loop's counters, which hold step i's while it runs (below).
+  [[maybe_unused]] int step_m0 = 0, step_h = 0;
+  auto m0_of = [&](int i) {
+    if constexpr (kCounters) return step_m0;
+    else return steps.m0(i);
+  };
+  auto head_of = [&](int i) {
+    if constexpr (kCounters) return step_h;
+    else return steps.head(i, tile.hk, a.group);
+  };
   auto send_dq = [&](int i) {
-    const int m0 = steps.m0(i);
+    const int m0 = m0_of(i);
     // kLeanDq: full steps (a warp-uniform test) take the constant-offset send.
     if constexpr (kLeanDq) {
       if (m0 + kBlockM <= a.seqlen_q && a.head_dim == kHeadDim) {
         SendDqFull<Tr>(a, dq, Opaque(smem) + Tr::kDqStageOffset + warpgroup * Tr::kDqStageBytes, tile.b,
-                       steps.head(i, tile.hk, a.group), m0, warp, lane, dq_col0);
+                       head_of(i), m0, warp, lane, dq_col0);
         return;
       }
     }
@@ -520,7 +533,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     // step copies left it none and spilled it (one LDL per step at 128).
     const int reduce_lane = kDiagonalMasks ? int(Opaque(uint32_t(lane))) : lane;
     if (reduce_lane == 0 && dq_cols > 0)
-      ReduceDqRows<Tr>(a, dq_stage, tile.b, steps.head(i, tile.hk, a.group), m0, warp, dq_col0, dq_cols);
+      ReduceDqRows<Tr>(a, dq_stage, tile.b, head_of(i), m0, warp, dq_col0, dq_cols);
   };
 
   // A feature variant's tile without steps: no K/V copy was issued.
@@ -538,7 +551,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     [[maybe_unused]] constexpr bool kMasked = decltype(masked)::value;
     const int s = i % Tr::kStages;
     const uint32_t parity = (i / Tr::kStages) & 1;
-    const int m0 = steps.m0(i);
+    const int m0 = m0_of(i);
     issue_s(i);
     if constexpr (kSendPrevious && !kSendAfterDp) send_dq(i - 1);
     // Feature variants: the step's visibility bits (FeatureStepMask), while
@@ -795,17 +808,27 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   // pass seqlen_k (TMA's zero rows would give P = 2^-lse2). Queries past
   // seqlen_q need none (lse2 = +inf gives P = 0).
   [[maybe_unused]] auto needs_masks = [&](int i) {
-    return (a.is_causal && steps.m0(i) - wg_n0 < 63) || wg_n0 + 64 > a.seqlen_k;
+    return (a.is_causal && m0_of(i) - wg_n0 < 63) || wg_n0 + 64 > a.seqlen_k;
   };
+  // kCounters: step i's query block (m_first + m) and head (h), advanced
+  // as BwdSteps::m0 / head count them (query blocks innermost).
+  [[maybe_unused]] int counter_m = 0, counter_h = tile.hk * a.group;
   if constexpr (kDqFirst) {
     // No wgmma is in flight between steps here, so the branch between the
     // two copies of the step is free of ptxas's serialization (C7520).
     for (int i = 0; i < steps.count; ++i) {
+      if constexpr (kCounters) {
+        step_m0 = (steps.m_first + counter_m) * kBlockM;
+        step_h = counter_h;
+      }
       if constexpr (kDiagonalMasks) {
         if (needs_masks(i)) step(i, std::false_type{}, std::true_type{});
         else step(i, std::false_type{}, std::false_type{});
       } else {
         step(i, std::false_type{}, std::true_type{});
+      }
+      if constexpr (kCounters) {
+        if (++counter_m == steps.m_count) counter_m = 0, ++counter_h;
       }
     }
   } else if constexpr (kEarlyS) {

@@ -47,6 +47,10 @@ namespace jax_flash::cuda::sm90 {
 //            queries need them (a warpgroup-uniform test per step choosing
 //            one of two copies of the step; ~96 instructions per step
 //            saved elsewhere).
+//   kDqFirstUniformDiagCounters: that, with the step's query block and
+//            head carried as counters across steps instead of BwdSteps'
+//            i % m_count and i / m_count (a signed division, ~20
+//            instructions and a MUFU.RCP, per step).
 enum class BwdSchedule {
   kSerial,
   kEarlyS,
@@ -55,16 +59,19 @@ enum class BwdSchedule {
   kDqFirst,
   kLeanDqUniform,
   kDqFirstUniform,
-  kDqFirstUniformDiag
+  kDqFirstUniformDiag,
+  kDqFirstUniformDiagCounters
 };
+constexpr bool BwdStepCounters(BwdSchedule s) { return s == BwdSchedule::kDqFirstUniformDiagCounters; }
+constexpr bool BwdDiagonalMasks(BwdSchedule s) {
+  return s == BwdSchedule::kDqFirstUniformDiag || BwdStepCounters(s);
+}
 constexpr bool BwdDqFirst(BwdSchedule s) {
-  return s == BwdSchedule::kDqFirst || s == BwdSchedule::kDqFirstUniform || s == BwdSchedule::kDqFirstUniformDiag;
+  return s == BwdSchedule::kDqFirst || s == BwdSchedule::kDqFirstUniform || BwdDiagonalMasks(s);
 }
 constexpr bool BwdUniformDescriptors(BwdSchedule s) {
-  return s == BwdSchedule::kLeanDqUniform || s == BwdSchedule::kDqFirstUniform ||
-         s == BwdSchedule::kDqFirstUniformDiag;
+  return s == BwdSchedule::kLeanDqUniform || s == BwdSchedule::kDqFirstUniform || BwdDiagonalMasks(s);
 }
-constexpr bool BwdDiagonalMasks(BwdSchedule s) { return s == BwdSchedule::kDqFirstUniformDiag; }
 
 template <int kHeadDim_>
 struct BwdTraits {
