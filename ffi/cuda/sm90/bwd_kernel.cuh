@@ -27,7 +27,12 @@
 //     share through shared memory into the float32 accumulator by bulk
 //     reduce-adds (below). [Candidates kLeanDq / kLeanDqEarlyDp: kEarlyS
 //     with a constant-offset send for full steps (SendDqFull), the latter
-//     placed after dP^T's issue; bwd_kernel_traits.cuh.]
+//     placed after dP^T's issue; bwd_kernel_traits.cuh.] [Session 17's
+//     candidates, kDqFirst and those built on it: after the dS^T stores,
+//     dV issued; barrier; dQ_share, then dK issued; wait for dV and dQ;
+//     dQ_share sent under dK; wait; arrive empty[s] (nothing in flight
+//     between steps). Uniform-descriptor, diagonal-mask and counter
+//     variants: bwd_kernel_traits.cuh.]
 //   Epilogue: dK * scale and dV straight from registers to global memory in
 //   the input dtype (once per tile).
 //
