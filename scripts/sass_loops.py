@@ -4,10 +4,14 @@
 
 A loop is a backward branch (BRA to a lower address); for each, the number
 of instructions and of the ones that matter in the attention kernels
-(HMMA, LDSM, BAR, LDGSTS, MUFU, FMUL, LDL/STL). Needs cuobjdump on PATH (the
-CUDA toolkit's, or the nvidia-cuda-cuobjdump wheel's). Used by
-scripts/kernel_report.sh; static counts, so a loop's inner loops are counted
-once.
+(HMMA, HGMMA, LDSM, BAR, LDGSTS, MUFU, FMUL, LDL/STL, R2UR, UBLKRED). Needs
+cuobjdump on PATH (the CUDA toolkit's, or the nvidia-cuda-cuobjdump wheel's).
+Used by scripts/kernel_report.sh; static counts, so a loop's inner loops are
+counted once. "cheapest path": the instructions a warp issues through the
+body when every conditional branch takes its shorter side and no inner loop
+repeats (for the sm90 backward's step loop: a full step, a lane other than
+0, no barrier retries: an estimate of a step's issue slots, where the static
+count also holds the tail steps' code).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import re
 import subprocess
 import sys
 
-WATCH = ("HMMA", "LDSM", "BAR", "LDGSTS", "MUFU", "FMUL", "LDL", "STL", "REDG")
+WATCH = ("HMMA", "LDSM", "BAR", "LDGSTS", "MUFU", "FMUL", "LDL", "STL", "REDG", "HGMMA", "R2UR", "UBLKRED")
 LINE = re.compile(r"/\*([0-9a-f]{4,6})\*/\s+(.*?);")
 
 
@@ -57,6 +61,33 @@ def loops(instrs: list[tuple[int, str]]):
             yield instrs[start][0], addr, instrs[start:i + 1]
 
 
+def cheapest_path(body: list[tuple[int, str]]) -> int:
+    """Instructions from the body's first to its last (the back edge), each
+    conditional forward branch inside the body taking its shorter side; a
+    branch out of the body or backwards (an inner loop, a wait's retry)
+    falls through; an EXIT or an unconditional branch out ends nowhere."""
+    index = {addr: i for i, (addr, _) in enumerate(body)}
+    never = 1 << 60
+    cost = [never] * (len(body) + 1)
+    cost[len(body) - 1] = 1
+    for i in range(len(body) - 2, -1, -1):
+        addr, text = body[i]
+        if opcode(text) == "EXIT":
+            continue
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
+        target = int(m.group(1), 16) if m else None
+        inside = target is not None and target > addr and target in index
+        taken = cost[index[target]] if inside else never
+        if m is None:
+            best = cost[i + 1]
+        elif not text.startswith("@"):
+            best = taken
+        else:
+            best = min(taken, cost[i + 1])
+        cost[i] = best + 1 if best < never else never
+    return cost[0]
+
+
 def report(cubin: str, pattern: str) -> None:
     for function in functions(cubin):
         if not re.search(pattern, function):
@@ -66,7 +97,9 @@ def report(cubin: str, pattern: str) -> None:
         for start, end, body in loops(instrs):
             ops = [opcode(text) for _, text in body]
             counts = ", ".join(f"{k} {ops.count(k)}" for k in WATCH if ops.count(k))
-            print(f"  loop {start:#x}-{end:#x}: {len(body)} instructions; {counts}")
+            path = cheapest_path(body)
+            path_text = f", cheapest path {path}" if path < 1 << 60 else ""
+            print(f"  loop {start:#x}-{end:#x}: {len(body)} instructions{path_text}; {counts}")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@
 # per case, exit code 1 on any FAIL), then TFLOP/s at T=S=4096 beside the
 # sm80 backward (which also runs every case, uncounted, to show what the
 # tolerance allows a known-good kernel). The TFLOP/s table also times the
-# candidate schedules (lean-dQ; +early-dP at head dim 64) beside the default
-# early-S (bwd_kernel_traits.cuh), each checked on every case first.
+# other schedules beside the default lean-dQ (early-S, serial, +early-dP at
+# head dim 64) and session 17's candidates (dQ-first, lean-dQ with uniform
+# descriptors, both, both + diagonal-only masks, that + step counters;
+# bwd_kernel_traits.cuh), each checked on every case first, each candidate
+# timed right after a lean-dQ timing (its "x lean-dQ" line).
 #
 #   bash scripts/sm90_bwd_check.sh             # from the worktree root
 #   SM80=0 bash scripts/sm90_bwd_check.sh      # without the sm80 comparison (faster build)

@@ -149,8 +149,12 @@ struct Case {
 struct TimingRow {
   std::string shape;
   double sm90 = 0, sm90_serial = 0, sm80 = 0;
-  // The candidate schedules (bwd_kernel_traits.cuh); lean_dp at 64 only.
+  // lean-dQ: the default (kLeanDq); lean_dp at 64 only.
   double sm90_lean = 0, sm90_lean_dp = 0;
+  // Session 17's candidates (bwd_kernel_traits.cuh): kDqFirst,
+  // kLeanDqUniform, kDqFirstUniform, kDqFirstUniformDiag,
+  // kDqFirstUniformDiagCounters.
+  double sm90_dq_first = 0, sm90_uniform = 0, sm90_dq_first_uniform = 0, sm90_diag = 0, sm90_counters = 0;
 };
 std::vector<TimingRow> timing_rows;
 
@@ -311,10 +315,16 @@ bool RunCase(const Case& c) {
                                 tol);
   };
 
-  // Every schedule (bwd_kernel_traits.cuh), the default (kEarlyS) first:
-  // a failure of only one points at its step order. kLeanDq (and, at 64,
-  // kLeanDqEarlyDp) are the candidates: their full steps take SendDqFull,
-  // their tail steps and padded head dims kEarlyS's general send.
+  // Every schedule (bwd_kernel_traits.cuh), early-S first: a failure of
+  // only one points at its step order. kLeanDq (the default since session
+  // 17) and, at 64, kLeanDqEarlyDp: their full steps take SendDqFull, their
+  // tail steps and padded head dims kEarlyS's general send. Then session
+  // 17's candidates, timed against kLeanDq: kDqFirst (dV, barrier, dQ, dK,
+  // the send under dK), kLeanDqUniform (uniform-register descriptors),
+  // kDqFirstUniform (both), kDqFirstUniformDiag (both, masks only on the
+  // steps that need them: causal diagonal blocks, key tails),
+  // kDqFirstUniformDiagCounters (that, the step's query block and head as
+  // counters instead of a division).
   using jax_flash::cuda::sm90::BwdSchedule;
   using jax_flash::cuda::sm90::LaunchBackwardScheduled;
   auto launch90 = [&] { return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kEarlyS>(p, 0); };
@@ -323,12 +333,31 @@ bool RunCase(const Case& c) {
   // (kLeanDqEarlyDp spills and serializes its wgmma at 128: built at 64 only.)
   constexpr BwdSchedule kLeanDp = kHeadDim == 64 ? BwdSchedule::kLeanDqEarlyDp : BwdSchedule::kLeanDq;
   auto launch90_lean_dp = [&] { return LaunchBackwardScheduled<Element, kHeadDim, kLeanDp>(p, 0); };
-  bool ok = run_and_check("sm90 early-S (default)", launch90);
+  auto launch90_dq_first = [&] { return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kDqFirst>(p, 0); };
+  auto launch90_uniform = [&] {
+    return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kLeanDqUniform>(p, 0);
+  };
+  auto launch90_dq_first_uniform = [&] {
+    return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kDqFirstUniform>(p, 0);
+  };
+  auto launch90_diag = [&] {
+    return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kDqFirstUniformDiag>(p, 0);
+  };
+  auto launch90_counters = [&] {
+    return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kDqFirstUniformDiagCounters>(p, 0);
+  };
+  bool ok = run_and_check("sm90 early-S", launch90);
   ok &= run_and_check("sm90 serial", launch90_serial);
   // A candidate's failure is reported (and counted) but does not stop the
-  // default's timing.
-  const bool ok_lean = run_and_check("sm90 lean-dQ (candidate)", launch90_lean);
+  // others' timing.
+  const bool ok_lean = run_and_check("sm90 lean-dQ (default)", launch90_lean);
   const bool ok_lean_dp = kHeadDim != 64 || run_and_check("sm90 lean-dQ early-dP (candidate)", launch90_lean_dp);
+  const bool ok_dq_first = run_and_check("sm90 dQ-first (candidate)", launch90_dq_first);
+  const bool ok_uniform = run_and_check("sm90 lean-dQ uniform-desc (candidate)", launch90_uniform);
+  const bool ok_dq_first_uniform = run_and_check("sm90 dQ-first uniform-desc (candidate)", launch90_dq_first_uniform);
+  const bool ok_diag = run_and_check("sm90 dQ-first uniform-desc diagonal-masks (candidate)", launch90_diag);
+  const bool ok_counters =
+      run_and_check("sm90 dQ-first uniform-desc diagonal-masks counters (candidate)", launch90_counters);
   TimingRow row;
   if (ok && c.timed) {
     const float ms = TimeLaunches(launch90), ms_serial = TimeLaunches(launch90_serial);
@@ -348,6 +377,23 @@ bool RunCase(const Case& c) {
       std::printf("  time sm90 lean-dQ early-dP: %.3f ms, %.1f TFLOP/s (%.3fx early-S)\n", ms_dp, row.sm90_lean_dp,
                   row.sm90 > 0 ? row.sm90_lean_dp / row.sm90 : 0.0);
     }
+    // Session 17's candidates against the default (lean-dQ), each timed
+    // again right after a lean-dQ timing: the pairs share the clocks of
+    // their moment (GPU.md: timings move 5-20% between runs).
+    auto time_against_lean = [&](const char* label, bool passed, auto launch, double* tflops) {
+      if (!passed || !ok_lean) return;
+      const float ms_ref = TimeLaunches(launch90_lean), ms_cand = TimeLaunches(launch);
+      *tflops = ms_cand > 0 ? flops / (ms_cand * 1e-3) / 1e12 : 0.0;
+      std::printf("  time sm90 %s: %.3f ms, %.1f TFLOP/s (%.3fx lean-dQ, timed beside it: %.3f ms)\n", label, ms_cand,
+                  *tflops, ms_cand > 0 ? ms_ref / ms_cand : 0.0, ms_ref);
+    };
+    time_against_lean("dQ-first", ok_dq_first, launch90_dq_first, &row.sm90_dq_first);
+    time_against_lean("lean-dQ uniform-desc", ok_uniform, launch90_uniform, &row.sm90_uniform);
+    time_against_lean("dQ-first uniform-desc", ok_dq_first_uniform, launch90_dq_first_uniform,
+                      &row.sm90_dq_first_uniform);
+    time_against_lean("dQ-first uniform-desc diagonal-masks", ok_diag, launch90_diag, &row.sm90_diag);
+    time_against_lean("dQ-first uniform-desc diagonal-masks counters", ok_counters, launch90_counters,
+                      &row.sm90_counters);
   }
 #ifdef JAX_FLASH_CHECK_SM80
   // sm80's backward on the same inputs: its errors show what the tolerance
@@ -358,8 +404,8 @@ bool RunCase(const Case& c) {
     if (c.timed) {
       const float ms80 = TimeLaunches(launch80);
       row.sm80 = ms80 > 0 ? flops / (ms80 * 1e-3) / 1e12 : 0.0;
-      std::printf("  time sm80: %.3f ms, %.1f TFLOP/s (sm90 / sm80 speed: %.2fx)\n", ms80, row.sm80,
-                  row.sm80 > 0 ? row.sm90 / row.sm80 : 0.0);
+      std::printf("  time sm80: %.3f ms, %.1f TFLOP/s (sm90 lean-dQ / sm80 speed: %.2fx)\n", ms80, row.sm80,
+                  row.sm80 > 0 ? row.sm90_lean / row.sm80 : 0.0);
     }
   }
 #endif
@@ -375,7 +421,7 @@ bool RunCase(const Case& c) {
                     (void*)lse, (void*)delta, (void*)ref_delta, (void*)dq_accum, (void*)ref_dq, (void*)ref_dk,
                     (void*)ref_dv})
     cudaFree(ptr);
-  return ok && ok_lean && ok_lean_dp;
+  return ok && ok_lean && ok_lean_dp && ok_dq_first && ok_uniform && ok_dq_first_uniform && ok_diag && ok_counters;
 }
 
 template <typename Element>
@@ -862,11 +908,15 @@ int main(int argc, char** argv) {
   }
   if (!timing_rows.empty()) {
     std::printf("\nTFLOP/s (2.5 x 4 B N T S H, halved when causal; delta pass + kernel + dQ conversion; median of 20 x 5)\n");
-    std::printf("%-40s %8s %8s %8s %8s %8s %8s\n", "shape", "early-S", "serial", "lean-dQ", "+early-dP", "sm80",
-                "ratio");
+    std::printf("(lean-dQ is the default; ratio: lean-dQ / sm80; dQ-first, uniform, dQF+unif, +diag, +count: "
+                "session 17's candidates, ratio to lean-dQ each in its own line above)\n");
+    std::printf("%-40s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "shape", "early-S", "serial", "lean-dQ",
+                "+early-dP", "dQ-first", "uniform", "dQF+unif", "+diag", "+count", "sm80", "ratio");
     for (const TimingRow& r : timing_rows)
-      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm90_serial,
-                  r.sm90_lean, r.sm90_lean_dp, r.sm80, r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
+      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(),
+                  r.sm90, r.sm90_serial, r.sm90_lean, r.sm90_lean_dp, r.sm90_dq_first, r.sm90_uniform,
+                  r.sm90_dq_first_uniform, r.sm90_diag, r.sm90_counters, r.sm80,
+                  r.sm80 > 0 ? r.sm90_lean / r.sm80 : 0.0);
   }
   if (!feature_timing_rows.empty()) {
     std::printf("\nfeature backward, TFLOP/s over visible pairs (2.5 x 4 H N per pair; plain: the plain sm90 "
@@ -881,7 +931,10 @@ int main(int argc, char** argv) {
     std::printf(
         "where to look: only the early-S schedule fails -> bwd_kernel.cuh's step order (send_dq after the "
         "next S^T, the wgmma waits); only a lean-dQ candidate fails, dq wrong -> SendDqFull (its constant "
-        "offsets, the full-step test) or, early-dP, the send's place after dP^T's issue; only dv wrong -> P^T (lse staging, masks) or dO's MN-major descriptor; dv right, dk "
+        "offsets, the full-step test) or, early-dP, the send's place after dP^T's issue; only dQ-first fails -> "
+        "its three commit groups and the wait<1> before the send; only the uniform-desc ones -> UniformDescriptor / "
+        "KMajorOffset / MnMajorOffset; only diagonal-masks -> needs_masks (a step run unmasked that needed them); "
+        "only counters -> the kCounters loop (step_m0, step_h against BwdSteps::m0 / head); only dv wrong -> P^T (lse staging, masks) or dO's MN-major descriptor; dv right, dk "
         "wrong -> dS^T (delta, dP^T = V dO^T) or Q's MN-major descriptor; dk, dv right, dq wrong -> the dS^T "
         "smem tile / WgmmaSSMn descriptors or the dQ staging and bulk reduces (blocked layout, tails); only "
         "GQA or T != S fails -> BwdSteps / BwdTile; a HANG -> barrier phases (empty / q_full / do_full "

@@ -31,3 +31,23 @@ def test_short_name_of_the_mangled_kernels():
     assert m.short_name("_ZN9jax_flash4cuda4sm809DkvKernelI13__nv_bfloat16Li256ELb1ELb0EEEvNS_15AttentionParamsE") \
         == "DkvKernel<256, 1, 0>"
     assert m.short_name("not_a_kernel") == "not_a_kernel"
+
+
+def test_cheapest_path_takes_the_shorter_side_of_each_branch():
+    m = _module()
+    body = [
+        (0x10, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR16], R24"),
+        (0x20, "@P0 BRA 0x60"),              # skips three: the shorter side
+        (0x30, "R2UR UR4, R2"),
+        (0x40, "R2UR UR5, R3"),
+        (0x50, "IMAD R4, R5, R6, R7"),
+        (0x60, "@!P1 BRA 0x200"),            # out of the body (a wait's retry): falls through
+        (0x70, "@P2 BRA 0x90"),              # taken: 0x90, 0xa0, 0xb0; not: 0x80, 0xb0 (shorter)
+        (0x80, "BRA 0xb0"),                  # unconditional: jumps
+        (0x90, "IMAD R4, R5, R6, R7"),
+        (0xa0, "IMAD R4, R5, R6, R7"),
+        (0xb0, "@P3 BRA 0x10"),              # the back edge
+    ]
+    # 0x10, 0x20, 0x60, 0x70, 0x80, 0xb0
+    assert m.cheapest_path(body) == 6
+    assert m.opcode("@!P0 HGMMA.64x64x16.F32.BF16 R24, gdesc[UR16], R24") == "HGMMA"

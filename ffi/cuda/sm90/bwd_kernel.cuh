@@ -27,7 +27,12 @@
 //     share through shared memory into the float32 accumulator by bulk
 //     reduce-adds (below). [Candidates kLeanDq / kLeanDqEarlyDp: kEarlyS
 //     with a constant-offset send for full steps (SendDqFull), the latter
-//     placed after dP^T's issue; bwd_kernel_traits.cuh.]
+//     placed after dP^T's issue; bwd_kernel_traits.cuh.] [Session 17's
+//     candidates, kDqFirst and those built on it: after the dS^T stores,
+//     dV issued; barrier; dQ_share, then dK issued; wait for dV and dQ;
+//     dQ_share sent under dK; wait; arrive empty[s] (nothing in flight
+//     between steps). Uniform-descriptor, diagonal-mask and counter
+//     variants: bwd_kernel_traits.cuh.]
 //   Epilogue: dK * scale and dV straight from registers to global memory in
 //   the input dtype (once per tile).
 //
@@ -171,6 +176,29 @@ struct BwdSteps {
 __device__ __forceinline__ uint64_t MnMajorDescriptor(uint32_t rows, int chunk_bytes, int kk) {
   return SmemDescriptor(rows + kk * 16 * 128, chunk_bytes, 1024);
 }
+
+// The uniform-descriptor schedules (BwdUniformDescriptors): a product's
+// descriptors as one base per operand plus constant byte offsets.
+// SmemDescriptor(addr + offset) is the base's with offset >> 4 added to its
+// low word when offset is a multiple of 16 and addr + offset < 2^18 (every
+// shared address of a block is below 228 KiB, so the start field [0,14)
+// never carries into the leading field above it). One 32-bit add per
+// operand and wgmma instead of the field packing (mask, shifts, ors) of
+// each KMajorDescriptor / MnMajorDescriptor; with a warp-uniform base
+// (the warpgroup index broadcast by a shuffle) ptxas keeps both words in
+// uniform registers, where HGMMA reads them (no R2UR).
+struct UniformDescriptor {
+  uint32_t lo, hi;
+  __device__ __forceinline__ UniformDescriptor(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
+    const uint64_t d = SmemDescriptor(addr, leading_bytes, stride_bytes);
+    lo = uint32_t(d);
+    hi = uint32_t(d >> 32);
+  }
+  __device__ __forceinline__ uint64_t At(uint32_t offset) const { return uint64_t(hi) << 32 | (lo + (offset >> 4)); }
+};
+// The byte offsets of k16 step kk: KMajorDescriptor's and MnMajorDescriptor's.
+constexpr uint32_t KMajorOffset(int chunk_bytes, int kk) { return uint32_t((kk / 4) * chunk_bytes + (kk % 4) * 32); }
+constexpr uint32_t MnMajorOffset(int kk) { return uint32_t(kk * 16 * 128); }
 
 // Thread 0 of the producer: the tile's K and V, then Q and dO per step.
 template <typename Tr>
@@ -369,6 +397,18 @@ __device__ __forceinline__ void IssueDqProduct(float (&dq)[Tr::kDqCols / 2], uin
   WgmmaCommit();
 }
 
+// IssueDqProduct with UniformDescriptor (the uniform-descriptor schedules).
+template <typename Element, typename Tr>
+__device__ __forceinline__ void IssueDqProductUniform(float (&dq)[Tr::kDqCols / 2], uint32_t ds_rows,
+                                                      uint32_t k_cols) {
+  const UniformDescriptor ds_desc(ds_rows, Tr::kDsBytes, 1024), k_desc(k_cols, Tr::kKvChunkBytes, 1024);
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < Tr::kDqKeys / 16; ++kk)
+    WgmmaSSMn<Element, Tr::kDqCols>(dq, ds_desc.At(MnMajorOffset(kk)), k_desc.At(MnMajorOffset(kk)), kk > 0 ? 1 : 0);
+  WgmmaCommit();
+}
+
 // The addresses of a warpgroup's dQ product operands (IssueDqProduct).
 template <typename Tr>
 __device__ __forceinline__ uint32_t DqDsRows(uint32_t ds_tile, int warpgroup) {
@@ -394,21 +434,36 @@ __device__ __forceinline__ uint32_t Opaque(uint32_t x) {
 // the staging; kSerial: each step's share right after its product.
 // kLeanDq, kLeanDqEarlyDp (bwd_kernel_traits.cuh): kEarlyS with SendDqFull
 // for full steps, the latter sending after dP^T's issue.
+// Session 17's candidates (bwd_kernel_traits.cuh): kDqFirst's order (dV,
+// barrier, dQ, dK; the send under dK), uniform descriptors, masks on the
+// steps that need them only; all with the lean send.
 // Feature variants: `p` for the mask policy's per-step questions (the plain
 // kernel ignores it).
 template <typename Element, typename Tr, BwdSchedule kSchedule, Features kFeatures>
 __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const AttentionParams& p,
-                                                    BwdBarriers<Tr> bars, uint32_t smem, int warpgroup,
+                                                    BwdBarriers<Tr> bars, uint32_t smem, int warpgroup_index,
                                                     const BwdTile& tile, const BwdSteps<Tr>& steps) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockM = Tr::kBlockM;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
   constexpr bool kSoftcap = kFeatures == Features::kMasksSoftcap;
-  constexpr bool kEarlyS = kSchedule != BwdSchedule::kSerial;
-  constexpr bool kLeanDq = kSchedule == BwdSchedule::kLeanDq || kSchedule == BwdSchedule::kLeanDqEarlyDp;
+  constexpr bool kDqFirst = BwdDqFirst(kSchedule);
+  constexpr bool kUniform = BwdUniformDescriptors(kSchedule);
+  constexpr bool kDiagonalMasks = BwdDiagonalMasks(kSchedule) && !kAnyFeature;
+  constexpr bool kCounters = BwdStepCounters(kSchedule) && !kAnyFeature;
+  static_assert(!kCounters || BwdDqFirst(kSchedule), "the counters are the current step's (no send of step i - 1)");
+  constexpr bool kEarlyS = kSchedule != BwdSchedule::kSerial && !kDqFirst;
+  constexpr bool kLeanDq = kSchedule == BwdSchedule::kLeanDq || kSchedule == BwdSchedule::kLeanDqEarlyDp ||
+                           kSchedule == BwdSchedule::kLeanDqUniform || kDqFirst;
   constexpr bool kSendAfterDp = kSchedule == BwdSchedule::kLeanDqEarlyDp;
   // At 128 dQ's 32 floats beside dK, dV (128), S^T and dP^T (64) in flight
   // leave too few registers: ptxas serializes the wgmma (C7512) and spills.
   static_assert(!kSendAfterDp || kHeadDim == 64, "kLeanDqEarlyDp is a head dim 64 schedule");
+  // The uniform schedules: the index through a shuffle from lane 0, which
+  // ptxas knows to be warp-uniform, so that the addresses and descriptors
+  // derived from it (and from the uniform shared base) live in uniform
+  // registers. (threadIdx.x / 128 is uniform per warp too, but ptxas cannot
+  // tell.)
+  const int warpgroup = kUniform ? __shfl_sync(0xffffffffu, warpgroup_index, 0) : warpgroup_index;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int row0 = warp * 16 + g;  // this thread's keys in the warpgroup: row0, row0 + 8
   const int wg_n0 = tile.n_block * Tr::kBlockN + 64 * warpgroup;
@@ -429,10 +484,18 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     const uint32_t k_rows = base + Tr::kKOffset + warpgroup * 64 * 128;
     MbarrierWait(bars.q_full(s), (i / Tr::kStages) & 1);
     WgmmaFence();
+    if constexpr (kUniform) {
+      const UniformDescriptor k_desc(k_rows, 16, 1024), q_desc(q_tile, 16, 1024);
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      WgmmaSS<Element, kBlockM>(st, KMajorDescriptor<Tr>(k_rows, Tr::kKvChunkBytes, kk),
-                                KMajorDescriptor<Tr>(q_tile, Tr::kQChunkBytes, kk), kk > 0 ? 1 : 0);
+      for (int kk = 0; kk < kHeadDim / 16; ++kk)
+        WgmmaSS<Element, kBlockM>(st, k_desc.At(KMajorOffset(Tr::kKvChunkBytes, kk)),
+                                  q_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)), kk > 0 ? 1 : 0);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk)
+        WgmmaSS<Element, kBlockM>(st, KMajorDescriptor<Tr>(k_rows, Tr::kKvChunkBytes, kk),
+                                  KMajorDescriptor<Tr>(q_tile, Tr::kQChunkBytes, kk), kk > 0 ? 1 : 0);
+    }
     WgmmaCommit();
   };
 
@@ -443,13 +506,24 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   // stores before its copy (async proxy). With dq_cols <= 0 nothing is
   // staged or sent.
   float dq[Tr::kDqCols / 2];
+  // Step i's first query and head: BwdSteps' division, or (kCounters) the
+  // loop's counters, which hold step i's while it runs (below).
+  [[maybe_unused]] int step_m0 = 0, step_h = 0;
+  auto m0_of = [&](int i) {
+    if constexpr (kCounters) return step_m0;
+    else return steps.m0(i);
+  };
+  auto head_of = [&](int i) {
+    if constexpr (kCounters) return step_h;
+    else return steps.head(i, tile.hk, a.group);
+  };
   auto send_dq = [&](int i) {
-    const int m0 = steps.m0(i);
+    const int m0 = m0_of(i);
     // kLeanDq: full steps (a warp-uniform test) take the constant-offset send.
     if constexpr (kLeanDq) {
       if (m0 + kBlockM <= a.seqlen_q && a.head_dim == kHeadDim) {
         SendDqFull<Tr>(a, dq, Opaque(smem) + Tr::kDqStageOffset + warpgroup * Tr::kDqStageBytes, tile.b,
-                       steps.head(i, tile.hk, a.group), m0, warp, lane, dq_col0);
+                       head_of(i), m0, warp, lane, dq_col0);
         return;
       }
     }
@@ -459,8 +533,12 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     StageDq<Tr>(a, dq, dq_stage, m0, dq_cols, warp, g, t);
     FenceProxyAsync();
     __syncwarp();
-    if (lane == 0 && dq_cols > 0)
-      ReduceDqRows<Tr>(a, dq_stage, tile.b, steps.head(i, tile.hk, a.group), m0, warp, dq_col0, dq_cols);
+    // kDiagonalMasks: the test rebuilt per send from an opaque lane, so
+    // that ptxas does not hold it as a predicate across the loop, whose two
+    // step copies left it none and spilled it (one LDL per step at 128).
+    const int reduce_lane = kDiagonalMasks ? int(Opaque(uint32_t(lane))) : lane;
+    if (reduce_lane == 0 && dq_cols > 0)
+      ReduceDqRows<Tr>(a, dq_stage, tile.b, head_of(i), m0, warp, dq_col0, dq_cols);
   };
 
   // A feature variant's tile without steps: no K/V copy was issued.
@@ -469,12 +547,16 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   // steps but the first): step i - 1's dQ share is sent right after step
   // i's S^T is issued, so that S^T runs under it. (Issuing S^T at the end
   // of step i - 1 instead kept it in flight across the loop's back edge,
-  // where ptxas serialized every wgmma, C7514.)
-  auto step = [&](int i, auto send_previous) {
+  // where ptxas serialized every wgmma, C7514.) kDqFirst: step i whole,
+  // its share sent inside it (under dK's product). `masked` (a
+  // std::bool_constant): the plain kernel's per-element masks; false only
+  // for kDiagonalMasks' steps that need none (needs_masks below).
+  auto step = [&](int i, auto send_previous, auto masked) {
     constexpr bool kSendPrevious = decltype(send_previous)::value;
+    [[maybe_unused]] constexpr bool kMasked = decltype(masked)::value;
     const int s = i % Tr::kStages;
     const uint32_t parity = (i / Tr::kStages) & 1;
-    const int m0 = steps.m0(i);
+    const int m0 = m0_of(i);
     issue_s(i);
     if constexpr (kSendPrevious && !kSendAfterDp) send_dq(i - 1);
     // Feature variants: the step's visibility bits (FeatureStepMask), while
@@ -495,10 +577,18 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     const uint32_t v_rows = base + Tr::kVOffset + warpgroup * 64 * 128;
     MbarrierWait(bars.do_full(s), parity);
     WgmmaFence();
+    if constexpr (kUniform) {
+      const UniformDescriptor v_desc(v_rows, 16, 1024), do_desc(do_tile, 16, 1024);
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      WgmmaSS<Element, kBlockM>(dpt, KMajorDescriptor<Tr>(v_rows, Tr::kKvChunkBytes, kk),
-                                KMajorDescriptor<Tr>(do_tile, Tr::kQChunkBytes, kk), kk > 0 ? 1 : 0);
+      for (int kk = 0; kk < kHeadDim / 16; ++kk)
+        WgmmaSS<Element, kBlockM>(dpt, v_desc.At(KMajorOffset(Tr::kKvChunkBytes, kk)),
+                                  do_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)), kk > 0 ? 1 : 0);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk)
+        WgmmaSS<Element, kBlockM>(dpt, KMajorDescriptor<Tr>(v_rows, Tr::kKvChunkBytes, kk),
+                                  KMajorDescriptor<Tr>(do_tile, Tr::kQChunkBytes, kk), kk > 0 ? 1 : 0);
+    }
     WgmmaCommit();
     // kLeanDqEarlyDp: step i - 1's share sent with both S^T and dP^T in flight.
     if constexpr (kSendPrevious && kSendAfterDp) send_dq(i - 1);
@@ -539,7 +629,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
             float& x = st[4 * j + 2 * hh + e];
             if constexpr (kAnyFeature) {
               x = visible >> (16 * hh + 2 * j + e) & 1u ? x : -CUDART_INF_F;
-            } else {
+            } else if constexpr (kMasked) {
               const int key = row0 + 8 * hh, q = 8 * j + 2 * t + e;
               x = key < key_limit && key <= q + diagonal ? x : -CUDART_INF_F;
             }
@@ -594,32 +684,117 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
 
     // dV += P^T dO, dK += dS^T Q (the step's queries are the k of both; dO
     // and Q [queries][head dim] are MN-major B operands).
-    FenceRegisters(dv);
-    FenceRegisters(dk);
-    WgmmaFence();
+    auto issue_dv = [&] {
+      if constexpr (kUniform) {
+        const UniformDescriptor do_desc(do_tile, Tr::kQChunkBytes, 1024);
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      WgmmaRS<Element, kHeadDim>(dv, p_frag[kk], MnMajorDescriptor(do_tile, Tr::kQChunkBytes, kk), 1);
+        for (int kk = 0; kk < kBlockM / 16; ++kk)
+          WgmmaRS<Element, kHeadDim>(dv, p_frag[kk], do_desc.At(MnMajorOffset(kk)), 1);
+      } else {
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      WgmmaRS<Element, kHeadDim>(dk, ds_frag[kk], MnMajorDescriptor(q_tile, Tr::kQChunkBytes, kk), 1);
-    WgmmaCommit();
-
+        for (int kk = 0; kk < kBlockM / 16; ++kk)
+          WgmmaRS<Element, kHeadDim>(dv, p_frag[kk], MnMajorDescriptor(do_tile, Tr::kQChunkBytes, kk), 1);
+      }
+    };
+    auto issue_dk = [&] {
+      if constexpr (kUniform) {
+        const UniformDescriptor q_desc(q_tile, Tr::kQChunkBytes, 1024);
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk)
+          WgmmaRS<Element, kHeadDim>(dk, ds_frag[kk], q_desc.At(MnMajorOffset(kk)), 1);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk)
+          WgmmaRS<Element, kHeadDim>(dk, ds_frag[kk], MnMajorDescriptor(q_tile, Tr::kQChunkBytes, kk), 1);
+      }
+    };
     // The stores before the tensor cores' reads (async proxy), and, at 128,
     // the other warpgroup's too. Double buffering: a warpgroup writing step
     // i + 1's dS^T has passed step i's barrier, which the other reached
-    // only after its step i - 1 dQ product (same buffer) completed.
-    FenceProxyAsync();
-    if constexpr (Tr::kDqSplitColumns) NamedBarrierSync(kDsBarrier, 256);
-    // (Literal ids per warpgroup: a computed one makes ptxas reserve all 16.)
-    else if (warpgroup == 0) NamedBarrierSync(kStageBarrier, 128);
-    else NamedBarrierSync(kStageBarrier + 1, 128);
-
+    // only after its step i - 1 dQ product (same buffer) completed (kDqFirst
+    // too: its wait<1> below completes the dQ product before the step ends).
+    auto ds_barrier = [&] {
+      FenceProxyAsync();
+      if constexpr (Tr::kDqSplitColumns) NamedBarrierSync(kDsBarrier, 256);
+      // (Literal ids per warpgroup: a computed one makes ptxas reserve all 16.)
+      else if (warpgroup == 0) NamedBarrierSync(kStageBarrier, 128);
+      else NamedBarrierSync(kStageBarrier + 1, 128);
+    };
     // dQ share = dS K: A = dS (queries x keys) from dS^T in shared memory,
     // B = K (keys x head dim), both MN-major.
-    const uint32_t dq_base = Opaque(smem);
-    IssueDqProduct<Element, Tr>(dq, DqDsRows<Tr>(dq_base + Tr::kDsOffset, warpgroup) + ds_buf,
-                                DqKCols<Tr>(dq_base + Tr::kKOffset, warpgroup));
+    auto issue_dq = [&] {
+      const uint32_t dq_base = Opaque(smem);
+      if constexpr (kUniform)
+        IssueDqProductUniform<Element, Tr>(dq, DqDsRows<Tr>(dq_base + Tr::kDsOffset, warpgroup) + ds_buf,
+                                           DqKCols<Tr>(dq_base + Tr::kKOffset, warpgroup));
+      else
+        IssueDqProduct<Element, Tr>(dq, DqDsRows<Tr>(dq_base + Tr::kDsOffset, warpgroup) + ds_buf,
+                                    DqKCols<Tr>(dq_base + Tr::kKOffset, warpgroup));
+    };
+    if constexpr (kDqFirst) {
+      // Three commit groups, in the order they are needed: dV (issued
+      // before the barrier, so that it runs while this warpgroup waits for
+      // the other's dS^T), dQ, dK. wgmma groups complete in commit order,
+      // so wait<1> is dV and dQ done with dK still running: the share is
+      // staged and sent under dK's product (FlashAttention-3's order), and
+      // the next step's S^T and dP^T go out back to back. The dQ product's
+      // own wgmma.fence (IssueDqProduct) orders dk's and ds_frag's last
+      // writes before dK's wgmma too. No new barrier: the named barrier and
+      // the stage arrival are kLeanDq's, in the same order per step.
+      FenceRegisters(dv);
+      FenceRegisters(dk);
+      WgmmaFence();
+      issue_dv();
+      WgmmaCommit();
+      ds_barrier();
+      issue_dq();
+      issue_dk();
+      WgmmaCommit();
+      WgmmaWait<1>();
+      FenceRegisters(dq);
+      FenceRegisters(dv);
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) FenceRegisters(p_frag[kk]);
+      // Reads no stage: Q and dO stay held only for dK's B operand.
+      send_dq(i);
+      WgmmaWait<0>();
+      FenceRegisters(dk);
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) FenceRegisters(ds_frag[kk]);
+      __syncwarp();
+      if (lane == 0) MbarrierArrive(bars.empty(s));
+      return;
+    }
+
+    FenceRegisters(dv);
+    FenceRegisters(dk);
+    WgmmaFence();
+    if constexpr (kUniform) {
+      issue_dv();
+      issue_dk();
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        WgmmaRS<Element, kHeadDim>(dv, p_frag[kk], MnMajorDescriptor(do_tile, Tr::kQChunkBytes, kk), 1);
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        WgmmaRS<Element, kHeadDim>(dk, ds_frag[kk], MnMajorDescriptor(q_tile, Tr::kQChunkBytes, kk), 1);
+    }
+    WgmmaCommit();
+
+    if constexpr (kUniform) {
+      ds_barrier();
+      issue_dq();
+    } else {
+      FenceProxyAsync();
+      if constexpr (Tr::kDqSplitColumns) NamedBarrierSync(kDsBarrier, 256);
+      // (Literal ids per warpgroup: a computed one makes ptxas reserve all 16.)
+      else if (warpgroup == 0) NamedBarrierSync(kStageBarrier, 128);
+      else NamedBarrierSync(kStageBarrier + 1, 128);
+      const uint32_t dq_base = Opaque(smem);
+      IssueDqProduct<Element, Tr>(dq, DqDsRows<Tr>(dq_base + Tr::kDsOffset, warpgroup) + ds_buf,
+                                  DqKCols<Tr>(dq_base + Tr::kKOffset, warpgroup));
+    }
     WgmmaWait<0>();
     FenceRegisters(dq);
     FenceRegisters(dv);
@@ -631,15 +806,45 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     __syncwarp();
     if (lane == 0) MbarrierArrive(bars.empty(s));
   };
-  if constexpr (kEarlyS) {
+  // kDiagonalMasks: whether step i's keys x queries need the per-element
+  // masks (warpgroup-uniform: from m0 and the broadcast warpgroup): causal
+  // where a key may follow a query (key - query up to 63 - (m0 - wg_n0)
+  // inside the block, so m0 - wg_n0 < 63), any where the warpgroup's keys
+  // pass seqlen_k (TMA's zero rows would give P = 2^-lse2). Queries past
+  // seqlen_q need none (lse2 = +inf gives P = 0).
+  [[maybe_unused]] auto needs_masks = [&](int i) {
+    return (a.is_causal && m0_of(i) - wg_n0 < 63) || wg_n0 + 64 > a.seqlen_k;
+  };
+  // kCounters: step i's query block (m_first + m) and head (h), advanced
+  // as BwdSteps::m0 / head count them (query blocks innermost).
+  [[maybe_unused]] int counter_m = 0, counter_h = tile.hk * a.group;
+  if constexpr (kDqFirst) {
+    // No wgmma is in flight between steps here, so the branch between the
+    // two copies of the step is free of ptxas's serialization (C7520).
+    for (int i = 0; i < steps.count; ++i) {
+      if constexpr (kCounters) {
+        step_m0 = (steps.m_first + counter_m) * kBlockM;
+        step_h = counter_h;
+      }
+      if constexpr (kDiagonalMasks) {
+        if (needs_masks(i)) step(i, std::false_type{}, std::true_type{});
+        else step(i, std::false_type{}, std::false_type{});
+      } else {
+        step(i, std::false_type{}, std::true_type{});
+      }
+      if constexpr (kCounters) {
+        if (++counter_m == steps.m_count) counter_m = 0, ++counter_h;
+      }
+    }
+  } else if constexpr (kEarlyS) {
     if (steps.count > 0) {
-      step(0, std::false_type{});
-      for (int i = 1; i < steps.count; ++i) step(i, std::true_type{});
+      step(0, std::false_type{}, std::true_type{});
+      for (int i = 1; i < steps.count; ++i) step(i, std::true_type{}, std::true_type{});
       send_dq(steps.count - 1);
     }
   } else {
     for (int i = 0; i < steps.count; ++i) {
-      step(i, std::false_type{});
+      step(i, std::false_type{}, std::true_type{});
       send_dq(i);
     }
   }

@@ -25,7 +25,53 @@ namespace jax_flash::cuda::sm90 {
 //            across dP^T's issue: 32 more registers at the peak).
 // tests/cuda/sm90_bwd_check.cu times them all. kLeanDqEarlyDp measured
 // 1.01x kLeanDq at 64 non-causal and 0.94x causal: not taken.
-enum class BwdSchedule { kSerial, kEarlyS, kLeanDq, kLeanDqEarlyDp };
+//
+// Session 17's candidates (the check program only; appended, so that the
+// values above, which are in the kernels' mangled names, stay as they are):
+//   kDqFirst: dV's product issued before the dS^T barrier, then dQ's, then
+//            dK's (three commit groups); a wait for dV and dQ leaves dK on
+//            the tensor cores while the dQ share is staged and sent (the
+//            lean send), so the next step's S^T and dP^T are issued back to
+//            back with nothing between them (FlashAttention-3's order).
+//            Nothing is in flight across a step boundary.
+//   kLeanDqUniform: kLeanDq with the warpgroup index broadcast by a shuffle
+//            (ptxas then knows it warp-uniform and keeps the descriptors in
+//            uniform registers) and each product's descriptors as one base
+//            per operand plus constant offsets in the low word
+//            (UniformDescriptor, bwd_kernel.cuh): kLeanDq rebuilds every
+//            descriptor from a vector register (~8 instructions and 2 R2UR
+//            per wgmma, 32 wgmma per step at 128).
+//   kDqFirstUniform: both.
+//   kDqFirstUniformDiag: both, and the plain kernel's per-element masks
+//            (causal and the key tail) only on the steps whose keys x
+//            queries need them (a warpgroup-uniform test per step choosing
+//            one of two copies of the step; ~96 instructions per step
+//            saved elsewhere).
+//   kDqFirstUniformDiagCounters: that, with the step's query block and
+//            head carried as counters across steps instead of BwdSteps'
+//            i % m_count and i / m_count (a signed division, ~20
+//            instructions and a MUFU.RCP, per step).
+enum class BwdSchedule {
+  kSerial,
+  kEarlyS,
+  kLeanDq,
+  kLeanDqEarlyDp,
+  kDqFirst,
+  kLeanDqUniform,
+  kDqFirstUniform,
+  kDqFirstUniformDiag,
+  kDqFirstUniformDiagCounters
+};
+constexpr bool BwdStepCounters(BwdSchedule s) { return s == BwdSchedule::kDqFirstUniformDiagCounters; }
+constexpr bool BwdDiagonalMasks(BwdSchedule s) {
+  return s == BwdSchedule::kDqFirstUniformDiag || BwdStepCounters(s);
+}
+constexpr bool BwdDqFirst(BwdSchedule s) {
+  return s == BwdSchedule::kDqFirst || s == BwdSchedule::kDqFirstUniform || BwdDiagonalMasks(s);
+}
+constexpr bool BwdUniformDescriptors(BwdSchedule s) {
+  return s == BwdSchedule::kLeanDqUniform || s == BwdSchedule::kDqFirstUniform || BwdDiagonalMasks(s);
+}
 
 template <int kHeadDim_>
 struct BwdTraits {
