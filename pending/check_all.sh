@@ -37,7 +37,7 @@ root=$PWD
 OUT=${OUT:-/tmp/pending_out}
 mkdir -p "$OUT"
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(sm90_fwd_h64 sm90_fwd_bias)  # the patches pending now (one device call each fits 10 minutes)
+[ ${#checks[@]} -gt 0 ] || checks=(sm90_fwd_h64 sm90_fwd_bias)  # the patches pending now (together ~15 min: one per device call fits its 10)
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 wants() { local c; for c in "${checks[@]}"; do [ "$c" = "$1" ] && return 0; done; return 1; }
 
