@@ -121,9 +121,10 @@ struct FeatureCase {
   // A bias (kMasksBias) when >= 0, of the shape these bits give: kBiasBatch,
   // kBiasHeads, kBiasRows each a full dim (else broadcast, size 1); the keys
   // always full. kBiasInf: about 1 in 29 elements -inf (a bias as a mask).
+  // kBias16: in the inputs' 16-bit type (kMasksBias16), else float32.
   int bias = -1;
 };
-constexpr int kBiasBatch = 1, kBiasHeads = 2, kBiasRows = 4, kBiasInf = 8;
+constexpr int kBiasBatch = 1, kBiasHeads = 2, kBiasRows = 4, kBiasInf = 8, kBias16 = 16;
 
 // Bias values in [-2, 2) (a softmax-moving range), from the element index;
 // kBiasInf: some -inf.
@@ -131,6 +132,15 @@ __global__ void FillBias(float* x, int64_t n, uint64_t seed, bool with_inf) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const uint64_t r = SplitMix(seed * 0x100000001B3ull + uint64_t(i));
     x[i] = with_inf && (r >> 32) % 29 == 0 ? -INFINITY : float(r & 0xFFFFFF) / 4194304.0f - 2.0f;
+  }
+}
+// The 16-bit copy of a float bias, and the float one rounded to it (so the
+// reference reads the same values).
+template <typename Element>
+__global__ void RoundBias(float* x, Element* x16, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    x16[i] = FromFloat<Element>(x[i]);
+    x[i] = ToFloat(x16[i]);
   }
 }
 
@@ -191,6 +201,7 @@ struct FeatureRun {
   sm90::CausalOrder order;
   int section_pairs;
   const char* what;
+  bool bias16 = false;  // p.features.bias holds Element values (kMasksBias16)
 };
 
 template <typename Element, int kHeadDim>
@@ -198,9 +209,13 @@ std::string LaunchFeatures(const AttentionParams& p, const FeatureRun& run) {
   constexpr sm90::Schedule kSchedule = sm90::FwdTraits<kHeadDim>::kDefaultSchedule;
   if (p.features.bias) {
     // kMasksBias at 64 and 128 only (pending/sm90-fwd-bias.patch's dispatch).
-    if constexpr (kHeadDim <= 128)
+    if constexpr (kHeadDim <= 128) {
+      if (run.bias16)
+        return sm90::LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, sm90::Features::kMasksBias16>(
+            p, 0, run.max_blocks, run.order, run.section_pairs);
       return sm90::LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, sm90::Features::kMasksBias>(
           p, 0, run.max_blocks, run.order, run.section_pairs);
+    }
     return "no kMasksBias variant at head dim 256";
   }
   if (p.features.softcap > 0.0)
@@ -245,6 +260,7 @@ bool RunFeatureCase(const FeatureCase& c) {
   int32_t* d_q_ranges = Upload(q_ranges);
   int32_t* d_kv_ranges = Upload(kv_ranges);
   float* d_bias = nullptr;
+  Element* d_bias16 = nullptr;
   const int64_t bias_b = c.bias >= 0 && (c.bias & kBiasBatch) ? c.B : 1,
                 bias_n = c.bias >= 0 && (c.bias & kBiasHeads) ? c.N : 1,
                 bias_t = c.bias >= 0 && (c.bias & kBiasRows) ? c.T : 1;
@@ -252,6 +268,10 @@ bool RunFeatureCase(const FeatureCase& c) {
     const int64_t n = bias_b * bias_n * bias_t * c.S;
     CHECK_CUDA(cudaMalloc(&d_bias, n * 4));
     FillBias<<<1024, 256>>>(d_bias, n, 14, (c.bias & kBiasInf) != 0);
+    if (c.bias & kBias16) {
+      CHECK_CUDA(cudaMalloc(&d_bias16, n * 2));
+      RoundBias<<<1024, 256>>>(d_bias, d_bias16, n);
+    }
     CHECK_CUDA(cudaGetLastError());
   }
 
@@ -275,7 +295,7 @@ bool RunFeatureCase(const FeatureCase& c) {
   if (d_bias) {
     // Contiguous [bias_b, bias_n, bias_t, S]; stride 0 along the size-1 dims
     // (attention.py's broadcast operands). One batch dim of size B.
-    p.features.bias = d_bias;
+    p.features.bias = d_bias16 ? static_cast<const void*>(d_bias16) : d_bias;
     p.features.num_batch_dims = 1;
     p.features.batch_dims[0] = c.B;
     p.features.bias_stride.col = 1;
@@ -305,6 +325,7 @@ bool RunFeatureCase(const FeatureCase& c) {
     runs.insert(runs.end(), {{7, sm90::CausalOrder::kSections, 1, "on 7 blocks, sections of 1 pair"},
                              {0, sm90::CausalOrder::kSections, 3, "full grid, sections of 3 pairs"}});
   if (c.timed) runs.resize(1);
+  for (FeatureRun& run : runs) run.bias16 = d_bias16 != nullptr;
   bool all_ok = true;
   for (const FeatureRun& run : runs) {
     char name[320];
@@ -396,7 +417,9 @@ bool RunFeatureCase(const FeatureCase& c) {
     const float ms_plain = TimeLaunches([&] { return sm90::LaunchForward<Element, kHeadDim>(plain, 0); });
     if (ms_plain > 0) row.sm90_plain = plain_flops / (ms_plain * 1e-3) / 1e12;
 #ifdef JAX_FLASH_CHECK_SM80
-    const float ms80 = TimeLaunches([&] { return jax_flash::cuda::sm80::LaunchForward<Element, kHeadDim>(p, 0); });
+    AttentionParams p80 = p;  // sm80 reads a float32 bias: the rounded float copy of a 16-bit one
+    if (d_bias16) p80.features.bias = d_bias;
+    const float ms80 = TimeLaunches([&] { return jax_flash::cuda::sm80::LaunchForward<Element, kHeadDim>(p80, 0); });
     if (ms80 > 0) row.sm80 = flops / (ms80 * 1e-3) / 1e12;
 #endif
     std::printf("  time sm90 features: %.3f ms (%.0f visible pairs per head), %.1f TFLOP/s; plain %.1f; sm80 %.1f\n",
@@ -405,7 +428,7 @@ bool RunFeatureCase(const FeatureCase& c) {
   }
 
   for (void* ptr : std::initializer_list<void*>{q, k, v, out, lse, ref_out, ref_lse, d_q_lens, d_kv_lens, d_offsets,
-                                                d_q_ids, d_kv_ids, d_q_ranges, d_kv_ranges, d_bias})
+                                                d_q_ids, d_kv_ids, d_q_ranges, d_kv_ranges, d_bias, d_bias16})
     if (ptr) cudaFree(ptr);
   return all_ok;
 }
@@ -440,6 +463,9 @@ inline std::vector<FeatureCase> BiasCases(bool quick) {
     add("bias [B,N,T,S], kv lengths 900/450, causal", 2, 600, 900, 4, 2, H, true, kFull, {900, 450});
     add("bias [1,N,T,S], window (100, 37), documents 300/200/500", 2, 1000, 1000, 2, 2, H, false,
         kBiasHeads | kBiasRows, {}, 100, 37, Segments::kDocuments, {300, 200, 500});
+    add("16-bit bias [B,N,T,S], causal", 2, 1000, 1000, 4, 2, H, true, kFull | kBias16);
+    add("16-bit bias [B,1,1,S] with -inf, kv lengths 300/77", 2, 300, 300, 2, 1, H, false,
+        kBiasBatch | kBiasInf | kBias16, {300, 77});
   }
   if (!quick) {
     add("T=4096 bias [B,N,T,S]", 4, 4096, 4096, 16, 16, 128, false, kFull, {}, -1, -1, Segments::kNone, {}, true);
@@ -449,6 +475,10 @@ inline std::vector<FeatureCase> BiasCases(bool quick) {
         true);
     add("T=4096 bias [B,N,T,S], causal", 4, 4096, 4096, 16, 16, 128, true, kFull, {}, -1, -1, Segments::kNone, {},
         true);
+    add("T=4096 16-bit bias [B,N,T,S]", 4, 4096, 4096, 16, 16, 128, false, kFull | kBias16, {}, -1, -1,
+        Segments::kNone, {}, true);
+    add("T=4096 16-bit bias [B,N,T,S], causal", 4, 4096, 4096, 16, 16, 128, true, kFull | kBias16, {}, -1, -1,
+        Segments::kNone, {}, true);
   }
   return cases;
 }

@@ -106,7 +106,7 @@ __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, 
 inline std::string UnsupportedFeatures(const AttentionParams& p, Features variant) {
   const AttentionFeatures& f = p.features;
   if (variant == Features::kNone) return f.Any() ? "attention features need a feature variant" : "";
-  if (variant == Features::kMasksBias) {
+  if (variant == Features::kMasksBias || variant == Features::kMasksBias16) {
     // The bias is loaded into S's accumulators before S = Q K^T adds the
     // products to it (BiasRows): there is no raw q.k left for a soft cap to
     // apply to before the bias, so that pair stays on the sm80 forward.

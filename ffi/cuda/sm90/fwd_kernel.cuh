@@ -80,7 +80,8 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
                                             int pipe, int tile_iter, const FeatureRows& rows) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockN = Tr::kBlockN;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
-  constexpr bool kBias = kFeatures == Features::kMasksBias;
+  constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
+  using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
   const int n_hi = keys.hi, n_blocks = keys.hi - keys.lo;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, t = lane % 4;
   const int row0 = warp * 16 + lane / 4;  // this thread's rows in the warpgroup: row0, row0 + 8
@@ -120,10 +121,10 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   };
   // kMasksBias: this thread's bias rows for the tile (one broadcast offset
   // per tile); load_bias(i) puts block i's values into S's accumulators.
-  BiasRows<> bias{};
-  if constexpr (kBias) bias = BiasRows<>::For(params, b, h, wg_m0 + row0);
+  BiasRows<BiasT> bias{};
+  if constexpr (kBias) bias = BiasRows<BiasT>::For(params, b, h, wg_m0 + row0);
   auto load_bias = [&](float (&s)[kBlockN / 2], int i) {
-    if constexpr (kBias) bias.Load<kBlockN>(s, (n_hi - 1 - i) * kBlockN, t, a.softcap_unscale);  // 1 / scale here
+    if constexpr (kBias) bias.template Load<kBlockN>(s, (n_hi - 1 - i) * kBlockN, t, a.softcap_unscale);  // 1 / scale here
   };
   SummaryEntries next_keys{};
   if constexpr (kAnyFeature)
