@@ -119,12 +119,13 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
       if (kv_ranges) e = LoadSummaryEntries<kBlockN>(SegmentRanges{kv_ranges, kv_entries}, n0);
     return e;
   };
-  // kMasksBias: this thread's bias rows for the tile (one broadcast offset
-  // per tile); load_bias(i) puts block i's values into S's accumulators.
+  // kMasksBias(16): this thread's bias rows for the tile (one broadcast
+  // offset per tile); load_bias(i) puts block i's values, times 1 / scale
+  // (softcap_unscale in these variants), into S's accumulators.
   BiasRows<BiasT> bias{};
   if constexpr (kBias) bias = BiasRows<BiasT>::For(params, b, h, wg_m0 + row0);
   auto load_bias = [&](float (&s)[kBlockN / 2], int i) {
-    if constexpr (kBias) bias.template Load<kBlockN>(s, (n_hi - 1 - i) * kBlockN, t, a.softcap_unscale);  // 1 / scale here
+    if constexpr (kBias) bias.template Load<kBlockN>(s, (n_hi - 1 - i) * kBlockN, t, a.softcap_unscale);
   };
   SummaryEntries next_keys{};
   if constexpr (kAnyFeature)
