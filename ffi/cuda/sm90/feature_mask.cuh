@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <math_constants.h>
 
 #include <algorithm>  // std::min / max: host and device (--expt-relaxed-constexpr)
@@ -105,11 +106,91 @@ __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, 
 inline std::string UnsupportedFeatures(const AttentionParams& p, Features variant) {
   const AttentionFeatures& f = p.features;
   if (variant == Features::kNone) return f.Any() ? "attention features need a feature variant" : "";
+  if (variant == Features::kMasksBias || variant == Features::kMasksBias16) {
+    // The bias is loaded into S's accumulators before S = Q K^T adds the
+    // products to it (BiasRows): there is no raw q.k left for a soft cap to
+    // apply to before the bias, so that pair stays on the sm80 forward.
+    if (f.mask || f.dropout_rate > 0.0)
+      return "a boolean mask and dropout are not supported (the sm80 kernels serve them)";
+    if (!f.bias) return "the kMasksBias variant needs a bias";
+    if (f.softcap > 0.0) return "a bias with the soft cap is not supported (the sm80 forward serves it)";
+    if (f.bias_stride.col != 1)  // BiasRows::Load's immediate offsets
+      return "the bias must be contiguous along the keys (one broadcast along them stays on the sm80 forward)";
+    return {};
+  }
   if (f.bias || f.mask || f.dropout_rate > 0.0)
     return "a bias, a boolean mask and dropout are not supported (the sm80 kernels serve them)";
   if (f.softcap > 0.0 && variant != Features::kMasksSoftcap) return "the soft cap needs the kMasksSoftcap variant";
   return {};
 }
+
+// The additive bias of the kMasksBias variant, per consumer thread and tile:
+// logit = scale * q.k + bias (sm80's LogitFeatures::Apply without the soft
+// cap), which in the raw units of S that the softmax scales by scale *
+// log2(e) (softmax.cuh) is q.k + bias / scale. So each block's values,
+// times 1 / scale, are loaded into S's accumulators before its S = Q K^T is
+// issued, and the wgmma adds the products to them from its first k-step
+// (scale-d 1): the add costs the tensor cores nothing, the softmax stays the
+// plain one, and no register is held for the bias beyond S's own (a block
+// prefetched a block ahead would take 64 more per thread in float32, 32 in
+// 16 bits, of the 232 whose highest is already R200 at 128; and staging the
+// bias with TMA needs 64 KiB of shared memory per float32 128 x 128 stage,
+// two stages for overlap, beside the forward's 193 KiB at 128). The loads
+// are issued where S's registers come free (after the previous block's P is
+// packed, before the ping-pong turn), so their latency runs under the other
+// warpgroup's products. Hidden pairs are set to -inf by the masks after the
+// product, as without a bias (a -inf bias element hides its pair too).
+// Rows are clamped into the sequence for the reads, keys past it are not
+// read (those pairs are hidden); a bias broadcast over batch, heads or
+// queries has stride 0 there (BroadcastStrides). The bias is float32 (the
+// accumulation type: AttentionFeatures, attention.py casts it); BiasT = a
+// 16-bit type reads a 16-bit bias the same way at half the bytes.
+template <typename BiasT = float>
+struct BiasRows {
+  const BiasT* row[2];  // this thread's rows row and row + 8, from key 0
+  int seqlen_k;
+
+  __device__ __forceinline__ static BiasRows For(const AttentionParams& p, int b, int h, int row) {
+    const AttentionFeatures& f = p.features;
+    const BiasT* base = static_cast<const BiasT*>(f.bias) + f.BroadcastOffset(f.bias_stride, b, h);
+    const int q_last = int(p.shape.seqlen_q) - 1;
+    BiasRows r;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) r.row[hh] = base + int64_t(min(row + 8 * hh, q_last)) * f.bias_stride.row;
+    r.seqlen_k = int(p.shape.seqlen_k);
+    return r;
+  }
+
+  // Key block [n0, n0 + kBlockN)'s values of this thread's pairs (column 8j
+  // + 2t + e of row hh at s[4j + 2hh + e], softmax.cuh's layout) times
+  // `unscale` (1 / scale), into s: the accumulators its S = Q K^T adds to.
+  // Keys contiguous (UnsupportedFeatures refuses a bias broadcast along
+  // them): one address per row and block, the 32 loads at immediate offsets
+  // from it, each predicated on its key lying below seqlen_k (the tail
+  // block's others read nothing, and the masks hide them).
+  template <int kBlockN>
+  __device__ __forceinline__ void Load(float (&s)[kBlockN / 2], int n0, int t, float unscale) const {
+    const int limit = seqlen_k - n0 - 2 * t;  // columns 8j + e below it are keys
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const BiasT* r = row[hh] + (n0 + 2 * t);
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          // (Selected before the multiply: a select of the product had ptxas
+          // reload `unscale` from the constant bank per element.)
+          const float x = 8 * j + e < limit ? ToFloat(r[8 * j + e]) : 0.0f;
+          s[4 * j + 2 * hh + e] = x * unscale;
+        }
+    }
+  }
+
+ private:
+  __device__ __forceinline__ static float ToFloat(float x) { return x; }
+  __device__ __forceinline__ static float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ __forceinline__ static float ToFloat(__half x) { return __half2float(x); }
+};
 
 // The soft cap's factors on raw q.k (LogitFeatures::For's, in the same float
 // arithmetic): x -> cap_over_scale * tanh(scale_over_cap * x).

@@ -1,7 +1,7 @@
 // FlashAttention forward for Hopper (sm_90a), float16/bfloat16, causal, and
 // in its feature variants (kFeatures, feature_mask.cuh) lengths, windows,
-// position offsets, segment ids and the soft cap: FlashAttention-3's design
-// in our own code.
+// position offsets, segment ids and the soft cap, or those and a bias
+// (kMasksBias: BiasRows): FlashAttention-3's design in our own code.
 //
 // A persistent grid (one block per SM) walks tiles of (128 query rows, head,
 // batch) in tile_scheduler.cuh's order; each block has three warpgroups:
@@ -80,6 +80,8 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
                                             int pipe, int tile_iter, const FeatureRows& rows) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockN = Tr::kBlockN;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
+  constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
+  using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
   const int n_hi = keys.hi, n_blocks = keys.hi - keys.lo;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, t = lane % 4;
   const int row0 = warp * 16 + lane / 4;  // this thread's rows in the warpgroup: row0, row0 + 8
@@ -117,6 +119,14 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
       if (kv_ranges) e = LoadSummaryEntries<kBlockN>(SegmentRanges{kv_ranges, kv_entries}, n0);
     return e;
   };
+  // kMasksBias(16): this thread's bias rows for the tile (one broadcast
+  // offset per tile); load_bias(i) puts block i's values, times 1 / scale
+  // (softcap_unscale in these variants), into S's accumulators.
+  BiasRows<BiasT> bias{};
+  if constexpr (kBias) bias = BiasRows<BiasT>::For(params, b, h, wg_m0 + row0);
+  auto load_bias = [&](float (&s)[kBlockN / 2], int i) {
+    if constexpr (kBias) bias.template Load<kBlockN>(s, (n_hi - 1 - i) * kBlockN, t, a.softcap_unscale);
+  };
   SummaryEntries next_keys{};
   if constexpr (kAnyFeature)
     if (n_blocks > 0) next_keys = key_summaries((n_hi - 1) * kBlockN);
@@ -140,7 +150,8 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
     }
   };
 
-  // S = Q K^T [64 rows][kBlockN] for block i, issued and committed (raw logits).
+  // S = Q K^T [64 rows][kBlockN] for block i, issued and committed (raw
+  // logits; kMasksBias: added to the bias that load_bias(i) put in s).
   auto issue_qk = [&](float (&s)[kBlockN / 2], int i) {
     const int stage = (pipe + i) % Tr::kStages;
     MbarrierWait(bars.k_full(stage), ((pipe + i) / Tr::kStages) & 1);
@@ -149,7 +160,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
       WgmmaSS<Element, kBlockN>(s, KMajorDescriptor<Tr>(q_rows, Tr::kQChunkBytes, kk),
-                                KMajorDescriptor<Tr>(k_tile, Tr::kKvChunkBytes, kk), kk > 0 ? 1 : 0);
+                                KMajorDescriptor<Tr>(k_tile, Tr::kKvChunkBytes, kk), kBias || kk > 0 ? 1 : 0);
     WgmmaCommit();
   };
   // O += P V for block i, issued and committed (V MN-major: VDescriptor).
@@ -210,6 +221,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
       float s[kBlockN / 2];
       uint32_t p[kBlockN / 16][4];
       const auto block_mask = prepare(i);
+      load_bias(s, i);
       issue_qk(s, i);
       WgmmaWait<0>();
       FenceRegisters(s);
@@ -238,6 +250,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
     uint32_t rescale = 0;
     // Block 0: S alone (nothing to overlap with yet); O is still zero.
     const auto first_mask = prepare(0);
+    load_bias(s, 0);
     issue_qk(s, 0);
     WgmmaWait<0>();
     FenceRegisters(s);
@@ -258,6 +271,8 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
     auto step = [&](int i, auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
       const auto block_mask = prepare(i);
+      // (Before the turn: a wait for the bias loads holds no other warpgroup up.)
+      load_bias(s, i);
       begin_turn();
       issue_qk(s, i);
       if (rescale) softmax.Rescale(o, alpha);

@@ -10,9 +10,15 @@ enum class Schedule { kSerial, kOverlap, kPingPong };
 // Which attention features a kernel variant serves (feature_mask.cuh), each
 // variant its own instantiation so that the plain kernel carries none of
 // their code: kMasks takes lengths, windows, position offsets and segment
-// ids (the shared MaskPolicy); kMasksSoftcap those and the soft cap. A bias,
-// a boolean mask and dropout stay on the sm80 forward.
-enum class Features { kNone, kMasks, kMasksSoftcap };
+// ids (the shared MaskPolicy); kMasksSoftcap those and the soft cap;
+// kMasksBias (forward only, instantiated by the check program until its H200
+// check: pending/sm90-fwd-bias.patch dispatches it) the masks and an
+// additive bias (BiasRows, feature_mask.cuh), float32 as AttentionFeatures
+// carries it; kMasksBias16 the same with a bias of the inputs' 16-bit type
+// (check program only: half the bias bytes, the A/B for passing a 16-bit
+// bias through un-cast). A boolean mask, dropout and a bias with the soft
+// cap stay on the sm80 forward.
+enum class Features { kNone, kMasks, kMasksSoftcap, kMasksBias, kMasksBias16 };
 
 // kBlockN_ = 0: the head dim's default key block (below); a candidate width
 // (176 at 128, FlashAttention-3's non-causal choice there) is instantiated

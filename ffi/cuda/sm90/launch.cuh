@@ -47,9 +47,11 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   static_assert(kFeatures == Features::kNone || Tr::kBlockN <= 128, "VisibleBits: 32 bits per fragment row");
   const auto& s = p.shape;
   const std::string what = DescribeForward(s, kHeadDim) +
-                           (kFeatures == Features::kNone    ? ""
-                            : kFeatures == Features::kMasks ? " with masks"
-                                                            : " with masks and soft cap");
+                           (kFeatures == Features::kNone          ? ""
+                            : kFeatures == Features::kMasks       ? " with masks"
+                            : kFeatures == Features::kMasksBias   ? " with masks and bias"
+                            : kFeatures == Features::kMasksBias16 ? " with masks and 16-bit bias"
+                                                                  : " with masks and soft cap");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
   if (auto why = UnsupportedFeatures(p, kFeatures); !why.empty()) return fail(why);
   if (!(p.scale > 0.0)) return fail("needs scale > 0 (the row maxima are taken before scaling)");
@@ -104,7 +106,8 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   args.is_causal = p.is_causal;
   const SoftcapFactors cap = SoftcapFactors::For(p);
   args.softcap_scale = cap.scale_over_cap;
-  args.softcap_unscale = cap.cap_over_scale;
+  constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
+  args.softcap_unscale = kBias ? float(1.0 / p.scale) : cap.cap_over_scale;
 
   auto kernel = ForwardKernel<Element, kHeadDim, Tr::kBlockN, kSchedule, kFeatures>;
   if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 forward kernel"); !e.empty())

@@ -26,6 +26,10 @@ struct ForwardArgs {
   float scale_log2;  // scale * log2(e), scale > 0
   bool is_causal;
   // The soft cap's SoftcapFactors (feature_mask.cuh; kMasksSoftcap only).
+  // kMasksBias (which refuses the soft cap) takes 1 / scale in
+  // softcap_unscale: the bias in S's raw units (BiasRows). A member of its
+  // own would move the kernel parameters after ForwardArgs, hence every
+  // other variant's SASS.
   float softcap_scale, softcap_unscale;
 };
 
