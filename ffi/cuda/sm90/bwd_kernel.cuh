@@ -853,9 +853,17 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   // as BwdSteps::m0 / head count them (query blocks innermost).
   [[maybe_unused]] int counter_m = 0, counter_h = tile.hk * a.group;
   if constexpr (kDqFirst) {
+    // 128-query steps: the count rebuilt per test from m_count (live anyway,
+    // for m0) and the group (a kernel parameter: a constant-bank operand),
+    // opaque so that it is not hoisted; held across the loop it was the
+    // word ptxas spilled there (an LDL per step).
+    auto step_count = [&] {
+      if constexpr (Tr::kDqSplitRows) return int(Opaque(uint32_t(steps.m_count))) * a.group;
+      else return steps.count;
+    };
     // No wgmma is in flight between steps here, so the branch between the
     // two copies of the step is free of ptxas's serialization (C7520).
-    for (int i = 0; i < steps.count; ++i) {
+    for (int i = 0; i < step_count(); ++i) {
       if constexpr (kCounters) {
         step_m0 = (steps.m_first + counter_m) * kBlockM;
         step_h = counter_h;
