@@ -155,9 +155,9 @@ struct TimingRow {
   // kLeanDqUniform, kDqFirstUniform, kDqFirstUniformDiag,
   // kDqFirstUniformDiagCounters.
   double sm90_dq_first = 0, sm90_uniform = 0, sm90_dq_first_uniform = 0, sm90_diag = 0, sm90_counters = 0;
-  // At 64 only: kLeanDqRows128, kDqFirstUniformRows128 (128-query steps,
-  // dQ split by rows).
-  double sm90_rows128 = 0, sm90_rows128_dqfu = 0;
+  // At 64 only: kLeanDqRows128, kDqFirstUniformRows128,
+  // kDqFirstUniformDiagCountersRows128 (128-query steps, dQ split by rows).
+  double sm90_rows128 = 0, sm90_rows128_dqfu = 0, sm90_rows128_counters = 0;
 };
 std::vector<TimingRow> timing_rows;
 
@@ -327,9 +327,10 @@ bool RunCase(const Case& c) {
   // kDqFirstUniform (both), kDqFirstUniformDiag (both, masks only on the
   // steps that need them: causal diagonal blocks, key tails),
   // kDqFirstUniformDiagCounters (that, the step's query block and head as
-  // counters instead of a division). At 64 also kLeanDqRows128 and
-  // kDqFirstUniformRows128 (128-query steps, dQ split between the
-  // warpgroups by query rows: FlashAttention-3's 128 x 128 tile at 64).
+  // counters instead of a division). At 64 also kLeanDqRows128,
+  // kDqFirstUniformRows128 and kDqFirstUniformDiagCountersRows128 (those
+  // three over 128-query steps, dQ split between the warpgroups by query
+  // rows: FlashAttention-3's 128 x 128 tile at 64).
   using jax_flash::cuda::sm90::BwdSchedule;
   using jax_flash::cuda::sm90::LaunchBackwardScheduled;
   auto launch90 = [&] { return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kEarlyS>(p, 0); };
@@ -358,6 +359,10 @@ bool RunCase(const Case& c) {
   constexpr BwdSchedule kRows128Dqfu = k64 ? BwdSchedule::kDqFirstUniformRows128 : BwdSchedule::kLeanDq;
   auto launch90_rows128 = [&] { return LaunchBackwardScheduled<Element, kHeadDim, kRows128>(p, 0); };
   auto launch90_rows128_dqfu = [&] { return LaunchBackwardScheduled<Element, kHeadDim, kRows128Dqfu>(p, 0); };
+  constexpr BwdSchedule kRows128Counters = k64 ? BwdSchedule::kDqFirstUniformDiagCountersRows128 : BwdSchedule::kLeanDq;
+  auto launch90_rows128_counters = [&] {
+    return LaunchBackwardScheduled<Element, kHeadDim, kRows128Counters>(p, 0);
+  };
   bool ok = run_and_check("sm90 early-S", launch90);
   ok &= run_and_check("sm90 serial", launch90_serial);
   // A candidate's failure is reported (and counted) but does not stop the
@@ -373,6 +378,9 @@ bool RunCase(const Case& c) {
   const bool ok_rows128 = !k64 || run_and_check("sm90 lean-dQ 128-query steps (candidate)", launch90_rows128);
   const bool ok_rows128_dqfu =
       !k64 || run_and_check("sm90 dQ-first uniform-desc 128-query steps (candidate)", launch90_rows128_dqfu);
+  const bool ok_rows128_counters =
+      !k64 || run_and_check("sm90 dQ-first uniform-desc diagonal-masks counters 128-query steps (candidate)",
+                            launch90_rows128_counters);
   TimingRow row;
   if (ok && c.timed) {
     const float ms = TimeLaunches(launch90), ms_serial = TimeLaunches(launch90_serial);
@@ -413,6 +421,8 @@ bool RunCase(const Case& c) {
       time_against_lean("lean-dQ 128-query steps", ok_rows128, launch90_rows128, &row.sm90_rows128);
       time_against_lean("dQ-first uniform-desc 128-query steps", ok_rows128_dqfu, launch90_rows128_dqfu,
                         &row.sm90_rows128_dqfu);
+      time_against_lean("dQ-first uniform-desc diagonal-masks counters 128-query steps", ok_rows128_counters,
+                        launch90_rows128_counters, &row.sm90_rows128_counters);
     }
   }
 #ifdef JAX_FLASH_CHECK_SM80
@@ -442,7 +452,7 @@ bool RunCase(const Case& c) {
                     (void*)ref_dv})
     cudaFree(ptr);
   return ok && ok_lean && ok_lean_dp && ok_dq_first && ok_uniform && ok_dq_first_uniform && ok_diag && ok_counters &&
-         ok_rows128 && ok_rows128_dqfu;
+         ok_rows128 && ok_rows128_dqfu && ok_rows128_counters;
 }
 
 template <typename Element>
@@ -930,16 +940,16 @@ int main(int argc, char** argv) {
   if (!timing_rows.empty()) {
     std::printf("\nTFLOP/s (2.5 x 4 B N T S H, halved when causal; delta pass + kernel + dQ conversion; median of 20 x 5)\n");
     std::printf("(lean-dQ is the default; ratio: lean-dQ / sm80; dQ-first, uniform, dQF+unif, +diag, +count, "
-                "M128, M128dqfu: session 17's candidates, ratio to lean-dQ each in its own line above; M128: "
-                "128-query steps, head dim 64 only)\n");
-    std::printf("%-40s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "shape", "early-S", "serial",
+                "M128, M128dqfu, M128cnt: session 17's candidates, ratio to lean-dQ each in its own line above; "
+                "M128*: 128-query steps (lean-dQ, dQF+unif, +count), head dim 64 only)\n");
+    std::printf("%-40s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "shape", "early-S", "serial",
                 "lean-dQ", "+early-dP", "dQ-first", "uniform", "dQF+unif", "+diag", "+count", "M128", "M128dqfu",
-                "sm80", "ratio");
+                "M128cnt", "sm80", "ratio");
     for (const TimingRow& r : timing_rows)
-      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n",
+      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n",
                   r.shape.c_str(), r.sm90, r.sm90_serial, r.sm90_lean, r.sm90_lean_dp, r.sm90_dq_first,
                   r.sm90_uniform, r.sm90_dq_first_uniform, r.sm90_diag, r.sm90_counters, r.sm90_rows128,
-                  r.sm90_rows128_dqfu, r.sm80, r.sm80 > 0 ? r.sm90_lean / r.sm80 : 0.0);
+                  r.sm90_rows128_dqfu, r.sm90_rows128_counters, r.sm80, r.sm80 > 0 ? r.sm90_lean / r.sm80 : 0.0);
   }
   if (!feature_timing_rows.empty()) {
     std::printf("\nfeature backward, TFLOP/s over visible pairs (2.5 x 4 H N per pair; plain: the plain sm90 "

@@ -394,12 +394,23 @@ __device__ __forceinline__ void StoreKeyGradient(const BackwardArgs& a, void* ba
 template <typename Tr>
 __device__ __forceinline__ void StoreDsTranspose(uint32_t ds_tile, const uint32_t (&ds_frag)[Tr::kBlockM / 16][4],
                                                  int warpgroup, int row0, int t) {
+  // 128-query steps: the swizzle phase r % 8 is g (64 warpgroup + 16 warp
+  // + 8 hh is a multiple of 8), read from %laneid here so that nothing of
+  // it is held across the step loop (the diagonal-mask candidate's two
+  // copies of the step left no register for the two phases: ptxas spilled
+  // them, two LDL per step).
+  [[maybe_unused]] uint32_t lane_phase = 0;
+  if constexpr (Tr::kDqSplitRows) {
+    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane_phase));
+    lane_phase /= 4;
+  }
 #pragma unroll
   for (int j = 0; j < Tr::kBlockM / 8; ++j)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int r = 64 * warpgroup + row0 + 8 * hh;
-      const uint32_t addr = ds_tile + (j / 8) * Tr::kDsChunkBytes + r * 128 + (((j % 8) ^ (r % 8)) * 16) + 4 * t;
+      const uint32_t phase = Tr::kDqSplitRows ? lane_phase : uint32_t(r % 8);
+      const uint32_t addr = ds_tile + (j / 8) * Tr::kDsChunkBytes + r * 128 + (((j % 8) ^ phase) * 16) + 4 * t;
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(ds_frag[j / 2][(j % 2) * 2 + hh]) : "memory");
     }
 }

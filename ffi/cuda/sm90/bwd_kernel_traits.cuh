@@ -51,8 +51,10 @@ namespace jax_flash::cuda::sm90 {
 //            head carried as counters across steps instead of BwdSteps'
 //            i % m_count and i / m_count (a signed division, ~20
 //            instructions and a MUFU.RCP, per step).
-//   kLeanDqRows128, kDqFirstUniformRows128 (head dim 64 only): kLeanDq and
-//            kDqFirstUniform over 128-query steps, dQ split between the
+//   kLeanDqRows128, kDqFirstUniformRows128,
+//   kDqFirstUniformDiagCountersRows128 (head dim 64 only): kLeanDq,
+//            kDqFirstUniform and kDqFirstUniformDiagCounters over 128-query
+//            steps, dQ split between the
 //            consumer warpgroups by query rows (BwdTraits<64, 128> below:
 //            FlashAttention-3's 128 x 128 tile at 64). The 64-query steps
 //            make every product at 64 an N = 64 one and each warpgroup
@@ -72,12 +74,16 @@ enum class BwdSchedule {
   kDqFirstUniformDiag,
   kDqFirstUniformDiagCounters,
   kLeanDqRows128,
-  kDqFirstUniformRows128
+  kDqFirstUniformRows128,
+  kDqFirstUniformDiagCountersRows128
 };
 constexpr bool BwdRows128(BwdSchedule s) {
-  return s == BwdSchedule::kLeanDqRows128 || s == BwdSchedule::kDqFirstUniformRows128;
+  return s == BwdSchedule::kLeanDqRows128 || s == BwdSchedule::kDqFirstUniformRows128 ||
+         s == BwdSchedule::kDqFirstUniformDiagCountersRows128;
 }
-constexpr bool BwdStepCounters(BwdSchedule s) { return s == BwdSchedule::kDqFirstUniformDiagCounters; }
+constexpr bool BwdStepCounters(BwdSchedule s) {
+  return s == BwdSchedule::kDqFirstUniformDiagCounters || s == BwdSchedule::kDqFirstUniformDiagCountersRows128;
+}
 constexpr bool BwdDiagonalMasks(BwdSchedule s) {
   return s == BwdSchedule::kDqFirstUniformDiag || BwdStepCounters(s);
 }
