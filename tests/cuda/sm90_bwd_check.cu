@@ -908,6 +908,11 @@ int main(int argc, char** argv) {
       cases.push_back({3, 1, 77, 2, 1, H, bool(causal), false});       // one query row
     }
   for (int causal : {0, 1}) {
+    // 237 = 128 + 109: the 128-query candidates' last step has warpgroup
+    // 1's dQ share 45 rows long (5 full 8-row groups and a partial one,
+    // the general send's row-tail path there), and its keys end inside
+    // warpgroup 1's 64 too. GQA.
+    cases.push_back({1, 237, 237, 4, 2, 64, bool(causal), false});
     // Padded head dims: TMA's zero fill beyond head_dim, only real columns
     // written (8, 48 in the 64 kernel; 72, 96, 120 in the 128 one, whose
     // second warpgroup then owns 8, 32, 56 dQ columns).
