@@ -65,7 +65,9 @@ def cheapest_path(body: list[tuple[int, str]]) -> int:
     """Instructions from the body's first to its last (the back edge), each
     conditional forward branch inside the body taking its shorter side; a
     branch out of the body or backwards (an inner loop, a wait's retry)
-    falls through; an EXIT or an unconditional branch out ends nowhere."""
+    falls through, and so does a BRA.DIV (ptxas's divergence check before a
+    warp-collective such as __syncwarp: taken only by a diverged warp); an
+    EXIT or an unconditional branch out ends nowhere."""
     index = {addr: i for i, (addr, _) in enumerate(body)}
     never = 1 << 60
     cost = [never] * (len(body) + 1)
@@ -78,7 +80,7 @@ def cheapest_path(body: list[tuple[int, str]]) -> int:
         target = int(m.group(1), 16) if m else None
         inside = target is not None and target > addr and target in index
         taken = cost[index[target]] if inside else never
-        if m is None:
+        if m is None or opcode(text) == "BRA" and text.split()[0].startswith("BRA.DIV"):
             best = cost[i + 1]
         elif not text.startswith("@"):
             best = taken

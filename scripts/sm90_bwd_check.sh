@@ -6,9 +6,10 @@
 # tolerance allows a known-good kernel). The TFLOP/s table also times the
 # other schedules beside the default lean-dQ (early-S, serial, +early-dP at
 # head dim 64) and session 17's candidates (dQ-first, lean-dQ with uniform
-# descriptors, both, both + diagonal-only masks, that + step counters;
-# bwd_kernel_traits.cuh), each checked on every case first, each candidate
-# timed right after a lean-dQ timing (its "x lean-dQ" line).
+# descriptors, both, both + diagonal-only masks, that + step counters; at
+# head dim 64 also lean-dQ, dQF+unif and +count over 128-query steps, the
+# M128 columns; bwd_kernel_traits.cuh), each checked on every case first,
+# each candidate timed right after a lean-dQ timing (its "x lean-dQ" line).
 #
 #   bash scripts/sm90_bwd_check.sh             # from the worktree root
 #   SM80=0 bash scripts/sm90_bwd_check.sh      # without the sm80 comparison (faster build)

@@ -155,6 +155,9 @@ struct TimingRow {
   // kLeanDqUniform, kDqFirstUniform, kDqFirstUniformDiag,
   // kDqFirstUniformDiagCounters.
   double sm90_dq_first = 0, sm90_uniform = 0, sm90_dq_first_uniform = 0, sm90_diag = 0, sm90_counters = 0;
+  // At 64 only: kLeanDqRows128, kDqFirstUniformRows128,
+  // kDqFirstUniformDiagCountersRows128 (128-query steps, dQ split by rows).
+  double sm90_rows128 = 0, sm90_rows128_dqfu = 0, sm90_rows128_counters = 0;
 };
 std::vector<TimingRow> timing_rows;
 
@@ -324,7 +327,10 @@ bool RunCase(const Case& c) {
   // kDqFirstUniform (both), kDqFirstUniformDiag (both, masks only on the
   // steps that need them: causal diagonal blocks, key tails),
   // kDqFirstUniformDiagCounters (that, the step's query block and head as
-  // counters instead of a division).
+  // counters instead of a division). At 64 also kLeanDqRows128,
+  // kDqFirstUniformRows128 and kDqFirstUniformDiagCountersRows128 (those
+  // three over 128-query steps, dQ split between the warpgroups by query
+  // rows: FlashAttention-3's 128 x 128 tile at 64).
   using jax_flash::cuda::sm90::BwdSchedule;
   using jax_flash::cuda::sm90::LaunchBackwardScheduled;
   auto launch90 = [&] { return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kEarlyS>(p, 0); };
@@ -346,6 +352,17 @@ bool RunCase(const Case& c) {
   auto launch90_counters = [&] {
     return LaunchBackwardScheduled<Element, kHeadDim, BwdSchedule::kDqFirstUniformDiagCounters>(p, 0);
   };
+  // (128-query steps exist at head dim 64 only: kLeanDq stands in at 128,
+  // never run there.)
+  constexpr bool k64 = kHeadDim == 64;
+  constexpr BwdSchedule kRows128 = k64 ? BwdSchedule::kLeanDqRows128 : BwdSchedule::kLeanDq;
+  constexpr BwdSchedule kRows128Dqfu = k64 ? BwdSchedule::kDqFirstUniformRows128 : BwdSchedule::kLeanDq;
+  auto launch90_rows128 = [&] { return LaunchBackwardScheduled<Element, kHeadDim, kRows128>(p, 0); };
+  auto launch90_rows128_dqfu = [&] { return LaunchBackwardScheduled<Element, kHeadDim, kRows128Dqfu>(p, 0); };
+  constexpr BwdSchedule kRows128Counters = k64 ? BwdSchedule::kDqFirstUniformDiagCountersRows128 : BwdSchedule::kLeanDq;
+  auto launch90_rows128_counters = [&] {
+    return LaunchBackwardScheduled<Element, kHeadDim, kRows128Counters>(p, 0);
+  };
   bool ok = run_and_check("sm90 early-S", launch90);
   ok &= run_and_check("sm90 serial", launch90_serial);
   // A candidate's failure is reported (and counted) but does not stop the
@@ -358,6 +375,12 @@ bool RunCase(const Case& c) {
   const bool ok_diag = run_and_check("sm90 dQ-first uniform-desc diagonal-masks (candidate)", launch90_diag);
   const bool ok_counters =
       run_and_check("sm90 dQ-first uniform-desc diagonal-masks counters (candidate)", launch90_counters);
+  const bool ok_rows128 = !k64 || run_and_check("sm90 lean-dQ 128-query steps (candidate)", launch90_rows128);
+  const bool ok_rows128_dqfu =
+      !k64 || run_and_check("sm90 dQ-first uniform-desc 128-query steps (candidate)", launch90_rows128_dqfu);
+  const bool ok_rows128_counters =
+      !k64 || run_and_check("sm90 dQ-first uniform-desc diagonal-masks counters 128-query steps (candidate)",
+                            launch90_rows128_counters);
   TimingRow row;
   if (ok && c.timed) {
     const float ms = TimeLaunches(launch90), ms_serial = TimeLaunches(launch90_serial);
@@ -394,6 +417,13 @@ bool RunCase(const Case& c) {
     time_against_lean("dQ-first uniform-desc diagonal-masks", ok_diag, launch90_diag, &row.sm90_diag);
     time_against_lean("dQ-first uniform-desc diagonal-masks counters", ok_counters, launch90_counters,
                       &row.sm90_counters);
+    if (k64) {
+      time_against_lean("lean-dQ 128-query steps", ok_rows128, launch90_rows128, &row.sm90_rows128);
+      time_against_lean("dQ-first uniform-desc 128-query steps", ok_rows128_dqfu, launch90_rows128_dqfu,
+                        &row.sm90_rows128_dqfu);
+      time_against_lean("dQ-first uniform-desc diagonal-masks counters 128-query steps", ok_rows128_counters,
+                        launch90_rows128_counters, &row.sm90_rows128_counters);
+    }
   }
 #ifdef JAX_FLASH_CHECK_SM80
   // sm80's backward on the same inputs: its errors show what the tolerance
@@ -421,7 +451,8 @@ bool RunCase(const Case& c) {
                     (void*)lse, (void*)delta, (void*)ref_delta, (void*)dq_accum, (void*)ref_dq, (void*)ref_dk,
                     (void*)ref_dv})
     cudaFree(ptr);
-  return ok && ok_lean && ok_lean_dp && ok_dq_first && ok_uniform && ok_dq_first_uniform && ok_diag && ok_counters;
+  return ok && ok_lean && ok_lean_dp && ok_dq_first && ok_uniform && ok_dq_first_uniform && ok_diag && ok_counters &&
+         ok_rows128 && ok_rows128_dqfu && ok_rows128_counters;
 }
 
 template <typename Element>
@@ -877,6 +908,11 @@ int main(int argc, char** argv) {
       cases.push_back({3, 1, 77, 2, 1, H, bool(causal), false});       // one query row
     }
   for (int causal : {0, 1}) {
+    // 237 = 128 + 109: the 128-query candidates' last step has warpgroup
+    // 1's dQ share 45 rows long (5 full 8-row groups and a partial one,
+    // the general send's row-tail path there), and its keys end inside
+    // warpgroup 1's 64 too. GQA.
+    cases.push_back({1, 237, 237, 4, 2, 64, bool(causal), false});
     // Padded head dims: TMA's zero fill beyond head_dim, only real columns
     // written (8, 48 in the 64 kernel; 72, 96, 120 in the 128 one, whose
     // second warpgroup then owns 8, 32, 56 dQ columns).
@@ -908,15 +944,17 @@ int main(int argc, char** argv) {
   }
   if (!timing_rows.empty()) {
     std::printf("\nTFLOP/s (2.5 x 4 B N T S H, halved when causal; delta pass + kernel + dQ conversion; median of 20 x 5)\n");
-    std::printf("(lean-dQ is the default; ratio: lean-dQ / sm80; dQ-first, uniform, dQF+unif, +diag, +count: "
-                "session 17's candidates, ratio to lean-dQ each in its own line above)\n");
-    std::printf("%-40s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "shape", "early-S", "serial", "lean-dQ",
-                "+early-dP", "dQ-first", "uniform", "dQF+unif", "+diag", "+count", "sm80", "ratio");
+    std::printf("(lean-dQ is the default; ratio: lean-dQ / sm80; dQ-first, uniform, dQF+unif, +diag, +count, "
+                "M128, M128dqfu, M128cnt: session 17's candidates, ratio to lean-dQ each in its own line above; "
+                "M128*: 128-query steps (lean-dQ, dQF+unif, +count), head dim 64 only)\n");
+    std::printf("%-40s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "shape", "early-S", "serial",
+                "lean-dQ", "+early-dP", "dQ-first", "uniform", "dQF+unif", "+diag", "+count", "M128", "M128dqfu",
+                "M128cnt", "sm80", "ratio");
     for (const TimingRow& r : timing_rows)
-      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(),
-                  r.sm90, r.sm90_serial, r.sm90_lean, r.sm90_lean_dp, r.sm90_dq_first, r.sm90_uniform,
-                  r.sm90_dq_first_uniform, r.sm90_diag, r.sm90_counters, r.sm80,
-                  r.sm80 > 0 ? r.sm90_lean / r.sm80 : 0.0);
+      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n",
+                  r.shape.c_str(), r.sm90, r.sm90_serial, r.sm90_lean, r.sm90_lean_dp, r.sm90_dq_first,
+                  r.sm90_uniform, r.sm90_dq_first_uniform, r.sm90_diag, r.sm90_counters, r.sm90_rows128,
+                  r.sm90_rows128_dqfu, r.sm90_rows128_counters, r.sm80, r.sm80 > 0 ? r.sm90_lean / r.sm80 : 0.0);
   }
   if (!feature_timing_rows.empty()) {
     std::printf("\nfeature backward, TFLOP/s over visible pairs (2.5 x 4 H N per pair; plain: the plain sm90 "
@@ -934,7 +972,9 @@ int main(int argc, char** argv) {
         "offsets, the full-step test) or, early-dP, the send's place after dP^T's issue; only dQ-first fails -> "
         "its three commit groups and the wait<1> before the send; only the uniform-desc ones -> UniformDescriptor / "
         "KMajorOffset / MnMajorOffset; only diagonal-masks -> needs_masks (a step run unmasked that needed them); "
-        "only counters -> the kCounters loop (step_m0, step_h against BwdSteps::m0 / head); only dv wrong -> P^T (lse staging, masks) or dO's MN-major descriptor; dv right, dk "
+        "only counters -> the kCounters loop (step_m0, step_h against BwdSteps::m0 / head); "
+        "only the 128-query ones -> BwdTraits<64, 128> (dS^T's two query chunks in StoreDsTranspose, DqDsRows / "
+        "DqKCols' row split, the share's first row dq_row0 in send_dq); only dv wrong -> P^T (lse staging, masks) or dO's MN-major descriptor; dv right, dk "
         "wrong -> dS^T (delta, dP^T = V dO^T) or Q's MN-major descriptor; dk, dv right, dq wrong -> the dS^T "
         "smem tile / WgmmaSSMn descriptors or the dQ staging and bulk reduces (blocked layout, tails); only "
         "GQA or T != S fails -> BwdSteps / BwdTile; a HANG -> barrier phases (empty / q_full / do_full "

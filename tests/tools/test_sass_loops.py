@@ -44,6 +44,7 @@ def test_cheapest_path_takes_the_shorter_side_of_each_branch():
         (0x60, "@!P1 BRA 0x200"),            # out of the body (a wait's retry): falls through
         (0x70, "@P2 BRA 0x90"),              # taken: 0x90, 0xa0, 0xb0; not: 0x80, 0xb0 (shorter)
         (0x80, "BRA 0xb0"),                  # unconditional: jumps
+        (0x88, "BRA.DIV UR11, 0x300"),       # divergence check (unreached: 0x80 jumps past it)
         (0x90, "IMAD R4, R5, R6, R7"),
         (0xa0, "IMAD R4, R5, R6, R7"),
         (0xb0, "@P3 BRA 0x10"),              # the back edge
@@ -51,3 +52,15 @@ def test_cheapest_path_takes_the_shorter_side_of_each_branch():
     # 0x10, 0x20, 0x60, 0x70, 0x80, 0xb0
     assert m.cheapest_path(body) == 6
     assert m.opcode("@!P0 HGMMA.64x64x16.F32.BF16 R24, gdesc[UR16], R24") == "HGMMA"
+
+
+def test_cheapest_path_falls_through_divergence_checks():
+    m = _module()
+    body = [
+        (0x10, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR16], R24"),
+        (0x20, "UMOV UR11, 0xffffffff"),
+        (0x30, "BRA.DIV UR11, 0x400"),      # taken only by a diverged warp: falls through
+        (0x40, "NOP"),
+        (0x50, "@P3 BRA 0x10"),             # the back edge
+    ]
+    assert m.cheapest_path(body) == 5

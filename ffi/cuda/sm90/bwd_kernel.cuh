@@ -63,9 +63,28 @@
 // do_full and empty; producers wait on empty from parity 1 (a fresh barrier
 // counts its previous phase as done, pipeline.cuh). kv_full is used once
 // (parity 0). Named barriers: kDsBarrier (both consumer warpgroups: every
-// dS^T of a step written, at 128) and kStageBarrier + warpgroup (one
-// warpgroup: its dS^T written, at 64). The dQ staging needs only warp
-// syncs (each warp stages and sends its own rows).
+// dS^T of a step written, at 128, and at 64 with 128-query steps) and
+// kStageBarrier + warpgroup (one warpgroup: its dS^T written, at 64). The
+// dQ staging needs only warp syncs (each warp stages and sends its own
+// rows).
+//
+// 128-query steps (the Rows128 candidates, head dim 64, check program
+// only; bwd_kernel_traits.cuh): S^T and dP^T are [64 keys x 128 queries]
+// per warpgroup (N = 128), dV and dK take 8 k16 steps of 16 queries, dS^T
+// is two 64-query chunks, and warpgroup w's dQ product is the step's
+// queries 64 w .. + 63 over all 128 keys (dS^T chunk w x the whole K), so
+// each dQ row is reduced once. The protocol is the 128 head dim's, with
+// the same barriers in the same order: every consumer warp runs the same
+// steps (both derive them from BwdSteps), reaches kDsBarrier exactly once
+// per step (256 threads: only the two consumer warpgroups, never the
+// producer, which waits on mbarriers only) and arrives on empty[s] once
+// per step after its last read of stage s; no consumer waits on anything
+// the other consumer signals except kDsBarrier, which both reach
+// unconditionally, so no cycle of waits exists. The dS^T double buffer
+// holds as at 128: a warpgroup writing step i + 1's buffer (that of step
+// i - 1) has passed step i's kDsBarrier, which the other warpgroup reached
+// only after its step i - 1 dQ product had completed (wgmma wait before
+// step i).
 #pragma once
 
 #include <cuda.h>
@@ -254,14 +273,14 @@ __device__ __forceinline__ void StageRowStats(const BackwardArgs& a, BwdBarriers
 }
 
 // The bulk reduce-adds of one warp's rows of its warpgroup's dQ share
-// (rows 16 warp .. + 15 of the step's queries m0 .., those below seqlen_q;
+// (rows 16 warp .. + 15 of the share's queries m0 .., those below seqlen_q;
 // columns col0 .. col0 + cols), staged at `stage` as StageDq leaves them.
 // Full 8-row groups are one run each in the accumulator's blocked layout, a
 // partial last group's rows (row-major there) one run per row. By one lane.
 template <typename Tr>
 __device__ __forceinline__ void ReduceDqRows(const BackwardArgs& a, uint32_t stage, int b, int h, int m0, int warp,
                                              int col0, int cols) {
-  const int d = a.head_dim, rows = min(Tr::kBlockM, a.seqlen_q - m0);
+  const int d = a.head_dim, rows = min(Tr::kDqRows, a.seqlen_q - m0);
   float* const head_rows = a.dq_accum + ((int64_t(b) * a.num_heads + h) * a.seqlen_q + m0) * d;
 #pragma unroll
   for (int r0 = 16 * warp; r0 < 16 * warp + 16; r0 += 8) {
@@ -302,7 +321,7 @@ __device__ __forceinline__ void StageDq(const BackwardArgs& a, const float (&dq)
   }
 }
 
-// kLeanDq's send of a full step (all kBlockM queries below seqlen_q,
+// kLeanDq's send of a full share (all its kDqRows queries below seqlen_q,
 // head_dim == kHeadDim, so dq_cols == 64): the same staging order and the
 // same accumulator runs as StageDq + ReduceDqRows take there, with every
 // offset a constant. Each warp's 16 rows are groups 2 warp and 2 warp + 1:
@@ -316,7 +335,7 @@ __device__ __forceinline__ void StageDq(const BackwardArgs& a, const float (&dq)
 template <typename Tr>
 __device__ __forceinline__ void SendDqFull(const BackwardArgs& a, const float (&dq)[Tr::kDqCols / 2], uint32_t stage,
                                            int b, int h, int m0, int warp, int lane, int col0) {
-  static_assert(Tr::kDqCols == 64 && Tr::kBlockM == 64, "two 8-row groups of 64 columns per warp");
+  static_assert(Tr::kDqCols == 64 && Tr::kDqRows == 64, "two 8-row groups of 64 columns per warp");
   constexpr int kGroupFloats = 8 * Tr::kDqCols;
   const int g = lane / 4, t = lane % 4;
   if (lane == 0) BulkWaitRead<0>();  // the previous step's reduces have read the staging
@@ -369,16 +388,29 @@ __device__ __forceinline__ void StoreKeyGradient(const BackwardArgs& a, void* ba
 // This thread's dS^T pairs (the A fragments of dK += dS^T Q) into the
 // [kBlockN keys][kBlockM queries] tile at `ds_tile`, rows = keys 64
 // warpgroup + row0 + 8hh, in TMA's swizzled order (row r's 16-byte chunk j
-// at j ^ (r % 8)): the MN-major A operand of dQ = dS K.
+// at j ^ (r % 8)): the MN-major A operand of dQ = dS K. kBlockM = 128: 8-query
+// block j in 64-query chunk j / 8 (kDsChunkBytes apart), at j % 8 inside it
+// (j is a constant of the unrolled loop: at 64 both fold away).
 template <typename Tr>
 __device__ __forceinline__ void StoreDsTranspose(uint32_t ds_tile, const uint32_t (&ds_frag)[Tr::kBlockM / 16][4],
                                                  int warpgroup, int row0, int t) {
+  // 128-query steps: the swizzle phase r % 8 is g (64 warpgroup + 16 warp
+  // + 8 hh is a multiple of 8), read from %laneid here so that nothing of
+  // it is held across the step loop (the diagonal-mask candidate's two
+  // copies of the step left no register for the two phases: ptxas spilled
+  // them, two LDL per step).
+  [[maybe_unused]] uint32_t lane_phase = 0;
+  if constexpr (Tr::kDqSplitRows) {
+    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane_phase));
+    lane_phase /= 4;
+  }
 #pragma unroll
   for (int j = 0; j < Tr::kBlockM / 8; ++j)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int r = 64 * warpgroup + row0 + 8 * hh;
-      const uint32_t addr = ds_tile + r * 128 + ((j ^ (r % 8)) * 16) + 4 * t;
+      const uint32_t phase = Tr::kDqSplitRows ? lane_phase : uint32_t(r % 8);
+      const uint32_t addr = ds_tile + (j / 8) * Tr::kDsChunkBytes + r * 128 + (((j % 8) ^ phase) * 16) + 4 * t;
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(ds_frag[j / 2][(j % 2) * 2 + hh]) : "memory");
     }
 }
@@ -386,13 +418,15 @@ __device__ __forceinline__ void StoreDsTranspose(uint32_t ds_tile, const uint32_
 // dq = dS K for one warpgroup's share (issued and committed): A = dS
 // (queries x keys) from the dS^T tile rows at `ds_rows`, B = K (keys x head
 // dim) rows / column chunk at `k_cols`, both MN-major (BwdTraits: the column
-// split at 128, the key split at 64).
+// split at 128, the key split at 64, the row split at 64 with 128-query
+// steps). M = 64 queries: one 64-query chunk of dS^T, so the leading byte
+// offset (kDsChunkBytes, the chunks' stride) is never used.
 template <typename Element, typename Tr>
 __device__ __forceinline__ void IssueDqProduct(float (&dq)[Tr::kDqCols / 2], uint32_t ds_rows, uint32_t k_cols) {
   WgmmaFence();
 #pragma unroll
   for (int kk = 0; kk < Tr::kDqKeys / 16; ++kk)
-    WgmmaSSMn<Element, Tr::kDqCols>(dq, MnMajorDescriptor(ds_rows, Tr::kDsBytes, kk),
+    WgmmaSSMn<Element, Tr::kDqCols>(dq, MnMajorDescriptor(ds_rows, Tr::kDsChunkBytes, kk),
                                     MnMajorDescriptor(k_cols, Tr::kKvChunkBytes, kk), kk > 0 ? 1 : 0);
   WgmmaCommit();
 }
@@ -401,7 +435,7 @@ __device__ __forceinline__ void IssueDqProduct(float (&dq)[Tr::kDqCols / 2], uin
 template <typename Element, typename Tr>
 __device__ __forceinline__ void IssueDqProductUniform(float (&dq)[Tr::kDqCols / 2], uint32_t ds_rows,
                                                       uint32_t k_cols) {
-  const UniformDescriptor ds_desc(ds_rows, Tr::kDsBytes, 1024), k_desc(k_cols, Tr::kKvChunkBytes, 1024);
+  const UniformDescriptor ds_desc(ds_rows, Tr::kDsChunkBytes, 1024), k_desc(k_cols, Tr::kKvChunkBytes, 1024);
   WgmmaFence();
 #pragma unroll
   for (int kk = 0; kk < Tr::kDqKeys / 16; ++kk)
@@ -409,13 +443,17 @@ __device__ __forceinline__ void IssueDqProductUniform(float (&dq)[Tr::kDqCols / 
   WgmmaCommit();
 }
 
-// The addresses of a warpgroup's dQ product operands (IssueDqProduct).
+// The addresses of a warpgroup's dQ product operands (IssueDqProduct):
+// column split, all of dS^T and K's column chunk w; row split, dS^T's
+// query chunk w and all of K; key split, dS^T's and K's rows of keys 64 w ..
 template <typename Tr>
 __device__ __forceinline__ uint32_t DqDsRows(uint32_t ds_tile, int warpgroup) {
+  if constexpr (Tr::kDqSplitRows) return ds_tile + warpgroup * Tr::kDsChunkBytes;
   return ds_tile + (Tr::kDqSplitColumns ? 0 : warpgroup * 64 * 128);
 }
 template <typename Tr>
 __device__ __forceinline__ uint32_t DqKCols(uint32_t k_tile, int warpgroup) {
+  if constexpr (Tr::kDqSplitRows) return k_tile;
   return k_tile + (Tr::kDqSplitColumns ? warpgroup * Tr::kKvChunkBytes : warpgroup * 64 * 128);
 }
 
@@ -453,7 +491,11 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   static_assert(!kCounters || BwdDqFirst(kSchedule), "the counters are the current step's (no send of step i - 1)");
   constexpr bool kEarlyS = kSchedule != BwdSchedule::kSerial && !kDqFirst;
   constexpr bool kLeanDq = kSchedule == BwdSchedule::kLeanDq || kSchedule == BwdSchedule::kLeanDqEarlyDp ||
-                           kSchedule == BwdSchedule::kLeanDqUniform || kDqFirst;
+                           kSchedule == BwdSchedule::kLeanDqUniform || kSchedule == BwdSchedule::kLeanDqRows128 ||
+                           kDqFirst;
+  // 128-query steps: FeatureStepMask's 32 visibility bits per thread cover
+  // 64 queries (the feature variants stay at 64), so plain kernels only.
+  static_assert(!Tr::kDqSplitRows || !kAnyFeature, "128-query steps: plain kernels only");
   constexpr bool kSendAfterDp = kSchedule == BwdSchedule::kLeanDqEarlyDp;
   // At 128 dQ's 32 floats beside dK, dV (128), S^T and dP^T (64) in flight
   // leave too few registers: ptxas serializes the wgmma (C7512) and spills.
@@ -469,6 +511,8 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   const int wg_n0 = tile.n_block * Tr::kBlockN + 64 * warpgroup;
   // dQ share: columns dq_col0 .. + dq_cols of dS K over keys dq_keys ..
   const int dq_col0 = Tr::kDqSplitColumns ? Tr::kDqCols * warpgroup : 0;
+  // and rows dq_row0 .. + kDqRows of the step's queries (the row split).
+  const int dq_row0 = Tr::kDqSplitRows ? Tr::kDqRows * warpgroup : 0;
   const int dq_cols = min(Tr::kDqCols, a.head_dim - dq_col0);  // <= 0: nothing (head dims up to 64 at 128)
 
   float dk[kHeadDim / 2], dv[kHeadDim / 2];
@@ -518,10 +562,11 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     else return steps.head(i, tile.hk, a.group);
   };
   auto send_dq = [&](int i) {
-    const int m0 = m0_of(i);
-    // kLeanDq: full steps (a warp-uniform test) take the constant-offset send.
+    // The share's first query (m0 of the step at 64 queries per step).
+    const int m0 = m0_of(i) + dq_row0;
+    // kLeanDq: full shares (a warp-uniform test) take the constant-offset send.
     if constexpr (kLeanDq) {
-      if (m0 + kBlockM <= a.seqlen_q && a.head_dim == kHeadDim) {
+      if (m0 + Tr::kDqRows <= a.seqlen_q && a.head_dim == kHeadDim) {
         SendDqFull<Tr>(a, dq, Opaque(smem) + Tr::kDqStageOffset + warpgroup * Tr::kDqStageBytes, tile.b,
                        head_of(i), m0, warp, lane, dq_col0);
         return;
@@ -715,7 +760,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     // too: its wait<1> below completes the dQ product before the step ends).
     auto ds_barrier = [&] {
       FenceProxyAsync();
-      if constexpr (Tr::kDqSplitColumns) NamedBarrierSync(kDsBarrier, 256);
+      if constexpr (Tr::kDqReadsBothDs) NamedBarrierSync(kDsBarrier, 256);
       // (Literal ids per warpgroup: a computed one makes ptxas reserve all 16.)
       else if (warpgroup == 0) NamedBarrierSync(kStageBarrier, 128);
       else NamedBarrierSync(kStageBarrier + 1, 128);
@@ -787,7 +832,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       issue_dq();
     } else {
       FenceProxyAsync();
-      if constexpr (Tr::kDqSplitColumns) NamedBarrierSync(kDsBarrier, 256);
+      if constexpr (Tr::kDqReadsBothDs) NamedBarrierSync(kDsBarrier, 256);
       // (Literal ids per warpgroup: a computed one makes ptxas reserve all 16.)
       else if (warpgroup == 0) NamedBarrierSync(kStageBarrier, 128);
       else NamedBarrierSync(kStageBarrier + 1, 128);
@@ -819,9 +864,17 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   // as BwdSteps::m0 / head count them (query blocks innermost).
   [[maybe_unused]] int counter_m = 0, counter_h = tile.hk * a.group;
   if constexpr (kDqFirst) {
+    // 128-query steps: the count rebuilt per test from m_count (live anyway,
+    // for m0) and the group (a kernel parameter: a constant-bank operand),
+    // opaque so that it is not hoisted; held across the loop it was the
+    // word ptxas spilled there (an LDL per step).
+    auto step_count = [&] {
+      if constexpr (Tr::kDqSplitRows) return int(Opaque(uint32_t(steps.m_count))) * a.group;
+      else return steps.count;
+    };
     // No wgmma is in flight between steps here, so the branch between the
     // two copies of the step is free of ptxas's serialization (C7520).
-    for (int i = 0; i < steps.count; ++i) {
+    for (int i = 0; i < step_count(); ++i) {
       if constexpr (kCounters) {
         step_m0 = (steps.m_first + counter_m) * kBlockM;
         step_h = counter_h;
@@ -862,7 +915,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     BackwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                    const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
                    const BackwardArgs a, const __grid_constant__ AttentionParams p) {
-  using Tr = BwdTraits<kHeadDim>;
+  using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte aligned atoms (kSmemBytes includes the slack).

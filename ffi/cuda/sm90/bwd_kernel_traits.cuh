@@ -51,6 +51,18 @@ namespace jax_flash::cuda::sm90 {
 //            head carried as counters across steps instead of BwdSteps'
 //            i % m_count and i / m_count (a signed division, ~20
 //            instructions and a MUFU.RCP, per step).
+//   kLeanDqRows128, kDqFirstUniformRows128,
+//   kDqFirstUniformDiagCountersRows128 (head dim 64 only): kLeanDq,
+//            kDqFirstUniform and kDqFirstUniformDiagCounters over 128-query
+//            steps, dQ split between the
+//            consumer warpgroups by query rows (BwdTraits<64, 128> below:
+//            FlashAttention-3's 128 x 128 tile at 64). The 64-query steps
+//            make every product at 64 an N = 64 one and each warpgroup
+//            reduce the whole 64 x 64 dQ from its own 64 keys (twice the
+//            reduce bytes per FLOP of a split); here S^T and dP^T are
+//            N = 128, dQ is reduced once, and a step's fixed costs (the
+//            barriers, waits, the send's issue) are spread over twice the
+//            FLOPs.
 enum class BwdSchedule {
   kSerial,
   kEarlyS,
@@ -60,20 +72,33 @@ enum class BwdSchedule {
   kLeanDqUniform,
   kDqFirstUniform,
   kDqFirstUniformDiag,
-  kDqFirstUniformDiagCounters
+  kDqFirstUniformDiagCounters,
+  kLeanDqRows128,
+  kDqFirstUniformRows128,
+  kDqFirstUniformDiagCountersRows128
 };
-constexpr bool BwdStepCounters(BwdSchedule s) { return s == BwdSchedule::kDqFirstUniformDiagCounters; }
+constexpr bool BwdRows128(BwdSchedule s) {
+  return s == BwdSchedule::kLeanDqRows128 || s == BwdSchedule::kDqFirstUniformRows128 ||
+         s == BwdSchedule::kDqFirstUniformDiagCountersRows128;
+}
+constexpr bool BwdStepCounters(BwdSchedule s) {
+  return s == BwdSchedule::kDqFirstUniformDiagCounters || s == BwdSchedule::kDqFirstUniformDiagCountersRows128;
+}
 constexpr bool BwdDiagonalMasks(BwdSchedule s) {
   return s == BwdSchedule::kDqFirstUniformDiag || BwdStepCounters(s);
 }
 constexpr bool BwdDqFirst(BwdSchedule s) {
-  return s == BwdSchedule::kDqFirst || s == BwdSchedule::kDqFirstUniform || BwdDiagonalMasks(s);
+  return s == BwdSchedule::kDqFirst || s == BwdSchedule::kDqFirstUniform || BwdDiagonalMasks(s) ||
+         s == BwdSchedule::kDqFirstUniformRows128;
 }
 constexpr bool BwdUniformDescriptors(BwdSchedule s) {
-  return s == BwdSchedule::kLeanDqUniform || s == BwdSchedule::kDqFirstUniform || BwdDiagonalMasks(s);
+  return s == BwdSchedule::kLeanDqUniform || s == BwdSchedule::kDqFirstUniform || BwdDiagonalMasks(s) ||
+         s == BwdSchedule::kDqFirstUniformRows128;
 }
 
-template <int kHeadDim_>
+// kBlockM_: queries per step, 64 (the package's kernels) or 128 at head dim
+// 64 (the Rows128 candidates; BwdTraitsFor picks it from the schedule).
+template <int kHeadDim_, int kBlockM_ = 64>
 struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_;  // 64 or 128 (256: not yet, see below)
   static_assert(kHeadDim == 64 || kHeadDim == 128,
@@ -93,7 +118,18 @@ struct BwdTraits {
   // 64 + 64 + 32 + 32 (+ 32 for dQ, after S^T and dP^T are 16-bit
   // fragments of 16 each) of the 240 registers. FlashAttention-3's choice at
   // 128 as well (64 x 128).
-  static constexpr int kBlockM = 64;
+  //
+  // kBlockM = 128 (head dim 64 only; the Rows128 candidates), per consumer
+  // thread: dK, dV 32 floats each; S^T and dP^T [64 keys x 128 queries] 64
+  // each (192 with dK, dV while dP^T runs and S^T turns into P^T); then P^T
+  // and dS^T as 16-bit A fragments, 8 k16 steps x 4 registers = 32 each
+  // (S^T's and dP^T's floats dead), and dQ's share [64 query rows x 64
+  // columns] 32 floats: 32 + 32 + 32 + 32 + 32 = 160 while dV, dK and dQ
+  // run. The peak (~192 + addresses and the lse / delta pairs) is below the
+  // 240; at head dim 128 S^T and dP^T alone would leave 240 - 128 = 112
+  // for 128 floats of dK, dV: not offered.
+  static constexpr int kBlockM = kBlockM_;
+  static_assert(kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64), "128-query steps at head dim 64 only");
   // Q/dO ring depth: the copies of step m + 1 run under step m's products.
   static constexpr int kStages = 2;
   static constexpr BwdSchedule kDefaultSchedule = BwdSchedule::kLeanDq;
@@ -107,9 +143,20 @@ struct BwdTraits {
   // own 64 keys (N = 64, no barrier between warpgroups) and both add into
   // the accumulator (twice the reduction traffic of the split, which is
   // the smaller one at 64).
+  //
+  // kBlockM = 128 (at 64): the warpgroups split dQ's rows instead,
+  // warpgroup w the step's queries 64 w .. 64 w + 63 over all 128 keys
+  // (M = 64 queries from dS^T's query chunk w, N = 64 = the head dim, K =
+  // 128 keys: both warpgroups' dS^T, hence the 256-thread barrier of the
+  // column split). Each query row of dQ is reduced once (the key split
+  // reduces every row twice), in the same 8-row runs of 64 columns.
   static constexpr bool kDqSplitColumns = kHeadDim == 128;
-  static constexpr int kDqKeys = kDqSplitColumns ? kBlockN : 64;  // k of one warpgroup's dQ product
-  static constexpr int kDqCols = 64;                              // N of one warpgroup's dQ product
+  static constexpr bool kDqSplitRows = kBlockM == 128;
+  // Whether a warpgroup's dQ product reads the other's dS^T (kDsBarrier).
+  static constexpr bool kDqReadsBothDs = kDqSplitColumns || kDqSplitRows;
+  static constexpr int kDqKeys = kDqReadsBothDs ? kBlockN : 64;  // k of one warpgroup's dQ product
+  static constexpr int kDqRows = 64;                             // M of one warpgroup's dQ product
+  static constexpr int kDqCols = 64;                             // N of one warpgroup's dQ product
 
   // setmaxnreg as the forward (kernel_traits.cuh): 128 x 24 + 256 x 240 =
   // 64512 of the SM's 65536. The consumers need the 240 (kEarlyS at 128
@@ -127,23 +174,29 @@ struct BwdTraits {
   static constexpr int kQChunkBytes = kBlockM * 128;   // one column chunk of Q or dO
   static constexpr int kKvTileBytes = kKvChunkBytes * kChunks;
   static constexpr int kQTileBytes = kQChunkBytes * kChunks;
-  // dS^T of one step: [kBlockN keys][kBlockM queries] 16-bit, one 128-byte
-  // swizzled chunk (kBlockM = 64), the A operand (MN-major) of dQ = dS K.
-  // Two buffers: a warpgroup may write step m + 1's while the other still
-  // reads step m's (bwd_kernel.cuh).
-  static_assert(kBlockM == 64, "dS^T is one 128-byte column chunk");
-  static constexpr int kDsBytes = kBlockN * 128;
-  // Each consumer warpgroup's float32 dQ share [kBlockM][kDqCols], staged
+  // dS^T of one step: [kBlockN keys][kBlockM queries] 16-bit, as 128-byte
+  // swizzled chunks of 64 queries (one at kBlockM = 64, two at 128, 16 KiB
+  // each), the A operand (MN-major) of dQ = dS K: at 128 warpgroup w's dQ
+  // rows are chunk w, exactly one wgmma M. Two buffers: a warpgroup may
+  // write step m + 1's while the other still reads step m's (bwd_kernel.cuh).
+  static constexpr int kDsChunkBytes = kBlockN * 128;
+  static constexpr int kDsBytes = kDsChunkBytes * (kBlockM / 64);
+  // Each consumer warpgroup's float32 dQ share [kDqRows][kDqCols], staged
   // in the accumulator's blocked order (sm80/dq_accum.cuh) for one bulk
   // reduce-add per 8-row group.
-  static constexpr int kDqStageBytes = kBlockM * kDqCols * 4;
+  static constexpr int kDqStageBytes = kDqRows * kDqCols * 4;
   // lse (log2 units) and delta of a step's kBlockM queries.
   static constexpr int kStatBytes = 2 * kBlockM * 4;
 
   // Shared memory: K, V, the Q stages, the dO stages, the two dS^T buffers,
   // the dQ staging per consumer warpgroup, the lse/delta stages, then the
   // mbarriers. The base is rounded up to 1024 bytes inside the kernel, hence
-  // the extra 1024 requested.
+  // the extra 1024 requested. Bytes at 128 x 128 (kBlockM x kBlockN), head
+  // dim 64: K, V 16 KiB each, Q, dO 2 x 16 KiB each (128 rows of 128
+  // bytes), dS^T 2 x 32 KiB (both warpgroups' keys x 128 queries), dQ
+  // staging 2 x 16 KiB, lse / delta 2 x 1 KiB: 194 KiB, + 56 bytes of
+  // mbarriers + 1024 of alignment slack = 199,736 (one block per SM, as at
+  // 64 x 128).
   static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKOffset + kKvTileBytes;
   static constexpr int kQOffset = kVOffset + kKvTileBytes;
@@ -157,5 +210,10 @@ struct BwdTraits {
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KiB per block");
 };
+
+// The traits a schedule runs with: 128-query steps for the Rows128
+// candidates, the package's 64 otherwise (the same type as before).
+template <int kHeadDim, BwdSchedule kSchedule>
+using BwdTraitsFor = BwdTraits<kHeadDim, BwdRows128(kSchedule) ? 128 : 64>;
 
 }  // namespace jax_flash::cuda::sm90

@@ -28,7 +28,7 @@ inline std::string DescribeBackward(const AttentionShape& s, int head_dim_padded
 // segment ids, kMasksSoftcap those and the soft cap (UnsupportedFeatures).
 template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures = Features::kNone>
 std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t stream) {
-  using Tr = BwdTraits<kHeadDim>;
+  using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   const auto& s = p.shape;
   const std::string what = DescribeBackward(s, kHeadDim) +
