@@ -14,14 +14,8 @@
 #                    Hopper backward's check, kept here for its quick mode:
 #                    SM80=0 BWD_ARGS=--quick by default)
 #   sm90_bwd_features scripts/sm90_bwd_check.sh ARGS=--features on main's tree
-#                    (the backward's feature variants, built in main but not
-#                    dispatched; sm80's feature backward beside them, SM80=1);
-#                    then the suite with sm90-bwd-features-dispatch.patch
-#   decode_pow2      scripts/decode_check.sh with decode-paged-pow2.patch (every
-#                    case, then the paged rows: shuffled and in-order tables)
-#   sm90_fwd_lean    scripts/sm90_check.sh ARGS=--plain, then ARGS=--features,
-#                    with sm90-fwd-lean.patch (the forward without spills: its
-#                    plain kernels' SASS changes too); SM80=0 for both
+#                    (the backward's feature variants, dispatched since session
+#                    17; sm80's feature backward beside them, SM80=1)
 #   sm90_fwd_h64     the head-dim-64 cases with two and three consumer warpgroups
 #                    (sm90-h64-3wg.patch), SM80=0 ARGS=--h64: correctness of
 #                    both and their timing table
@@ -52,12 +46,6 @@ patched_copy() {  # name patch...
 }
 
 pids=()
-if wants decode_pow2; then
-  patched_copy pow2 decode-paged-pow2.patch > /dev/null || note "decode_pow2: the patch does not apply"
-fi
-if wants sm90_fwd_lean; then
-  patched_copy lean sm90-fwd-lean.patch > /dev/null || note "sm90_fwd_lean: the patch does not apply"
-fi
 if wants sm90_fwd_h64; then
   patched_copy h64 sm90-h64-3wg.patch > /dev/null || note "sm90_fwd_h64: the patch does not apply"
 fi
@@ -84,15 +72,6 @@ fi
 if wants sm90_bwd_features; then
   run_check sm90_bwd_features "${BWD_LIMIT:-420}" env OUT=/tmp/sm90_bwd_features SM80="${SM80:-1}" \
     ARGS="--features ${BWD_ARGS:-}" bash scripts/sm90_bwd_check.sh
-fi
-if wants decode_pow2 && [ -d /tmp/pending_pow2 ]; then
-  run_check decode_pow2 "${DECODE_LIMIT:-240}" env OUT=/tmp/decode_pow2 bash /tmp/pending_pow2/scripts/decode_check.sh
-fi
-if wants sm90_fwd_lean && [ -d /tmp/pending_lean ]; then
-  for half in plain features; do
-    run_check sm90_fwd_lean_$half "${FWD_LIMIT:-300}" env OUT=/tmp/sm90_lean_$half SM80=0 ARGS="--$half ${FWD_ARGS:-}" \
-      bash /tmp/pending_lean/scripts/sm90_check.sh
-  done
 fi
 if wants sm90_fwd_h64 && [ -d /tmp/pending_h64 ]; then
   run_check sm90_fwd_h64 "${FWD_LIMIT:-540}" env OUT=/tmp/sm90_h64 SM80=0 ARGS="--h64 ${FWD_ARGS:-}" \
