@@ -145,14 +145,19 @@ def _gpu_takes_16bit_bias() -> bool:
     return bool(_registration.build_info().get("cuda_bias_16bit", False))
 
 
-def _gpu_feature_ops(feature_ops, static):
-    """The feature operands as the GPU branch passes them: `feature_ops`
-    itself (the same object: callers then need no platform split) unless a
-    16-bit bias must be up-cast for kernels that read float32 only."""
+def _gpu_upcasts_bias(feature_ops, static) -> bool:
+    """Whether the GPU branch must up-cast a 16-bit bias (kernels that read
+    float32 only): then the CPU and GPU branches differ."""
     bias = feature_ops[0]
-    if not (static.features & HAS_BIAS) or bias.dtype == jnp.float32 or _gpu_takes_16bit_bias():
+    return bool(static.features & HAS_BIAS) and bias.dtype != jnp.float32 and not _gpu_takes_16bit_bias()
+
+
+def _gpu_feature_ops(feature_ops, static):
+    """The feature operands as the GPU branch passes them. Called inside that
+    branch, so that the CPU's lowering holds no convert of the bias at all."""
+    if not _gpu_upcasts_bias(feature_ops, static):
         return feature_ops
-    return (bias.astype(jnp.float32), *feature_ops[1:])
+    return (feature_ops[0].astype(jnp.float32), *feature_ops[1:])
 
 
 def _per_platform(cpu, gpu, split: bool):
@@ -176,12 +181,11 @@ def _ffi_forward(q, k, v, feature_ops, static):
         return out, lse
 
     scratch = _decode_scratch.forward_scratch_floats(q.shape, k.shape, q.dtype, static.implementation)
-    gpu_ops = _gpu_feature_ops(feature_ops, static)
     # A few queries over many keys: the CUDA split-KV decode kernels' partials; the CPU needs none.
     return _per_platform(
         lambda: call(0, feature_ops),
-        lambda: call(scratch, gpu_ops),
-        split=bool(scratch) or gpu_ops is not feature_ops,
+        lambda: call(scratch, _gpu_feature_ops(feature_ops, static)),
+        split=bool(scratch) or _gpu_upcasts_bias(feature_ops, static),
     )
 
 
@@ -221,15 +225,19 @@ def _ffi_backward(q, k, v, out, lse, dout, feature_ops, static):
         dq, dk, dv, _, _ = ffi(q, k, v, out, lse, dout, *feature_ops, **static.attributes())
         return dq, dk, dv
 
-    gpu_ops = _gpu_feature_ops(feature_ops, static)
     cpu = lambda: call(k, v, (0,), feature_ops)  # noqa: E731
     if not _uses_dq_accumulator(q, static):
-        return _per_platform(cpu, lambda: call(k, v, (0,), gpu_ops), split=gpu_ops is not feature_ops)
+        return _per_platform(
+            cpu,
+            lambda: call(k, v, (0,), _gpu_feature_ops(feature_ops, static)),
+            split=_gpu_upcasts_bias(feature_ops, static),
+        )
     # [..., N, T, H] float32 for the GPU's fused backward; the CPU never needs it.
     *batch, t, n, h = q.shape
 
     def gpu():
         copies = key_head_copies(q.shape, k.shape, _multiprocessors())
+        gpu_ops = _gpu_feature_ops(feature_ops, static)
         return with_key_head_copies(lambda k, v: call(k, v, (*batch, n, t, h), gpu_ops), k, v, copies)
 
     return jax.lax.platform_dependent(cpu=cpu, default=gpu)
@@ -324,11 +332,10 @@ def _ffi_bias_gradient(q, k, v, out, lse, dout, feature_ops, static):
         return dbias
 
     bias = feature_ops[0]
-    gpu_ops = _gpu_feature_ops(feature_ops, static)
     return _per_platform(
         lambda: call(feature_ops, on_gpu=False),
-        lambda: call(gpu_ops, on_gpu=True).astype(bias.dtype),
-        split=gpu_ops is not feature_ops
+        lambda: call(_gpu_feature_ops(feature_ops, static), on_gpu=True).astype(bias.dtype),
+        split=_gpu_upcasts_bias(feature_ops, static)
         or dbias_accumulator_shape(bias.shape, q.shape, k.shape, bias.dtype, True) != (1,),
     )
 

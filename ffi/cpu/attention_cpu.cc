@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/mask_policy.h"
@@ -311,7 +312,11 @@ void StoreDbias(const Acc* sums, int64_t rows, int64_t cols, int64_t offset, int
   T* dst = static_cast<T*>(out) + offset;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c)
-      dst[r * row_stride + c * col_stride] = FromFloat<T>(sums[r * cols + c]);
+      if constexpr (std::is_same_v<T, Acc>) {
+        dst[r * row_stride + c * col_stride] = sums[r * cols + c];
+      } else {  // 16-bit (never with a float64 Acc: attention.py up-casts those)
+        dst[r * row_stride + c * col_stride] = FromFloat<T>(float(sums[r * cols + c]));
+      }
 }
 
 // dbias for one slice of the bias's own shape: the (batch, head) pairs that
