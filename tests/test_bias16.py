@@ -44,13 +44,15 @@ def _combo(name, rng):
         kw["is_causal"] = True
     if "window" in name:
         kw["local_window_size"] = (9, 5)
+    if "softcap" in name:  # the cap applies before the bias is added (attention's docstring)
+        kw["logits_soft_cap"] = 5.0
     if "segments" in name:
         kw["q_segment_ids"] = _segment_ids(rng, T)
         kw["kv_segment_ids"] = _segment_ids(rng, S)
     return kw, dict(kw)  # reference.attention takes the same mask arguments
 
 
-COMBOS = ["plain", "causal", "window", "segments", "causal-window-segments"]
+COMBOS = ["plain", "causal", "window", "segments", "causal-window-segments", "softcap-causal"]
 
 
 @pytest.mark.parametrize("combo", COMBOS)
