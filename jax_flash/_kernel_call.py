@@ -135,8 +135,42 @@ def _forward_call(q, k, v, feature_ops, static):
     return _FORWARD(static, q, k, v, *feature_ops)
 
 
+@functools.lru_cache(maxsize=None)
+def _gpu_takes_16bit_bias() -> bool:
+    """Whether this build's CUDA kernels read a 16-bit bias as 16-bit (and
+    write dbias in its dtype): the extension says so in build_info. Until they
+    do (pending/bias16-dbias.patch: CUDA changes not yet run on a GPU), the
+    GPU branch of each call up-casts a 16-bit bias to float32 and casts dbias
+    back, exactly the float32 path of before; the CPU takes it as it is."""
+    return bool(_registration.build_info().get("cuda_bias_16bit", False))
+
+
+def _gpu_upcasts_bias(feature_ops, static) -> bool:
+    """Whether the GPU branch must up-cast a 16-bit bias (kernels that read
+    float32 only): then the CPU and GPU branches differ."""
+    bias = feature_ops[0]
+    return bool(static.features & HAS_BIAS) and bias.dtype != jnp.float32 and not _gpu_takes_16bit_bias()
+
+
+def _gpu_feature_ops(feature_ops, static):
+    """The feature operands as the GPU branch passes them. Called inside that
+    branch, so that the CPU's lowering holds no convert of the bias at all."""
+    if not _gpu_upcasts_bias(feature_ops, static):
+        return feature_ops
+    return (feature_ops[0].astype(jnp.float32), *feature_ops[1:])
+
+
+def _per_platform(cpu, gpu, split: bool):
+    """cpu() on the CPU and gpu() elsewhere, or gpu() alone when the two
+    branches are the same computation (split False): no platform_dependent
+    then, so nothing changes for calls whose operands agree."""
+    if not split:
+        return gpu()
+    return jax.lax.platform_dependent(cpu=cpu, default=gpu)
+
+
 def _ffi_forward(q, k, v, feature_ops, static):
-    def call(scratch):
+    def call(scratch, feature_ops):
         result_types = (
             _result_type(q, q.shape, q.dtype),  # out
             _row_stats_type(q),  # lse
@@ -147,10 +181,12 @@ def _ffi_forward(q, k, v, feature_ops, static):
         return out, lse
 
     scratch = _decode_scratch.forward_scratch_floats(q.shape, k.shape, q.dtype, static.implementation)
-    if not scratch:
-        return call(0)
     # A few queries over many keys: the CUDA split-KV decode kernels' partials; the CPU needs none.
-    return jax.lax.platform_dependent(cpu=lambda: call(0), default=lambda: call(scratch))
+    return _per_platform(
+        lambda: call(0, feature_ops),
+        lambda: call(scratch, _gpu_feature_ops(feature_ops, static)),
+        split=bool(scratch) or _gpu_upcasts_bias(feature_ops, static),
+    )
 
 
 def _uses_dq_accumulator(q, static) -> bool:
@@ -177,7 +213,7 @@ def _backward_call(q, k, v, out, lse, dout, feature_ops, static):
 
 
 def _ffi_backward(q, k, v, out, lse, dout, feature_ops, static):
-    def call(k, v, accum_shape):
+    def call(k, v, accum_shape, feature_ops):
         result_types = (
             _result_type(q, q.shape, q.dtype),  # dq
             _result_type(k, k.shape, k.dtype),  # dk
@@ -189,16 +225,22 @@ def _ffi_backward(q, k, v, out, lse, dout, feature_ops, static):
         dq, dk, dv, _, _ = ffi(q, k, v, out, lse, dout, *feature_ops, **static.attributes())
         return dq, dk, dv
 
+    cpu = lambda: call(k, v, (0,), feature_ops)  # noqa: E731
     if not _uses_dq_accumulator(q, static):
-        return call(k, v, (0,))
+        return _per_platform(
+            cpu,
+            lambda: call(k, v, (0,), _gpu_feature_ops(feature_ops, static)),
+            split=_gpu_upcasts_bias(feature_ops, static),
+        )
     # [..., N, T, H] float32 for the GPU's fused backward; the CPU never needs it.
     *batch, t, n, h = q.shape
 
     def gpu():
         copies = key_head_copies(q.shape, k.shape, _multiprocessors())
-        return with_key_head_copies(lambda k, v: call(k, v, (*batch, n, t, h)), k, v, copies)
+        gpu_ops = _gpu_feature_ops(feature_ops, static)
+        return with_key_head_copies(lambda k, v: call(k, v, (*batch, n, t, h), gpu_ops), k, v, copies)
 
-    return jax.lax.platform_dependent(cpu=lambda: call(k, v, (0,)), default=gpu)
+    return jax.lax.platform_dependent(cpu=cpu, default=gpu)
 
 
 # The GPU backward runs one block per (key block, key head, batch), which
@@ -262,12 +304,40 @@ def _bias_gradient_call(q, k, v, out, lse, dout, feature_ops, static):
     return dbias
 
 
+def dbias_accumulator_shape(bias_shape, q_shape, k_shape, bias_dtype, on_gpu: bool):
+    """The float32 scratch of the CUDA bias gradient: the bias's shape when
+    a 16-bit bias is broadcast along some dim (its dS sums over batch entries,
+    heads, queries or keys by float32 atomics, rounded into dbias once at the
+    end), else one element: a bias of the full [..., N, T, S] shape has each
+    gradient element written by one thread, and a float32 one is summed in
+    place. The CPU sums in its own buffers and never needs it."""
+    *lead, t, n, _ = q_shape
+    full = (*lead, n, t, k_shape[-3])
+    if on_gpu and jnp.dtype(bias_dtype) != jnp.float32 and tuple(bias_shape) != full:
+        return tuple(bias_shape)
+    return (1,)
+
+
 def _ffi_bias_gradient(q, k, v, out, lse, dout, feature_ops, static):
+    def call(feature_ops, on_gpu):
+        bias = feature_ops[0]
+        accum = dbias_accumulator_shape(bias.shape, q.shape, k.shape, bias.dtype, on_gpu)
+        result_types = (
+            _result_type(bias, bias.shape, bias.dtype),  # dbias, the bias's dtype
+            _row_stats_type(q),  # delta (scratch)
+            _result_type(bias, accum, jnp.float32),  # dbias_accum (scratch)
+        )
+        ffi = jax.ffi.ffi_call(_registration.DBIAS_TARGET, result_types, vmap_method="broadcast_all")
+        dbias, _, _ = ffi(q, k, v, out, lse, dout, *feature_ops, **static.attributes())
+        return dbias
+
     bias = feature_ops[0]
-    result_types = (_result_type(bias, bias.shape, bias.dtype), _row_stats_type(q))
-    call = jax.ffi.ffi_call(_registration.DBIAS_TARGET, result_types, vmap_method="broadcast_all")
-    dbias, _ = call(q, k, v, out, lse, dout, *feature_ops, **static.attributes())
-    return dbias
+    return _per_platform(
+        lambda: call(feature_ops, on_gpu=False),
+        lambda: call(_gpu_feature_ops(feature_ops, static), on_gpu=True).astype(bias.dtype),
+        split=_gpu_upcasts_bias(feature_ops, static)
+        or dbias_accumulator_shape(bias.shape, q.shape, k.shape, bias.dtype, True) != (1,),
+    )
 
 
 # --- partitioning rules (_partitioning.py) -----------------------------------

@@ -75,8 +75,11 @@ def attention(
       key: ``[B, S, K, H]`` or ``[S, K, H]``, the query's dtype.
       value: the key's shape and dtype.
       bias: additive, float, broadcastable to ``[B, N, T, S]`` (fewer dims are
-        padded on the left, as jax does); never materialized larger. Its
-        gradient comes back in its own shape.
+        padded on the left, as jax does); never materialized larger. A
+        float16/bfloat16 bias of the query's dtype is read in that dtype (no
+        float32 copy); any other is taken in float32 (float64 for float64
+        inputs). Its gradient comes back in its own shape and dtype (summed
+        in float32 over the dims it broadcasts along).
       mask: bool, broadcastable to ``[B, N, T, S]``, True = attend (e.g. a key
         padding mask ``[B, 1, 1, S]``).
       scale: multiplies the logits; default ``1 / sqrt(H)``. A Python or NumPy
@@ -150,7 +153,12 @@ def attention(
         if not jnp.issubdtype(bias4.dtype, jnp.floating):
             raise TypeError(f"bias must be a float array; got {bias4.dtype}")
         features |= HAS_BIAS
-        bias4 = bias4.astype(acc_dtype)
+        # A 16-bit bias of the query's own dtype goes to the kernels as it is:
+        # up-casting it cost a full read and write of the largest operand
+        # (issue 19), and the kernels add it in float32 anyway. Any other
+        # bias is taken in the accumulation type, as before.
+        if not (bias4.dtype == query.dtype and query.dtype in (jnp.float16, jnp.bfloat16)):
+            bias4 = bias4.astype(acc_dtype)
     operands.append(bias4 if bias4 is not None else jnp.zeros((1, 1, 1, 1), acc_dtype))
 
     mask4 = _broadcastable_4d("mask", mask, (b, n, t, s))

@@ -90,8 +90,17 @@ inline ffi::Error DecodeFeatures(const ffi::AnyBuffer& q, const FeatureOperands&
       q.element_type() == ffi::DataType::F64 ? ffi::DataType::F64 : ffi::DataType::F32;
   int64_t rows = 1, cols = 1;
   if (o.features & kHasBias) {
-    if (o.bias.element_type() != acc)
-      return ffi::Error::InvalidArgument("jax_flash: bias must be float32 (float64 for float64 inputs)");
+    const ffi::DataType bt = o.bias.element_type();
+    if (bt == acc) {
+      f.bias_type = BiasType::kAccum;
+    } else if (bt == q.element_type() && bt == ffi::DataType::F16) {
+      f.bias_type = BiasType::kFloat16;
+    } else if (bt == q.element_type() && bt == ffi::DataType::BF16) {
+      f.bias_type = BiasType::kBFloat16;
+    } else {
+      return ffi::Error::InvalidArgument(
+          "jax_flash: bias must be float32 (float64 for float64 inputs) or the query's 16-bit dtype");
+    }
     if (auto e = BroadcastOperand("bias", o.bias, qd, s, &f.bias_stride, &rows, &cols); e.failure())
       return e;
     f.bias = o.bias.untyped_data();

@@ -4,7 +4,7 @@
 // suffix changes with these lists; paged_fwd is CPU-only so far)
 //   jax_flash_fwd:   q, k, v, <features>                   -> out, lse, decode_scratch
 //   jax_flash_bwd:   q, k, v, out, lse, dout, <features>   -> dq, dk, dv, delta, dq_accum
-//   jax_flash_dbias: q, k, v, out, lse, dout, <features>   -> dbias, delta
+//   jax_flash_dbias: q, k, v, out, lse, dout, <features>   -> dbias, delta, dbias_accum
 // <features>: bias, mask, q_seqlens, kv_seqlens, q_segment_ids,
 // kv_segment_ids, q_segment_ranges, kv_segment_ranges, dropout_seed,
 // position_offsets operands (placeholders when unused) and the attributes below.
@@ -76,10 +76,15 @@
       .Ret<xla::ffi::AnyBuffer>()  /* delta (scratch) */               \
       .Ret<xla::ffi::AnyBuffer>()  /* dq_accum (float32 scratch or empty) */
 
+// dbias: the bias's shape and dtype. dbias_accum: float32 scratch in the
+// bias's shape where the CUDA kernels sum a broadcast 16-bit bias's gradient
+// by atomics (jax_flash/_kernel_call.py dbias_accumulator_shape), else one
+// element; the CPU ignores it.
 #define JAX_FLASH_DBIAS_BINDING(ctx)                       \
   JAX_FLASH_BWD_ARGS(ctx)                                  \
       .Ret<xla::ffi::AnyBuffer>()  /* dbias */             \
-      .Ret<xla::ffi::AnyBuffer>()  /* delta (scratch) */
+      .Ret<xla::ffi::AnyBuffer>()  /* delta (scratch) */   \
+      .Ret<xla::ffi::AnyBuffer>()  /* dbias_accum (float32 scratch) */
 
 // jax_flash_paged_fwd: q, k_cache, v_cache, block_tables, seq_lengths -> out, lse, decode_scratch
 // (forward only; ffi/common/paged_params.h has the shapes).

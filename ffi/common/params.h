@@ -53,13 +53,21 @@ struct BroadcastStrides {
   int64_t head = 0, row = 0, col = 0;
 };
 
+// The bias's element type: the accumulation type (float32, float64 for
+// float64 inputs), or the 16-bit input dtype it was given in (only when it is
+// the query's: attention.py up-casts any other). Kernels read it through a
+// runtime switch rather than a template parameter, so a bias adds no
+// instantiations; the value is added in the accumulation type either way.
+enum class BiasType : int32_t { kAccum = 0, kFloat16 = 1, kBFloat16 = 2 };
+
 struct AttentionFeatures {
   // Leading (batch) dims of q, so a flat batch index can be split into the
   // multi-index that broadcast strides need.
   int num_batch_dims = 1;
   int64_t batch_dims[kMaxBatchDims] = {1, 1, 1, 1};
 
-  const void* bias = nullptr;  // accumulation type (float, double for f64)
+  const void* bias = nullptr;  // of bias_type
+  BiasType bias_type = BiasType::kAccum;
   BroadcastStrides bias_stride;
   float* dbias = nullptr;  // CUDA bias-gradient pass: float32, the bias's shape (zeroed first)
   const uint8_t* mask = nullptr;  // bool, true = attend

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/mask_policy.h"
@@ -304,13 +305,30 @@ void BackwardTask(const AttentionParams& p, int64_t b, int64_t hk, int64_t split
   }
 }
 
+// Stores a task's summed dbias elements in the bias's element type.
+template <typename T, typename Acc>
+void StoreDbias(const Acc* sums, int64_t rows, int64_t cols, int64_t offset, int64_t row_stride,
+                int64_t col_stride, void* out) {
+  T* dst = static_cast<T*>(out) + offset;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      if constexpr (std::is_same_v<T, Acc>) {
+        dst[r * row_stride + c * col_stride] = sums[r * cols + c];
+      } else {  // 16-bit (never with a float64 Acc: attention.py up-casts those)
+        dst[r * row_stride + c * col_stride] = FromFloat<T>(float(sums[r * cols + c]));
+      }
+}
+
 // dbias for one slice of the bias's own shape: the (batch, head) pairs that
 // broadcast onto it, query rows [row0, row1) of it (all rows when the bias is
 // broadcast over queries). Each task owns its dbias elements: no races, a
-// fixed summation order.
+// fixed summation order. They are summed in the accumulation type in a
+// buffer of the task's own (at most kBlockM x seqlen_k: O(T) memory) and
+// stored once, rounded to the bias's type (a 16-bit bias gets a 16-bit
+// gradient, rounded from the float32 sum).
 template <typename Element>
-void DbiasTask(const AttentionParams& p, int64_t bias_slice_offset, int64_t row0, int64_t row1,
-               typename AccumFor<Element>::type* dbias) {
+void DbiasTask(const AttentionParams& p, const BiasShape& bias_shape, int64_t bias_slice_offset,
+               int64_t row0, int64_t row1, void* dbias) {
   using Acc = typename AccumFor<Element>::type;
   const auto& s = p.shape;
   const AttentionFeatures& f = p.features;
@@ -318,6 +336,14 @@ void DbiasTask(const AttentionParams& p, int64_t bias_slice_offset, int64_t row0
   thread_local std::vector<Acc> buf;
   buf.resize(BackwardTile<Acc>::Elements(dp));
   const BackwardTile<Acc> t = BackwardTile<Acc>::Carve(buf.data(), dp);
+  // [sum_rows][sum_cols]: the task's dbias elements (one row when the bias is
+  // broadcast over queries, one column when over keys).
+  const int64_t sum_rows = bias_shape.rows == 1 ? 1 : row1 - row0;
+  const int64_t sum_cols = bias_shape.cols;
+  const int64_t row_mul = bias_shape.rows == 1 ? 0 : 1, col_mul = bias_shape.cols == 1 ? 0 : 1;
+  thread_local std::vector<Acc> sums_buf;
+  sums_buf.assign(size_t(sum_rows * sum_cols), Acc(0));
+  Acc* sums = sums_buf.data();
 
   for (int64_t b = 0; b < s.batch; ++b) {
     const DropoutPolicy dropout = DropoutPolicy::For(p, b);
@@ -345,11 +371,22 @@ void DbiasTask(const AttentionParams& p, int64_t bias_slice_offset, int64_t row0
                                             dp, t);
           for (int r = 0; r < rows; ++r)
             for (int c = 0; c < cols; ++c)
-              dbias[bias_slice_offset + (q0 + r) * f.bias_stride.row + (k0 + c) * f.bias_stride.col] +=
-                  t.ds_blk[r * kBlockN + c];
+              sums[(q0 + r - row0) * row_mul * sum_cols + (k0 + c) * col_mul] += t.ds_blk[r * kBlockN + c];
         }
       }
     }
+  }
+  const int64_t offset = bias_slice_offset + row0 * f.bias_stride.row;
+  switch (f.bias_type) {
+    case BiasType::kAccum:
+      StoreDbias<Acc>(sums, sum_rows, sum_cols, offset, f.bias_stride.row, f.bias_stride.col, dbias);
+      break;
+    case BiasType::kFloat16:
+      StoreDbias<Float16>(sums, sum_rows, sum_cols, offset, f.bias_stride.row, f.bias_stride.col, dbias);
+      break;
+    case BiasType::kBFloat16:
+      StoreDbias<BFloat16>(sums, sum_rows, sum_cols, offset, f.bias_stride.row, f.bias_stride.col, dbias);
+      break;
   }
 }
 
@@ -417,13 +454,11 @@ void AttentionBackward(const AttentionParams& p) {
 }
 
 template <typename Element>
-void AttentionBiasGradient(const AttentionParams& p, const BiasShape& bias_shape, void* dbias_out) {
-  using Acc = typename AccumFor<Element>::type;
+void AttentionBiasGradient(const AttentionParams& p, const BiasShape& bias_shape, void* dbias) {
   ComputeDelta<Element>(p);
-  Acc* dbias = static_cast<Acc*>(dbias_out);
-  std::fill(dbias, dbias + bias_shape.num_elements, Acc(0));
   // One task per bias slice (its leading dims and head), further split by
-  // query blocks when the bias has a full query dim.
+  // query blocks when the bias has a full query dim; together they write
+  // every element (those no visible pair reaches as zeros).
   const int64_t slices = bias_shape.num_elements / (bias_shape.rows * bias_shape.cols);
   const int64_t row_blocks = bias_shape.rows == 1 ? 1 : CeilDiv(p.shape.seqlen_q, kBlockM);
   ParallelFor(slices * row_blocks, [&](int64_t t) {
@@ -431,7 +466,7 @@ void AttentionBiasGradient(const AttentionParams& p, const BiasShape& bias_shape
     const int64_t row0 = bias_shape.rows == 1 ? 0 : rb * kBlockM;
     const int64_t row1 = bias_shape.rows == 1 ? p.shape.seqlen_q
                                               : std::min<int64_t>(p.shape.seqlen_q, row0 + kBlockM);
-    DbiasTask<Element>(p, slice * bias_shape.rows * bias_shape.cols, row0, row1, dbias);
+    DbiasTask<Element>(p, bias_shape, slice * bias_shape.rows * bias_shape.cols, row0, row1, dbias);
   });
 }
 

@@ -21,8 +21,9 @@ struct BiasShape {
   int64_t cols = 1;  // 1 (broadcast over keys) or seqlen_k
 };
 
-// Writes the bias gradient (in the bias's own shape, summed over the dims it
-// broadcasts along, accumulation dtype) and delta.
+// Writes the bias gradient (in the bias's own shape and element type,
+// p.features.bias_type, summed in the accumulation type over the dims it
+// broadcasts along) and delta.
 template <typename Element>
 void AttentionBiasGradient(const AttentionParams& p, const BiasShape& bias_shape, void* dbias);
 

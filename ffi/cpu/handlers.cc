@@ -98,8 +98,9 @@ ffi::Error BackwardImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
 ffi::Error BiasGradientImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                             ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
                             JAX_FLASH_FEATURE_PARAMS, ffi::Result<ffi::AnyBuffer> dbias,
-                            ffi::Result<ffi::AnyBuffer> delta) {
+                            ffi::Result<ffi::AnyBuffer> delta, ffi::Result<ffi::AnyBuffer> dbias_accum) {
   (void)implementation;
+  (void)dbias_accum;  // the CUDA kernels' float32 sums; the CPU sums per task
   AttentionParams p;
   // dq/dk/dv slots are not written by this target: pass dout in their place
   // for the shape checks only.

@@ -69,11 +69,18 @@ void LoadRowsTransposed(const Element* src, int64_t row_stride, int64_t row0,
 // pair. With a soft cap, tanh_out (unless null: the forward has no use for
 // it) receives tanh(scale * q.k / cap) for the backward's chain rule.
 // Everything past `rows` x `cols` of the block is -inf.
+// One bias row (element type T) added to a row of logits, then in log2 units.
+template <typename Acc, typename T>
+inline void AddBiasRow(Acc* srow, const T* brow, int cols, int64_t col_stride, Acc log2e) {
+  for (int c = 0; c < cols; ++c) srow[c] = (srow[c] + Acc(ToFloat(brow[c * col_stride]))) * log2e;
+}
+
 template <typename Acc>
 struct LogitTransform {
   const AttentionParams& p;
   const MaskPolicy& mask;
-  const Acc* bias = nullptr;  // this (batch, head) slice, or null
+  const void* bias = nullptr;  // this (batch, head) slice, of bias_type, or null
+  BiasType bias_type = BiasType::kAccum;
   int64_t bias_row = 0, bias_col = 0;
   Acc scale, cap;
 
@@ -81,7 +88,13 @@ struct LogitTransform {
       : p(params), mask(m), scale(Acc(params.scale)), cap(Acc(params.features.softcap)) {
     const AttentionFeatures& f = params.features;
     if (f.bias) {
-      bias = static_cast<const Acc*>(f.bias) + f.BroadcastOffset(f.bias_stride, b, h);
+      const int64_t off = f.BroadcastOffset(f.bias_stride, b, h);
+      bias_type = f.bias_type;
+      switch (bias_type) {
+        case BiasType::kAccum: bias = static_cast<const Acc*>(f.bias) + off; break;
+        case BiasType::kFloat16: bias = static_cast<const Float16*>(f.bias) + off; break;
+        case BiasType::kBFloat16: bias = static_cast<const BFloat16*>(f.bias) + off; break;
+      }
       bias_row = f.bias_stride.row;
       bias_col = f.bias_stride.col;
     }
@@ -111,11 +124,22 @@ struct LogitTransform {
       for (int i = 0; i < rows * kBlockN; ++i) s[i] *= mul;
     }
     if (bias) {
-      // Columns past `cols` are masked below.
+      // Columns past `cols` are masked below. One switch per row: a 16-bit
+      // bias is widened as it is read, never copied.
       for (int r = 0; r < rows; ++r) {
         Acc* srow = s + r * kBlockN;
-        const Acc* brow = bias + (q0 + r) * bias_row + k0 * bias_col;
-        for (int c = 0; c < cols; ++c) srow[c] = (srow[c] + brow[c * bias_col]) * log2e;
+        const int64_t off = (q0 + r) * bias_row + k0 * bias_col;
+        switch (bias_type) {
+          case BiasType::kAccum:
+            AddBiasRow(srow, static_cast<const Acc*>(bias) + off, cols, bias_col, log2e);
+            break;
+          case BiasType::kFloat16:
+            AddBiasRow(srow, static_cast<const Float16*>(bias) + off, cols, bias_col, log2e);
+            break;
+          case BiasType::kBFloat16:
+            AddBiasRow(srow, static_cast<const BFloat16*>(bias) + off, cols, bias_col, log2e);
+            break;
+        }
       }
     }
     // Segment ids that are one and the same id over the whole block (their

@@ -150,6 +150,10 @@ ffi::Error PoisonAsync(cudaStream_t stream, std::initializer_list<const ffi::Any
 ffi::Error DecodeFeaturesForFamily(const ffi::AnyBuffer& q, const FeatureOperands& o,
                                    bool sm80_has_features, int32_t* family, AttentionParams* p) {
   if (auto e = DecodeFeatures(q, o, p); e.failure()) return e;
+  // The kernels read a float32 bias (LogitFeatures); jax_flash/_kernel_call.py
+  // up-casts a 16-bit one for them (build_info's cuda_bias_16bit is false).
+  if (p->features.bias && p->features.bias_type != BiasType::kAccum)
+    return ffi::Error::InvalidArgument("jax_flash: this build's CUDA kernels take a float32 bias only");
   if (UsesFeatures(p->features) && !sm80_has_features) *family = int32_t(Family::kGeneric);
   return ffi::Error::Success();
 }
@@ -330,8 +334,10 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
 ffi::Error BiasGradientImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                             ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                             ffi::AnyBuffer dout, JAX_FLASH_FEATURE_PARAMS,
-                            ffi::Result<ffi::AnyBuffer> dbias, ffi::Result<ffi::AnyBuffer> delta) {
+                            ffi::Result<ffi::AnyBuffer> dbias, ffi::Result<ffi::AnyBuffer> delta,
+                            ffi::Result<ffi::AnyBuffer> dbias_accum) {
   (void)deterministic, (void)implementation;  // one path: atomics where the bias is broadcast
+  (void)dbias_accum;  // float32 sums of a 16-bit bias's gradient: float32 biases only here
   AttentionParams p;
   // dq/dk/dv slots are not written by this target: pass dout in their place
   // for the shape checks only.
