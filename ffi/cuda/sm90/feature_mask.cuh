@@ -80,6 +80,19 @@ __host__ __device__ __forceinline__ IdSpan SummarySpan(const SegmentRanges& r, i
 // warp (TrimEmptyBlocks votes); every warp that calls it gets the same
 // answer, which is what keeps the producer's and the consumers' ring
 // positions in step.
+// AttentionFeatures::BroadcastOffset with int32 batch indices (b < 2^31
+// tiles here): its 64-bit divisions spilled the producer's 40 registers.
+__device__ __forceinline__ int64_t BroadcastOffset32(const AttentionFeatures& f, const BroadcastStrides& st, int b,
+                                                     int h) {
+  int64_t off = int64_t(h) * st.head;
+  for (int d = f.num_batch_dims - 1; d >= 0; --d) {
+    const int n = int(f.batch_dims[d]);
+    off += int64_t(b % n) * st.batch[d];
+    b /= n;
+  }
+  return off;
+}
+
 // kMaskArray (kMasksBoolean): a key-only boolean mask ([B|1, N|1, 1, S], key
 // padding) also drops the key blocks it hides entirely from both ends
 // (TrimHiddenKeyBlocks, sm80's rule), so that padding costs no copies and
@@ -102,11 +115,21 @@ __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, 
     });
   }
   if constexpr (kMaskArray) {
-    // (MaskPolicy::For only here: its broadcast divisions stay out of the
-    // other variants' producer.)
-    const MaskPolicy with_mask = MaskPolicy::For(p, b, h);
-    if (KeyMaskReader<kBlockN>::Applies(with_mask) && kb.hi > kb.lo)
-      TrimHiddenKeyBlocks<kBlockN>(with_mask, &kb.lo, &kb.hi);
+    // TrimHiddenKeyBlocks' rule in int32 and with the keys contiguous
+    // (UnsupportedFeatures), a few bytes in flight per lane: its 64-bit
+    // indices and 16 loads at once spilled the producer's 40 registers.
+    const AttentionFeatures& f = p.features;
+    if (f.mask_stride.row == 0 && kb.hi > kb.lo) {
+      const uint8_t* keys = f.mask + BroadcastOffset32(f, f.mask_stride, b, h);
+      const int len = int(policy.seqlen_k);
+      TrimEmptyBlocks(&kb.lo, &kb.hi, [&](int nb) {
+        const int j0 = nb * kBlockN, count = std::min(kBlockN, len - j0);
+        bool any_visible = false;
+#pragma unroll 4
+        for (int i = 0; i < kBlockN; ++i) any_visible |= i < count && keys[j0 + i] != 0;
+        return !any_visible;
+      });
+    }
   }
   return kb;
 }
