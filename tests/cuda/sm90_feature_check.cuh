@@ -3,7 +3,8 @@
 // segment ids (packed documents with their block summaries, ids that are not
 // contiguous, ids without summaries), the soft cap and (kMasksBias, built
 // here only until its check passes) an additive float32 bias broadcast over
-// any of batch, heads and queries, each against a float
+// any of batch, heads and queries, and (kMasksBoolean, likewise) a boolean
+// mask [B|1, N|1, T|1, S], each against a float
 // reference of its own that spells the semantics out (jax_flash/reference.py;
 // offsets as in common/mask_policy.h: query row i sits at key position
 // i + offset), not through MaskPolicy. Then the issue-19 feature table's

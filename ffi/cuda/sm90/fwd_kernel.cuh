@@ -1,7 +1,9 @@
 // FlashAttention forward for Hopper (sm_90a), float16/bfloat16, causal, and
 // in its feature variants (kFeatures, feature_mask.cuh) lengths, windows,
 // position offsets, segment ids and the soft cap, or those and a bias
-// (kMasksBias: BiasRows): FlashAttention-3's design in our own code.
+// (kMasksBias: BiasRows) or a boolean mask (kMasksBoolean: MaskArrayRows,
+// key padding trimmed by the producer): FlashAttention-3's design in our
+// own code.
 //
 // A persistent grid (one block per SM) walks tiles of (128 query rows, head,
 // batch) in tile_scheduler.cuh's order; each block has three warpgroups:
