@@ -7,6 +7,7 @@
 #   SM80=0 bash scripts/sm90_check.sh      # without the sm80 comparison (faster build)
 #   ARGS=--quick bash scripts/sm90_check.sh  # skip the 4096-long cases
 #   ARGS="--plain" / ARGS="--features" bash scripts/sm90_check.sh  # one half (each fits a 10-minute slot)
+#   ARGS=--bias / ARGS=--mask bash scripts/sm90_check.sh  # the bias / boolean mask variant's cases and timings
 # Writes the binary and the log under ${OUT:-build-sm90-check}.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

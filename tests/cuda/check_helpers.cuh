@@ -44,7 +44,7 @@ __host__ __device__ float ToFloat(Element x) {
 
 // Standard normal values from a counter hash (splitmix64 + Box-Muller): fixed
 // seed, reproducible, never all zeros.
-__device__ inline uint64_t SplitMix(uint64_t x) {
+__host__ __device__ inline uint64_t SplitMix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;

@@ -3,7 +3,8 @@
 // segment ids (packed documents with their block summaries, ids that are not
 // contiguous, ids without summaries), the soft cap and (kMasksBias, built
 // here only until its check passes) an additive float32 bias broadcast over
-// any of batch, heads and queries, each against a float
+// any of batch, heads and queries, and (kMasksBoolean, likewise) a boolean
+// mask [B|1, N|1, T|1, S], each against a float
 // reference of its own that spells the semantics out (jax_flash/reference.py;
 // offsets as in common/mask_policy.h: query row i sits at key position
 // i + offset), not through MaskPolicy. Then the issue-19 feature table's
@@ -45,12 +46,15 @@ struct RefFeatures {
   // [B|1, N|1, T|1, S] float32, element strides (0 along a broadcast dim).
   const float* bias = nullptr;
   long long bias_batch = 0, bias_head = 0, bias_row = 0;
+  // [B|1, N|1, T|1, S] bool (1 = visible), strides as the bias's.
+  const uint8_t* mask = nullptr;
+  long long mask_batch = 0, mask_head = 0, mask_row = 0;
 };
 
 // Whether query i of batch b sees key j (reference.py's visibility, with the
 // position offset moving the diagonal).
 __host__ __device__ inline bool RefVisible(const RefFeatures& f, int b, int T, int S, bool causal, long long i,
-                                           long long j) {
+                                           long long j, int h = 0) {
   const long long lq = f.q_lens ? std::min<long long>(std::max(f.q_lens[b], 0), T) : T;
   const long long lk = f.kv_lens ? std::min<long long>(std::max(f.kv_lens[b], 0), S) : S;
   const long long d = f.offsets ? f.offsets[b] : 0;
@@ -59,6 +63,7 @@ __host__ __device__ inline bool RefVisible(const RefFeatures& f, int b, int T, i
   if (f.left >= 0 && j < i + d - f.left) return false;
   if (f.right >= 0 && j > i + d + f.right) return false;
   if (f.q_ids && f.q_ids[int64_t(b) * T + i] != f.kv_ids[int64_t(b) * S + j]) return false;
+  if (f.mask && !f.mask[b * f.mask_batch + h * f.mask_head + i * f.mask_row + j]) return false;
   return true;
 }
 
@@ -85,13 +90,13 @@ __global__ void ReferenceForwardFeatures(const Element* q, const Element* k, con
   };
   float m = -INFINITY;
   for (int j = 0; j < S; ++j)
-    if (RefVisible(f, b, T, S, causal, i, j)) m = fmaxf(m, logit(j));
+    if (RefVisible(f, b, T, S, causal, i, j, h)) m = fmaxf(m, logit(j));
   float acc[256];
   for (int d = 0; d < H; ++d) acc[d] = 0.0f;
   float l = 0.0f;
   if (m > -INFINITY)
     for (int j = 0; j < S; ++j) {
-      if (!RefVisible(f, b, T, S, causal, i, j)) continue;
+      if (!RefVisible(f, b, T, S, causal, i, j, h)) continue;
       const float p = expf(logit(j) - m);
       l += p;
       const Element* vr = v + ((int64_t(b) * S + j) * K + hk) * H;
@@ -123,8 +128,30 @@ struct FeatureCase {
   // always full. kBiasInf: about 1 in 29 elements -inf (a bias as a mask).
   // kBias16: in the inputs' 16-bit type (kMasksBias16), else float32.
   int bias = -1;
+  // A boolean mask (kMasksBoolean) when >= 0, of the shape kMaskBatch,
+  // kMaskHeads, kMaskRows give (as the bias's bits; keys always full), with
+  // the values MaskValue spells out: kMaskPadding key padding (a visible
+  // prefix per batch row and head; batch row 2 none), kMaskHole with keys
+  // [S / 4, S / 4 + 200) hidden too (empty key blocks inside the range),
+  // else random with probability 1/2 (1/8 hidden with kMaskDense), and with
+  // kMaskRows rows i % 13 == 5 hidden whole.
+  int mask = -1;
 };
 constexpr int kBiasBatch = 1, kBiasHeads = 2, kBiasRows = 4, kBiasInf = 8, kBias16 = 16;
+constexpr int kMaskBatch = 1, kMaskHeads = 2, kMaskRows = 4, kMaskPadding = 8, kMaskHole = 16, kMaskDense = 32;
+
+// Element (b, h, i, j) of a case's mask (b, h, i 0 along broadcast dims).
+inline uint8_t MaskValue(const FeatureCase& c, int b, int h, int i, int j) {
+  if (c.mask & kMaskPadding) {
+    // (Timed cases: exactly 7/8 of the keys visible in every row.)
+    const int visible = c.timed ? c.S * 7 / 8 : b == 2 ? 0 : std::max(0, c.S * 7 / 8 - 97 * b - 31 * h);
+    if (c.mask & kMaskHole && j >= c.S / 4 && j < c.S / 4 + 200) return 0;
+    return j < visible;
+  }
+  if (c.mask & kMaskRows && !c.timed && i % 13 == 5) return 0;
+  const uint64_t r = SplitMix(((uint64_t(b) * 131 + h) * 1000003 + uint64_t(i)) * 1000033 + uint64_t(j));
+  return (c.mask & kMaskDense) ? (r >> 40) % 8 != 0 : (r >> 40) % 2 != 0;
+}
 
 // Bias values in [-2, 2) (a softmax-moving range), from the element index;
 // kBiasInf: some -inf.
@@ -207,6 +234,13 @@ struct FeatureRun {
 template <typename Element, int kHeadDim>
 std::string LaunchFeatures(const AttentionParams& p, const FeatureRun& run) {
   constexpr sm90::Schedule kSchedule = sm90::FwdTraits<kHeadDim>::kDefaultSchedule;
+  if (p.features.mask) {
+    // kMasksBoolean at 64 and 128 only (pending/sm90-fwd-mask.patch's dispatch).
+    if constexpr (kHeadDim <= 128)
+      return sm90::LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, sm90::Features::kMasksBoolean>(
+          p, 0, run.max_blocks, run.order, run.section_pairs);
+    return "no kMasksBoolean variant at head dim 256";
+  }
   if (p.features.bias) {
     // kMasksBias at 64 and 128 only (pending/sm90-fwd-bias.patch's dispatch).
     if constexpr (kHeadDim <= 128) {
@@ -274,6 +308,19 @@ bool RunFeatureCase(const FeatureCase& c) {
     }
     CHECK_CUDA(cudaGetLastError());
   }
+  const int64_t mask_b = c.mask >= 0 && (c.mask & kMaskBatch) ? c.B : 1,
+                mask_n = c.mask >= 0 && (c.mask & kMaskHeads) ? c.N : 1,
+                mask_t = c.mask >= 0 && (c.mask & kMaskRows) ? c.T : 1;
+  std::vector<uint8_t> h_mask;
+  if (c.mask >= 0) {
+    h_mask.resize(mask_b * mask_n * mask_t * c.S);
+    for (int64_t bb = 0; bb < mask_b; ++bb)
+      for (int64_t nn = 0; nn < mask_n; ++nn)
+        for (int64_t i = 0; i < mask_t; ++i)
+          for (int j = 0; j < c.S; ++j)
+            h_mask[((bb * mask_n + nn) * mask_t + i) * c.S + j] = MaskValue(c, int(bb), int(nn), int(i), j);
+  }
+  uint8_t* d_mask = Upload(h_mask);
 
   AttentionParams p;
   p.shape = {c.B, c.T, c.S, c.N, c.K, c.H};
@@ -303,6 +350,16 @@ bool RunFeatureCase(const FeatureCase& c) {
     p.features.bias_stride.head = bias_n > 1 ? bias_t * c.S : 0;
     p.features.bias_stride.batch[0] = bias_b > 1 ? bias_n * bias_t * c.S : 0;
   }
+  if (d_mask) {
+    // Contiguous [mask_b, mask_n, mask_t, S], stride 0 along the size-1 dims.
+    p.features.mask = d_mask;
+    p.features.num_batch_dims = 1;
+    p.features.batch_dims[0] = c.B;
+    p.features.mask_stride.col = 1;
+    p.features.mask_stride.row = mask_t > 1 ? c.S : 0;
+    p.features.mask_stride.head = mask_n > 1 ? mask_t * c.S : 0;
+    p.features.mask_stride.batch[0] = mask_b > 1 ? mask_n * mask_t * c.S : 0;
+  }
 
   RefFeatures rf;
   rf.q_lens = d_q_lens, rf.kv_lens = d_kv_lens, rf.offsets = d_offsets, rf.q_ids = d_q_ids, rf.kv_ids = d_kv_ids;
@@ -310,6 +367,9 @@ bool RunFeatureCase(const FeatureCase& c) {
   rf.bias = d_bias;
   rf.bias_batch = p.features.bias_stride.batch[0], rf.bias_head = p.features.bias_stride.head;
   rf.bias_row = p.features.bias_stride.row;
+  rf.mask = d_mask;
+  rf.mask_batch = p.features.mask_stride.batch[0], rf.mask_head = p.features.mask_stride.head;
+  rf.mask_row = p.features.mask_stride.row;
   ReferenceForwardFeatures<Element><<<unsigned((lse_elems + 127) / 128), 128>>>(
       q, k, v, ref_out, ref_lse, c.B, c.T, c.S, c.N, c.K, c.H, float(p.scale), c.causal, rf);
   CHECK_CUDA(cudaGetLastError());
@@ -400,11 +460,17 @@ bool RunFeatureCase(const FeatureCase& c) {
     hf.q_ids = q_ids.empty() ? nullptr : q_ids.data();
     hf.kv_ids = kv_ids.empty() ? nullptr : kv_ids.data();
     hf.left = c.left, hf.right = c.right;
+    hf.mask = h_mask.empty() ? nullptr : h_mask.data();
+    hf.mask_batch = rf.mask_batch, hf.mask_head = rf.mask_head, hf.mask_row = rf.mask_row;
+    // Pairs of every head (counted per head only where the mask has heads).
+    const int heads = c.mask >= 0 && (c.mask & kMaskHeads) ? c.N : 1;
     double pairs = 0;
-    for (int b = 0; b < c.B; ++b)
-      for (int i = 0; i < c.T; ++i)
-        for (int j = 0; j < c.S; ++j) pairs += RefVisible(hf, b, c.T, c.S, c.causal, i, j);
-    const double flops = 4.0 * c.H * c.N * pairs;
+    for (int h = 0; h < heads; ++h)
+      for (int b = 0; b < c.B; ++b)
+        for (int i = 0; i < c.T; ++i)
+          for (int j = 0; j < c.S; ++j) pairs += RefVisible(hf, b, c.T, c.S, c.causal, i, j, h);
+    pairs *= double(c.N) / heads;
+    const double flops = 4.0 * c.H * pairs;
     FeatureTiming row;
     row.shape = std::string(TypeName<Element>()) + " " + c.name;
     const float ms = TimeLaunches([&] { return LaunchFeatures<Element, kHeadDim>(p, runs[0]); });
@@ -423,12 +489,13 @@ bool RunFeatureCase(const FeatureCase& c) {
     if (ms80 > 0) row.sm80 = flops / (ms80 * 1e-3) / 1e12;
 #endif
     std::printf("  time sm90 features: %.3f ms (%.0f visible pairs per head), %.1f TFLOP/s; plain %.1f; sm80 %.1f\n",
-                ms, pairs / c.B, row.sm90, row.sm90_plain, row.sm80);
+                ms, pairs / (double(c.B) * c.N), row.sm90, row.sm90_plain, row.sm80);
     feature_timings.push_back(row);
   }
 
   for (void* ptr : std::initializer_list<void*>{q, k, v, out, lse, ref_out, ref_lse, d_q_lens, d_kv_lens, d_offsets,
-                                                d_q_ids, d_kv_ids, d_q_ranges, d_kv_ranges, d_bias, d_bias16})
+                                                d_q_ids, d_kv_ids, d_q_ranges, d_kv_ranges, d_bias, d_bias16,
+                                                d_mask})
     if (ptr) cudaFree(ptr);
   return all_ok;
 }
@@ -483,6 +550,50 @@ inline std::vector<FeatureCase> BiasCases(bool quick) {
   return cases;
 }
 
+// The boolean mask cases (kMasksBoolean, H = 64 and 128): key padding
+// ([B,1,1,S], [B,N,1,S]: the key-only vote, trimmed ends, a hidden block
+// inside the range, a batch row with nothing visible), per-query masks
+// ([1,1,T,S], [B,N,T,S], random, rows hidden whole; S odd for the byte
+// loads), with causal, key lengths, windows and segment ids beside them,
+// tails, GQA, T != S; then, unless quick, the timing rows (bf16, B=4,
+// T=S=4096, N=16, H=128: key padding 87.5% visible, random [1,1,T,S] 50%).
+inline std::vector<FeatureCase> MaskCases(bool quick) {
+  std::vector<FeatureCase> cases;
+  const int kFull = kMaskBatch | kMaskHeads | kMaskRows;
+  auto add = [&](std::string name, int B, int T, int S, int N, int K, int H, bool causal, int mask,
+                 std::vector<int> kv_lens = {}, long long left = -1, long long right = -1,
+                 Segments segments = Segments::kNone, std::vector<int> docs = {}, bool timed = false) {
+    cases.push_back(
+        {name, B, T, S, N, K, H, causal, {}, kv_lens, {}, left, right, segments, docs, 0.0, timed, -1, mask});
+  };
+  for (int H : {64, 128}) {
+    add("mask [B,1,1,S] key padding", 3, 300, 1000, 4, 2, H, false, kMaskBatch | kMaskPadding);
+    add("mask [B,N,1,S] key padding with a hole, causal", 3, 1000, 1000, 2, 1, H, true,
+        kMaskBatch | kMaskHeads | kMaskPadding | kMaskHole);
+    add("mask [1,1,1,S] key padding, one query", 3, 1, 300, 2, 1, H, false, kMaskPadding);
+    add("mask [B,1,1,S] key padding, scattered ids", 3, 777, 777, 2, 2, H, false, kMaskBatch | kMaskPadding, {}, -1,
+        -1, Segments::kScattered);
+    add("mask [1,1,T,S] random", 2, 555, 333, 2, 1, H, false, kMaskRows);
+    add("mask [B,N,T,S] random, hidden rows, causal", 2, 1000, 1000, 4, 2, H, true, kFull);
+    add("mask [1,N,T,S] dense, causal, T < S", 2, 200, 777, 4, 4, H, true, kMaskHeads | kMaskRows | kMaskDense);
+    add("mask [B,1,T,S], kv lengths 900/450, causal", 2, 600, 900, 4, 2, H, true, kMaskBatch | kMaskRows, {900, 450});
+    add("mask [1,1,T,S], S odd (byte loads)", 1, 129, 1025, 2, 1, H, false, kMaskRows | kMaskDense);
+    add("mask [1,N,T,S] dense, window (100, 37), documents 300/200/500", 2, 1000, 1000, 2, 2, H, false,
+        kMaskHeads | kMaskRows | kMaskDense, {}, 100, 37, Segments::kDocuments, {300, 200, 500});
+  }
+  if (!quick) {
+    add("T=4096 mask [B,1,1,S] key padding 87.5%", 4, 4096, 4096, 16, 16, 128, false, kMaskBatch | kMaskPadding, {},
+        -1, -1, Segments::kNone, {}, true);
+    add("T=4096 mask [B,1,1,S] key padding 87.5%, causal", 4, 4096, 4096, 16, 16, 128, true,
+        kMaskBatch | kMaskPadding, {}, -1, -1, Segments::kNone, {}, true);
+    add("T=4096 mask [1,1,T,S] random 50%", 4, 4096, 4096, 16, 16, 128, false, kMaskRows, {}, -1, -1,
+        Segments::kNone, {}, true);
+    add("T=4096 mask [1,1,T,S] random 87.5%", 4, 4096, 4096, 16, 16, 128, false, kMaskRows | kMaskDense, {}, -1, -1,
+        Segments::kNone, {}, true);
+  }
+  return cases;
+}
+
 // The correctness cases (at every head dim) and, unless quick, the issue-19
 // feature table (bf16, B=4, T=S=4096, N=16, H=128); then the bias cases.
 inline std::vector<FeatureCase> FeatureCases(bool quick) {
@@ -529,6 +640,7 @@ inline std::vector<FeatureCase> FeatureCases(bool quick) {
                      {}, 30.0, true});
   }
   for (FeatureCase& c : BiasCases(quick)) cases.push_back(c);
+  for (FeatureCase& c : MaskCases(quick)) cases.push_back(c);
   return cases;
 }
 
@@ -559,6 +671,40 @@ bool RejectsBias() {
   p.features.softcap = 0.0;
   p.features.bias_stride.col = 0;
   ok &= refused("kMasksBias: bias broadcast along the keys", bias_variant());
+  return ok;
+}
+
+// kMasksBoolean refuses a mask with the soft cap, one broadcast along the
+// keys (stride 0 there) and a call without a mask, with a message naming the
+// kernel; the product's feature launcher refuses a mask with the soft cap
+// both before and after pending/sm90-fwd-mask.patch (which routes a mask to
+// kMasksBoolean).
+template <typename Element>
+bool RejectsMask() {
+  AttentionParams p;
+  p.shape = {1, 128, 128, 2, 2, 128};
+  p.q_stride = p.k_stride = ContiguousBtnh(128, 2, 128);
+  uint8_t dummy = 1;
+  p.features.mask = &dummy;
+  p.features.mask_stride.col = 1;
+  p.scale = 0.1;
+  auto refused = [&](const char* what, const std::string& err) {
+    std::printf("%s (%s): %s\n", what, TypeName<Element>(), err.empty() ? "launched: FAIL" : err.c_str());
+    return !err.empty();
+  };
+  constexpr sm90::Schedule kSchedule = sm90::FwdTraits<128>::kDefaultSchedule;
+  auto mask_variant = [&] {
+    return sm90::LaunchForwardScheduled<Element, 128, kSchedule, 0, sm90::Features::kMasksBoolean>(p, 0);
+  };
+  p.features.softcap = 30.0;
+  bool ok = refused("mask with the soft cap", sm90::LaunchForwardWithFeatures<Element, 128>(p, 0));
+  ok &= refused("kMasksBoolean: mask with the soft cap", mask_variant());
+  p.features.softcap = 0.0;
+  p.features.mask_stride.col = 0;
+  ok &= refused("kMasksBoolean: mask broadcast along the keys", mask_variant());
+  p.features.mask = nullptr;
+  p.features.mask_stride.col = 1;
+  ok &= refused("kMasksBoolean: no mask", mask_variant());
   return ok;
 }
 

@@ -16,6 +16,7 @@
 //   ./sm90_fwd_check --quick              # skip the 4096-long cases
 //   ./sm90_fwd_check --plain | --features # only the plain kernel's / the feature variants' cases
 //   ./sm90_fwd_check --bias               # only the bias variant's (kMasksBias) cases and timings
+//   ./sm90_fwd_check --mask               # only the boolean mask variant's (kMasksBoolean) cases and timings
 // (flags combine: --features --quick is the feature cases' correctness alone)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -336,12 +337,13 @@ bool RejectsMisaligned() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, plain = true, features = true, bias_only = false;
+  bool quick = false, plain = true, features = true, bias_only = false, mask_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--plain") == 0) features = false;
     if (std::strcmp(argv[i], "--features") == 0) plain = false;
     if (std::strcmp(argv[i], "--bias") == 0) plain = false, bias_only = true;
+    if (std::strcmp(argv[i], "--mask") == 0) plain = false, mask_only = true;
   }
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -384,6 +386,7 @@ int main(int argc, char** argv) {
   failures += !sm90_check::CheckBuildingBlocks<__half, 128>("f16");
   failures += !RejectsMisaligned<__nv_bfloat16>();
   failures += !sm90_feature_check::RejectsBias<__nv_bfloat16>();
+  failures += !sm90_feature_check::RejectsMask<__nv_bfloat16>();
   for (const Case& c : cases) {
     if (!plain) break;
     failures += !RunCaseAnyHead<__nv_bfloat16>(c);
@@ -392,6 +395,7 @@ int main(int argc, char** argv) {
   for (const sm90_feature_check::FeatureCase& c : sm90_feature_check::FeatureCases(quick)) {
     if (!features) break;
     if (bias_only && c.bias < 0) continue;
+    if (mask_only && c.mask < 0) continue;
     failures += !sm90_feature_check::RunFeatureCaseAnyHead<__nv_bfloat16>(c);
     if (!c.timed) failures += !sm90_feature_check::RunFeatureCaseAnyHead<__half>(c);
   }

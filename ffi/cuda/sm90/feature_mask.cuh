@@ -80,8 +80,25 @@ __host__ __device__ __forceinline__ IdSpan SummarySpan(const SegmentRanges& r, i
 // warp (TrimEmptyBlocks votes); every warp that calls it gets the same
 // answer, which is what keeps the producer's and the consumers' ring
 // positions in step.
-template <int kBlockM, int kBlockN>
-__device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, int m0, int b) {
+// AttentionFeatures::BroadcastOffset with int32 batch indices (b < 2^31
+// tiles here): its 64-bit divisions spilled the producer's 40 registers.
+__device__ __forceinline__ int64_t BroadcastOffset32(const AttentionFeatures& f, const BroadcastStrides& st, int b,
+                                                     int h) {
+  int64_t off = int64_t(h) * st.head;
+  for (int d = f.num_batch_dims - 1; d >= 0; --d) {
+    const int n = int(f.batch_dims[d]);
+    off += int64_t(b % n) * st.batch[d];
+    b /= n;
+  }
+  return off;
+}
+
+// kMaskArray (kMasksBoolean): a key-only boolean mask ([B|1, N|1, 1, S], key
+// padding) also drops the key blocks it hides entirely from both ends
+// (TrimHiddenKeyBlocks, sm80's rule), so that padding costs no copies and
+// no products; that needs the head h (the mask may differ per head).
+template <int kBlockM, int kBlockN, bool kMaskArray = false>
+__device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, int m0, int b, int h = 0) {
   const MaskPolicy policy = MaskPolicy::ForWithoutMaskArray(p, b);
   int64_t lo, hi;
   policy.KeyRange(m0, int64_t(m0) + kBlockM, &lo, &hi);
@@ -96,6 +113,23 @@ __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, 
     TrimEmptyBlocks(&kb.lo, &kb.hi, [&](int nb) {
       return Meet(rows, SummarySpan<kBlockN>(policy.kv_ranges, nb * kBlockN)) == SegmentMeet::kNone;
     });
+  }
+  if constexpr (kMaskArray) {
+    // TrimHiddenKeyBlocks' rule in int32 and with the keys contiguous
+    // (UnsupportedFeatures), a few bytes in flight per lane: its 64-bit
+    // indices and 16 loads at once spilled the producer's 40 registers.
+    const AttentionFeatures& f = p.features;
+    if (f.mask_stride.row == 0 && kb.hi > kb.lo) {
+      const uint8_t* keys = f.mask + BroadcastOffset32(f, f.mask_stride, b, h);
+      const int len = int(policy.seqlen_k);
+      TrimEmptyBlocks(&kb.lo, &kb.hi, [&](int nb) {
+        const int j0 = nb * kBlockN, count = std::min(kBlockN, len - j0);
+        bool any_visible = false;
+#pragma unroll 4
+        for (int i = 0; i < kBlockN; ++i) any_visible |= i < count && keys[j0 + i] != 0;
+        return !any_visible;
+      });
+    }
   }
   return kb;
 }
@@ -116,6 +150,14 @@ inline std::string UnsupportedFeatures(const AttentionParams& p, Features varian
     if (f.softcap > 0.0) return "a bias with the soft cap is not supported (the sm80 forward serves it)";
     if (f.bias_stride.col != 1)  // BiasRows::Load's immediate offsets
       return "the bias must be contiguous along the keys (one broadcast along them stays on the sm80 forward)";
+    return {};
+  }
+  if (variant == Features::kMasksBoolean) {
+    if (!f.mask) return "the kMasksBoolean variant needs a boolean mask";
+    if (f.bias || f.dropout_rate > 0.0 || f.softcap > 0.0)
+      return "a boolean mask with a bias, dropout or the soft cap is not supported (the sm80 forward serves it)";
+    if (f.mask_stride.col != 1)  // MaskArrayRows' column offsets
+      return "the boolean mask must be contiguous along the keys (one broadcast along them stays on the sm80 forward)";
     return {};
   }
   if (f.bias || f.mask || f.dropout_rate > 0.0)
@@ -210,6 +252,118 @@ struct SoftcapFactors {
 struct BlockMask {
   uint32_t visible[2];
   bool check;  // false: every pair of the warp's rows is visible
+};
+
+// The boolean mask array of the kMasksBoolean variant (True = visible, as
+// jax.nn.dot_product_attention), per consumer thread and tile, ANDed into
+// the BlockMask of the structural bounds and segment ids (FeatureRows) in
+// prepare(), before the block's S = Q K^T is issued: like those masks it
+// leaves one uint32 per row live across the product, and its reads run
+// while S's registers are free. Two cases, told apart once per tile:
+//   - key-only (query stride 0: [B|1, N|1, 1, S] key padding): the
+//     producer already dropped the key blocks it hides at both ends
+//     (FeatureKeyBlocks); per block the warp reads the 128 key bytes once,
+//     4 per lane (keys 4 lane + k, loaded a block ahead: KeyBytes), and
+//     four ballots give every lane its fragment columns' bits (Apply); a
+//     block whose keys are all visible sets no bit and keeps the
+//     structural answer (check stays false where that needs none). This
+//     is sm80's KeyMaskReader vote;
+//   - any other (per-query rows: [.., T, S]): each thread reads its two
+//     rows' bytes of its fragment columns 8j + 2t + e, the two adjacent
+//     columns e = 0, 1 in one 16-bit load where the rows' addresses are
+//     even (pairs), else bytes; no summary (sm80 has none either), so
+//     every block inside the structural bounds pays the 32 (64) loads,
+//     skipped only for rows the bounds hide whole.
+// Rows are clamped into the sequence for the reads and keys at or past
+// seqlen_k are not read (the bounds hide those pairs). Fully hidden rows end
+// with row_sum 0: out 0 and lse -inf (OnlineSoftmax::Lse, the epilogue), as
+// sm80 and the CPU give.
+struct MaskArrayRows {
+  const uint8_t* row[2];  // this thread's rows `row`, `row` + 8, from key 0
+  const uint8_t* keys;    // key-only: the (b, h) slice's one row (else null)
+  int seqlen_k;
+  bool pairs;  // every row address even: 16-bit loads of column pairs
+
+  // A key-only block's bytes, keys n0 + 4 lane + k (1 past seqlen_k: such
+  // keys are hidden by the bounds and must not make a block look mixed).
+  struct KeyBytes {
+    uint8_t x[4];
+  };
+
+  __device__ __forceinline__ static MaskArrayRows For(const AttentionParams& p, int b, int h, int row) {
+    const AttentionFeatures& f = p.features;
+    const uint8_t* base = f.mask + f.BroadcastOffset(f.mask_stride, b, h);
+    const int q_last = int(p.shape.seqlen_q) - 1;
+    MaskArrayRows r;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) r.row[hh] = base + int64_t(min(row + 8 * hh, q_last)) * f.mask_stride.row;
+    r.keys = f.mask_stride.row == 0 ? base : nullptr;
+    r.seqlen_k = int(p.shape.seqlen_k);
+    r.pairs = ((reinterpret_cast<uintptr_t>(base) | uintptr_t(f.mask_stride.row)) & 1u) == 0;
+    return r;
+  }
+
+  template <int kBlockN>
+  __device__ __forceinline__ KeyBytes LoadKeys(int n0, int lane) const {
+    static_assert(kBlockN == 128, "4 key bytes per lane");
+    KeyBytes k;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int j = n0 + 4 * lane + i;
+      k.x[i] = j < seqlen_k ? keys[j] : uint8_t(1);
+    }
+    return k;
+  }
+
+  // Key-only: ballot i has bit l where key n0 + 4 l + i is visible; column
+  // c = 8j + 2t + e of the thread is key 4 l + i with l = 2j + t / 2 and
+  // i = 2 (t % 2) + e, so shifting ballot i right by t / 2 puts column j's
+  // bit at 2j, and the even bits of the e = 0 and e = 1 ballots interleave
+  // into the BlockMask layout (bit 2j + e).
+  __device__ __forceinline__ static void ApplyKeys(BlockMask& m, const KeyBytes& k, int t) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = __ballot_sync(0xffffffffu, k.x[i] != 0);
+    if ((w[0] & w[1] & w[2] & w[3]) == 0xffffffffu) return;  // all visible
+    const int shift = t >> 1;
+    const uint32_t w0 = (t & 1) ? w[2] : w[0], w1 = (t & 1) ? w[3] : w[1];
+    const uint32_t bits = ((w0 >> shift) & 0x55555555u) | ((w1 >> shift) & 0x55555555u) << 1;
+    m.visible[0] &= bits;
+    m.visible[1] &= bits;
+    m.check = true;
+  }
+
+  // Per-query rows: this thread's bytes of key block [n0, n0 + kBlockN).
+  template <int kBlockN>
+  __device__ __forceinline__ void ApplyRows(BlockMask& m, int n0, int t) const {
+    const int limit = seqlen_k - n0 - 2 * t;  // columns 8j + e below it are keys
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      if (m.visible[hh] == 0) continue;  // the bounds hide the row's columns
+      const uint8_t* r = row[hh] + (n0 + 2 * t);
+      uint32_t bits = 0;
+      if (pairs) {
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+          uint32_t x = 0;
+          if (8 * j + 1 < limit) {
+            x = *reinterpret_cast<const uint16_t*>(r + 8 * j);
+          } else if (8 * j < limit) {
+            x = r[8 * j];
+          }
+          bits |= uint32_t((x & 0xffu) != 0) << (2 * j) | uint32_t((x >> 8) != 0) << (2 * j + 1);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (8 * j + e < limit) bits |= uint32_t(r[8 * j + e] != 0) << (2 * j + e);
+      }
+      m.visible[hh] &= bits;
+    }
+    m.check = true;
+  }
 };
 
 // The summary entries of key block [n0, n0 + kBlockN) (zeros without

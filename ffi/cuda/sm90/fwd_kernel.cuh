@@ -1,7 +1,9 @@
 // FlashAttention forward for Hopper (sm_90a), float16/bfloat16, causal, and
 // in its feature variants (kFeatures, feature_mask.cuh) lengths, windows,
 // position offsets, segment ids and the soft cap, or those and a bias
-// (kMasksBias: BiasRows): FlashAttention-3's design in our own code.
+// (kMasksBias: BiasRows) or a boolean mask (kMasksBoolean: MaskArrayRows,
+// key padding trimmed by the producer): FlashAttention-3's design in our
+// own code.
 //
 // A persistent grid (one block per SM) walks tiles of (128 query rows, head,
 // batch) in tile_scheduler.cuh's order; each block has three warpgroups:
@@ -82,6 +84,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
   constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
   using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
+  constexpr bool kMaskArray = kFeatures == Features::kMasksBoolean;
   const int n_hi = keys.hi, n_blocks = keys.hi - keys.lo;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, t = lane % 4;
   const int row0 = warp * 16 + lane / 4;  // this thread's rows in the warpgroup: row0, row0 + 8
@@ -127,6 +130,15 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   auto load_bias = [&](float (&s)[kBlockN / 2], int i) {
     if constexpr (kBias) bias.template Load<kBlockN>(s, (n_hi - 1 - i) * kBlockN, t, a.softcap_unscale);
   };
+  // kMasksBoolean: this thread's mask rows for the tile (one broadcast
+  // offset per tile), and a key-only mask's bytes of the next block, read
+  // a block ahead like the key-id summaries.
+  MaskArrayRows mask_rows{};
+  MaskArrayRows::KeyBytes next_key_bytes{};
+  if constexpr (kMaskArray) {
+    mask_rows = MaskArrayRows::For(params, b, h, wg_m0 + row0);
+    if (mask_rows.keys && n_blocks > 0) next_key_bytes = mask_rows.LoadKeys<kBlockN>((n_hi - 1) * kBlockN, lane);
+  }
   SummaryEntries next_keys{};
   if constexpr (kAnyFeature)
     if (n_blocks > 0) next_keys = key_summaries((n_hi - 1) * kBlockN);
@@ -137,6 +149,15 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
       const SummaryEntries keys = next_keys;
       next_keys = key_summaries(max(n0 - kBlockN, 0));
       m = rows.Block<kBlockN>(params, b, n0, t, keys);
+      if constexpr (kMaskArray) {
+        if (mask_rows.keys) {  // (the same for the whole warp: ballots)
+          const MaskArrayRows::KeyBytes bytes = next_key_bytes;
+          next_key_bytes = mask_rows.LoadKeys<kBlockN>(max(n0 - kBlockN, 0), lane);
+          MaskArrayRows::ApplyKeys(m, bytes, t);
+        } else {
+          mask_rows.ApplyRows<kBlockN>(m, n0, t);
+        }
+      }
     }
     return m;
   };
@@ -357,7 +378,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN>::kThreads, 1)
   // the same Decode and the same key blocks: PlainKeyBlocks in each role,
   // or in the feature variants FeatureKeyBlocks in the producer warp (warp
   // votes), which hands them to the consumers (KeyBlocksSlot). keys_of(m0,
-  // b, tile_iter): the role's key blocks of the tile.
+  // h, b, tile_iter): the role's key blocks of the tile.
   auto for_each_tile = [&](auto&& keys_of, auto&& body) {
     const int tiles = int(scheduler.Tiles());
     int pipe = 0, tile_iter = 0;  // key blocks and tiles so far
@@ -367,7 +388,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN>::kThreads, 1)
       if (tile < 0) continue;    // no tile this round (a section's last round)
       const TileCoord c = scheduler.Decode(tile);
       const int m0 = c.m_block * Tr::kBlockM;
-      const KeyBlocks keys = keys_of(m0, c.b, tile_iter);
+      const KeyBlocks keys = keys_of(m0, c.h, c.b, tile_iter);
       body(tile, m0, c.h, c.b, keys, pipe, tile_iter);
       pipe += keys.hi - keys.lo;
       ++tile_iter;
@@ -381,9 +402,9 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN>::kThreads, 1)
     // through the loop for FeatureKeyBlocks' votes.
     if (kAnyFeature ? threadIdx.x < 32 : threadIdx.x == 0) {
       if (threadIdx.x == 0) PrefetchTensorMaps(&q_map, &k_map, &v_map);
-      auto keys_of = [&](int m0, int b, int) {
+      auto keys_of = [&](int m0, int h, int b, int) {
         if constexpr (kAnyFeature) {
-          return FeatureKeyBlocks<Tr::kBlockM, Tr::kBlockN>(p, m0, b);
+          return FeatureKeyBlocks<Tr::kBlockM, Tr::kBlockN, kFeatures == Features::kMasksBoolean>(p, m0, b, h);
         } else {
           return PlainKeyBlocks<Tr>(a, m0);
         }
@@ -407,7 +428,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN>::kThreads, 1)
     // Feature variants: this thread's FeatureRows, whose loads are issued
     // before the wait for Q that publishes the tile's key blocks.
     FeatureRows rows{};
-    auto keys_of = [&](int m0, int b, int tile_iter) {
+    auto keys_of = [&](int m0, int, int b, int tile_iter) {
       if constexpr (kAnyFeature) {
         const int tid = threadIdx.x % 128, warp_i0 = m0 + 64 * warpgroup + 16 * (tid / 32);
         rows = FeatureRows::For<Tr::kBlockN>(p, b, warp_i0, warp_i0 + tid % 32 / 4);

@@ -16,9 +16,11 @@ enum class Schedule { kSerial, kOverlap, kPingPong };
 // additive bias (BiasRows, feature_mask.cuh), float32 as AttentionFeatures
 // carries it; kMasksBias16 the same with a bias of the inputs' 16-bit type
 // (check program only: half the bias bytes, the A/B for passing a 16-bit
-// bias through un-cast). A boolean mask, dropout and a bias with the soft
-// cap stay on the sm80 forward.
-enum class Features { kNone, kMasks, kMasksSoftcap, kMasksBias, kMasksBias16 };
+// bias through un-cast); kMasksBoolean (forward, check program only until
+// its H200 check: pending/sm90-fwd-mask.patch dispatches it) the masks and
+// the boolean mask array (MaskArrayRows, feature_mask.cuh). Dropout and a
+// bias with the soft cap stay on the sm80 forward.
+enum class Features { kNone, kMasks, kMasksSoftcap, kMasksBias, kMasksBias16, kMasksBoolean };
 
 // kBlockN_ = 0: the head dim's default key block (below); a candidate width
 // (176 at 128, FlashAttention-3's non-causal choice there) is instantiated

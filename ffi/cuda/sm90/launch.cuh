@@ -45,12 +45,14 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   using Tr = FwdTraits<kHeadDim, kBlockN>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   static_assert(kFeatures == Features::kNone || Tr::kBlockN <= 128, "VisibleBits: 32 bits per fragment row");
+  static_assert(kFeatures != Features::kMasksBoolean || Tr::kBlockN == 128, "MaskArrayRows: 4 key bytes per lane");
   const auto& s = p.shape;
   const std::string what = DescribeForward(s, kHeadDim) +
                            (kFeatures == Features::kNone          ? ""
                             : kFeatures == Features::kMasks       ? " with masks"
                             : kFeatures == Features::kMasksBias   ? " with masks and bias"
                             : kFeatures == Features::kMasksBias16 ? " with masks and 16-bit bias"
+                            : kFeatures == Features::kMasksBoolean ? " with masks and boolean mask"
                                                                   : " with masks and soft cap");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
   if (auto why = UnsupportedFeatures(p, kFeatures); !why.empty()) return fail(why);
