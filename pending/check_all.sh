@@ -22,6 +22,9 @@
 #   sm90_fwd_bias    scripts/sm90_check.sh ARGS=--bias SM80=1 with sm90-fwd-bias.patch
 #                    (issue 19: the kMasksBias variant's cases against the float
 #                    reference, then its timings beside the plain kernel and sm80)
+#   sm90_fwd_mask    scripts/sm90_check.sh ARGS=--mask SM80=1 with sm90-fwd-mask.patch
+#                    (issue 19: the kMasksBoolean variant's cases against the float
+#                    reference, then its timings beside the plain kernel and sm80)
 #   bias16           (bias16-dbias.patch, a package change, so it installs the
 #                    package twice) scripts/bias16_check.py on main's package
 #                    (the baseline: float32 up-cast, generic dbias), then on the
@@ -37,7 +40,7 @@ root=$PWD
 OUT=${OUT:-/tmp/pending_out}
 mkdir -p "$OUT"
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(sm90_fwd_h64 sm90_fwd_bias)  # the patches pending now (together ~15 min: one per device call fits its 10)
+[ ${#checks[@]} -gt 0 ] || checks=(sm90_fwd_h64 sm90_fwd_bias)  # two per device call fit its 10 minutes (PERF.md "Next")
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 wants() { local c; for c in "${checks[@]}"; do [ "$c" = "$1" ] && return 0; done; return 1; }
 
@@ -57,6 +60,9 @@ if wants sm90_fwd_h64; then
 fi
 if wants sm90_fwd_bias; then
   patched_copy bias sm90-fwd-bias.patch > /dev/null || note "sm90_fwd_bias: the patch does not apply"
+fi
+if wants sm90_fwd_mask; then
+  patched_copy mask sm90-fwd-mask.patch > /dev/null || note "sm90_fwd_mask: the patch does not apply"
 fi
 if wants bias16; then
   patched_copy bias16 bias16-dbias.patch > /dev/null || note "bias16: the patch does not apply"
@@ -89,6 +95,10 @@ fi
 if wants sm90_fwd_bias && [ -d /tmp/pending_bias ]; then
   run_check sm90_fwd_bias "${FWD_LIMIT:-480}" env OUT=/tmp/sm90_bias SM80="${SM80:-1}" ARGS="--bias ${FWD_ARGS:-}" \
     bash /tmp/pending_bias/scripts/sm90_check.sh
+fi
+if wants sm90_fwd_mask && [ -d /tmp/pending_mask ]; then
+  run_check sm90_fwd_mask "${FWD_LIMIT:-480}" env OUT=/tmp/sm90_mask SM80="${SM80:-1}" ARGS="--mask ${FWD_ARGS:-}" \
+    bash /tmp/pending_mask/scripts/sm90_check.sh
 fi
 if wants bias16 && [ -d /tmp/pending_bias16 ]; then
   export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
