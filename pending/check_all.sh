@@ -10,6 +10,8 @@
 #   bash pending/check_all.sh sm90_fwd_h64         # some
 #
 # Checks:
+#   suite            the package built and installed, then the whole test suite
+#                    (PYTEST_WORKERS=12 processes on the GPU), before the timed checks
 #   sm90_bwd         scripts/sm90_bwd_check.sh on main's tree (no patch: the
 #                    Hopper backward's check, kept here for its quick mode:
 #                    SM80=0 BWD_ARGS=--quick by default)
@@ -79,27 +81,68 @@ run_check() {  # name limit command...
   local rc=$?
   note "$name: $([ $rc = 0 ] && echo PASS || echo "FAIL (rc=$rc)") in $(( $(date +%s) - start )) s; $(grep -E "ALL PASS|failure|failed|passed" "$OUT/$name.log" | tail -1)"
 }
-# The backward's quick run: no sm80 comparison, no 4096-long cases (BWD_ARGS="" SM80=1 for the full check).
-if wants sm90_bwd; then
-  run_check sm90_bwd "${BWD_LIMIT:-300}" env OUT=/tmp/sm90_bwd SM80="${SM80:-0}" ARGS="${BWD_ARGS---quick}" \
-    bash scripts/sm90_bwd_check.sh
+# Each check's build (nvcc of its check program; the package for `suite`),
+# side by side on the machine's cores, then the suite, then each check's
+# run alone on the GPU (its timings undisturbed).
+check_dir() {  # name -> the tree its script runs in ("" when its patch did not apply)
+  case $1 in
+    sm90_bwd|sm90_bwd_features) echo "$root" ;;
+    sm90_fwd_h64) [ -d /tmp/pending_h64 ] && echo /tmp/pending_h64 ;;
+    sm90_fwd_bias) [ -d /tmp/pending_bias ] && echo /tmp/pending_bias ;;
+    sm90_fwd_mask) [ -d /tmp/pending_mask ] && echo /tmp/pending_mask ;;
+  esac
+}
+check_env() {  # name -> the environment of its script
+  case $1 in
+    sm90_bwd) echo "OUT=/tmp/sm90_bwd SM80=${SM80:-0} ARGS=${BWD_ARGS---quick}" ;;
+    sm90_bwd_features) echo "OUT=/tmp/sm90_bwd_features SM80=${SM80:-1} ARGS=--features ${BWD_ARGS:-}" ;;
+    sm90_fwd_h64) echo "OUT=/tmp/sm90_h64 SM80=0 ARGS=--h64 ${FWD_ARGS:-}" ;;
+    sm90_fwd_bias) echo "OUT=/tmp/sm90_bias SM80=${SM80:-1} ARGS=--bias ${FWD_ARGS:-}" ;;
+    sm90_fwd_mask) echo "OUT=/tmp/sm90_mask SM80=${SM80:-1} ARGS=--mask ${FWD_ARGS:-}" ;;
+  esac
+}
+check_script() { case $1 in sm90_bwd*) echo scripts/sm90_bwd_check.sh ;; *) echo scripts/sm90_check.sh ;; esac; }
+check_limit() { case $1 in sm90_bwd) echo "${BWD_LIMIT:-300}" ;; sm90_bwd_features) echo "${BWD_LIMIT:-420}" ;;
+  sm90_fwd_h64) echo "${FWD_LIMIT:-540}" ;; *) echo "${FWD_LIMIT:-480}" ;; esac; }
+programs=()
+for c in sm90_bwd sm90_bwd_features sm90_fwd_h64 sm90_fwd_bias sm90_fwd_mask; do
+  wants "$c" && [ -n "$(check_dir "$c")" ] && programs+=("$c")
+done
+build_pids=()
+for c in "${programs[@]}"; do
+  # ARGS has spaces: env takes each assignment as one word
+  (cd "$(check_dir "$c")" && IFS=' ' read -r o s a <<< "$(check_env "$c")" && \
+   env STEP=build "$o" "$s" "ARGS=${a#ARGS=}" bash "$(check_script "$c")" > "$OUT/$c.log" 2>&1; echo "build rc=$?" >> "$OUT/$c.log") &
+  build_pids+=($!)
+done
+if wants suite; then
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  (CMAKE_BUILD_PARALLEL_LEVEL=${SUITE_BUILD_JOBS:-12} python3 -m pip install --no-build-isolation --no-deps . \
+     > "$OUT/suite_build.log" 2>&1; echo "rc=$?" >> "$OUT/suite_build.log") &
+  build_pids+=($!)
 fi
-if wants sm90_bwd_features; then
-  run_check sm90_bwd_features "${BWD_LIMIT:-420}" env OUT=/tmp/sm90_bwd_features SM80="${SM80:-1}" \
-    ARGS="--features ${BWD_ARGS:-}" bash scripts/sm90_bwd_check.sh
+start=$(date +%s)
+for pid in "${build_pids[@]}"; do wait "$pid"; done
+[ ${#build_pids[@]} -gt 0 ] && note "builds: $(( $(date +%s) - start )) s"
+if wants suite; then
+  if grep -q "^rc=0" "$OUT/suite_build.log"; then
+    start=$(date +%s)
+    (cd /tmp && timeout "${SUITE_LIMIT:-360}" python3 -m pytest "$root/tests" -q -n "${PYTEST_WORKERS:-12}" -rfE \
+       -p no:cacheprovider > "$OUT/suite.log" 2>&1)
+    note "suite: rc=$? in $(( $(date +%s) - start )) s; $(grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | head -10; tail -1 "$OUT/suite.log")"
+    rm -f "$OUT/suite_build.log"
+  else
+    note "suite: the package build failed ($(tail -3 "$OUT/suite_build.log" | tr '\n' ' '))"
+  fi
 fi
-if wants sm90_fwd_h64 && [ -d /tmp/pending_h64 ]; then
-  run_check sm90_fwd_h64 "${FWD_LIMIT:-540}" env OUT=/tmp/sm90_h64 SM80=0 ARGS="--h64 ${FWD_ARGS:-}" \
-    bash /tmp/pending_h64/scripts/sm90_check.sh
-fi
-if wants sm90_fwd_bias && [ -d /tmp/pending_bias ]; then
-  run_check sm90_fwd_bias "${FWD_LIMIT:-480}" env OUT=/tmp/sm90_bias SM80="${SM80:-1}" ARGS="--bias ${FWD_ARGS:-}" \
-    bash /tmp/pending_bias/scripts/sm90_check.sh
-fi
-if wants sm90_fwd_mask && [ -d /tmp/pending_mask ]; then
-  run_check sm90_fwd_mask "${FWD_LIMIT:-480}" env OUT=/tmp/sm90_mask SM80="${SM80:-1}" ARGS="--mask ${FWD_ARGS:-}" \
-    bash /tmp/pending_mask/scripts/sm90_check.sh
-fi
+for c in "${programs[@]}"; do
+  if ! grep -q "build rc=0" "$OUT/$c.log"; then note "$c: FAIL (build) $(tail -3 "$OUT/$c.log" | tr '\n' ' ')"; continue; fi
+  start=$(date +%s)
+  (cd "$(check_dir "$c")" && IFS=' ' read -r o s a <<< "$(check_env "$c")" && \
+   timeout "$(check_limit "$c")" env STEP=run "$o" "$s" "ARGS=${a#ARGS=}" bash "$(check_script "$c")" >> "$OUT/$c.log" 2>&1)
+  rc=$?
+  note "$c: $([ $rc = 0 ] && echo PASS || echo "FAIL (rc=$rc)") in $(( $(date +%s) - start )) s; $(grep -E "ALL PASS|failure|failed|passed" "$OUT/$c.log" | tail -1)"
+done
 if wants bias16 && [ -d /tmp/pending_bias16 ]; then
   export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
   run_check bias16_baseline "${BIAS_LIMIT:-300}" bash -c "python3 -m pip install -q --no-build-isolation --no-deps . \

@@ -15,6 +15,8 @@
 #   SM80=0 bash scripts/sm90_bwd_check.sh      # without the sm80 comparison (faster build)
 #   ARGS=--quick bash scripts/sm90_bwd_check.sh  # skip the 4096-long cases
 #   ARGS=--features bash scripts/sm90_bwd_check.sh  # only the feature variants (--plain: only the plain kernels)
+#   STEP=build / STEP=run: only the build (nvcc, ptxas summary) / only the run of a built binary
+#   (pending/check_all.sh builds every check side by side, then runs them one at a time)
 # Writes the binary and the log under ${OUT:-build-sm90-bwd-check}.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,6 +25,7 @@ mkdir -p "$out"
 jax_include=$(python3 -c "import jax; print(jax.ffi.include_dir())")
 defines=()
 if [[ "${SM80:-1}" == 1 ]]; then defines+=(-DJAX_FLASH_CHECK_SM80); fi
+if [[ "${STEP:-all}" != run ]]; then
 start=$(date +%s)
 nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr \
   -Iffi -isystem "$jax_include" "${defines[@]}" -Xptxas -v \
@@ -42,5 +45,7 @@ if command -v cuobjdump > /dev/null; then
     END {for (k in count) print "  local accesses " k ": " count[k]}'
 fi
 if grep -q "C75[0-9][0-9]" "$out/ptxas.log"; then echo "  WARNING: ptxas serialized wgmma somewhere:"; grep "C75[0-9][0-9]" "$out/ptxas.log"; fi
+fi
+[[ "${STEP:-all}" == build ]] && exit 0
 # The program ends itself on a hung launch (20 s); the timeout is a backstop.
 timeout "${CHECK_TIMEOUT:-600}" "$out/sm90_bwd_check" ${ARGS:-} 2>&1 | tee "$out/sm90_bwd_check.log"
