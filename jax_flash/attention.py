@@ -104,10 +104,11 @@ def attention(
         (flax's ``broadcast_dropout``) instead of one per (batch, head).
       implementation: which CUDA kernel family runs: ``None`` picks the fastest
         that supports the inputs. On Hopper GPUs that is the sm90 forward for
-        calls without a bias, boolean mask or dropout (with sequence lengths,
-        segment ids, windows, position offsets or a soft cap only at head dims
-        up to 128), and the sm90 backward for calls at head dims from 72 to
-        128 (and plain non-causal calls at 64) that are not
+        calls without dropout (with sequence lengths, segment ids, windows,
+        position offsets, a soft cap, or either a bias or a boolean mask that
+        is not broadcast along the keys and comes without a soft cap, only at
+        head dims up to 128), and the sm90 backward for calls at head dims from 72 to
+        128 (and plain calls at 64) that are not
         ``deterministic``, without a bias, boolean mask or dropout. ``"sm90"`` forces the Hopper (wgmma / TMA) forward (compute
         capability 9.x, 16-bit, head dim a multiple of 8, those features)
         and, where it covers the call (no bias, boolean mask or dropout, head

@@ -58,13 +58,13 @@ patched_copy() {  # name patch...
 
 pids=()
 if wants sm90_fwd_h64; then
-  patched_copy h64 sm90-h64-3wg.patch > /dev/null || note "sm90_fwd_h64: the patch does not apply"
+  [ -f pending/sm90-h64-3wg.patch ] && { patched_copy h64 sm90-h64-3wg.patch > /dev/null || note "sm90_fwd_h64: the patch does not apply"; }
 fi
 if wants sm90_fwd_bias; then
-  patched_copy bias sm90-fwd-bias.patch > /dev/null || note "sm90_fwd_bias: the patch does not apply"
+  [ -f pending/sm90-fwd-bias.patch ] && { patched_copy bias sm90-fwd-bias.patch > /dev/null || note "sm90_fwd_bias: the patch does not apply"; }
 fi
 if wants sm90_fwd_mask; then
-  patched_copy mask sm90-fwd-mask.patch > /dev/null || note "sm90_fwd_mask: the patch does not apply"
+  [ -f pending/sm90-fwd-mask.patch ] && { patched_copy mask sm90-fwd-mask.patch > /dev/null || note "sm90_fwd_mask: the patch does not apply"; }
 fi
 if wants bias16; then
   patched_copy bias16 bias16-dbias.patch > /dev/null || note "bias16: the patch does not apply"
@@ -84,12 +84,12 @@ run_check() {  # name limit command...
 # Each check's build (nvcc of its check program; the package for `suite`),
 # side by side on the machine's cores, then the suite, then each check's
 # run alone on the GPU (its timings undisturbed).
-check_dir() {  # name -> the tree its script runs in ("" when its patch did not apply)
+check_dir() {  # name -> the tree its script runs in: main's once its patch landed, "" when the patch did not apply
   case $1 in
     sm90_bwd|sm90_bwd_features) echo "$root" ;;
-    sm90_fwd_h64) [ -d /tmp/pending_h64 ] && echo /tmp/pending_h64 ;;
-    sm90_fwd_bias) [ -d /tmp/pending_bias ] && echo /tmp/pending_bias ;;
-    sm90_fwd_mask) [ -d /tmp/pending_mask ] && echo /tmp/pending_mask ;;
+    sm90_fwd_h64) if [ ! -f pending/sm90-h64-3wg.patch ]; then echo "$root"; elif [ -d /tmp/pending_h64 ]; then echo /tmp/pending_h64; fi ;;
+    sm90_fwd_bias) if [ ! -f pending/sm90-fwd-bias.patch ]; then echo "$root"; elif [ -d /tmp/pending_bias ]; then echo /tmp/pending_bias; fi ;;
+    sm90_fwd_mask) if [ ! -f pending/sm90-fwd-mask.patch ]; then echo "$root"; elif [ -d /tmp/pending_mask ]; then echo /tmp/pending_mask; fi ;;
   esac
 }
 check_env() {  # name -> the environment of its script

@@ -8,6 +8,7 @@
 #   ARGS=--quick bash scripts/sm90_check.sh  # skip the 4096-long cases
 #   ARGS="--plain" / ARGS="--features" bash scripts/sm90_check.sh  # one half (each fits a 10-minute slot)
 #   ARGS=--bias / ARGS=--mask bash scripts/sm90_check.sh  # the bias / boolean mask variant's cases and timings
+#   ARGS="--h64" bash scripts/sm90_check.sh  # head dim 64 only: two against three consumer warpgroups
 #   STEP=build / STEP=run: only the build (nvcc, ptxas summary) / only the run of a built binary
 #   (pending/check_all.sh builds every check side by side, then runs them one at a time)
 # Writes the binary and the log under ${OUT:-build-sm90-check}.

@@ -96,14 +96,28 @@ bool Sm90TakesFeatures(const AttentionParams& p) {
   return !f.Any() || (p.shape.head_dim <= 128 && !f.bias && !f.mask && !(f.dropout_rate > 0.0));
 }
 
+// The forward's: those, or with the masks' features either a bias (the
+// kMasksBias variant, feature_mask.cuh's BiasRows: float32, without the
+// soft cap) or a boolean mask (kMasksBoolean, MaskArrayRows: without the
+// soft cap), not both, contiguous along the keys (broadcast over batch,
+// heads or queries), at head dims up to 128. The backward of such a call
+// stays on sm80's (the same logits and visibility, hence out and lse).
+bool Sm90ForwardTakesFeatures(const AttentionParams& p) {
+  const AttentionFeatures& f = p.features;
+  if (!f.bias && !f.mask) return Sm90TakesFeatures(p);
+  if (f.bias && f.mask) return false;
+  return p.shape.head_dim <= 128 && !(f.dropout_rate > 0.0) && !(f.softcap > 0.0) &&
+         (f.bias ? f.bias_stride.col == 1 : f.mask_stride.col == 1);
+}
+
 // Whether the Hopper forward (sm90/) serves this call: built with sm_90a,
 // a 9.x device, 16-bit inputs, head dim a multiple of 8 up to 256, scale > 0,
-// features it takes (Sm90TakesFeatures). (Its launcher checks alignment
-// itself and fails clearly.)
+// features it takes (Sm90ForwardTakesFeatures). (Its launcher checks
+// alignment itself and fails clearly.)
 bool Sm90ForwardSupports(ffi::DataType dtype, const AttentionParams& p) {
 #ifdef JAX_FLASH_WITH_SM90
   return (dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16) && p.shape.head_dim % 8 == 0 &&
-         p.shape.head_dim <= 256 && p.scale > 0 && Sm90TakesFeatures(p) &&
+         p.shape.head_dim <= 256 && p.scale > 0 && Sm90ForwardTakesFeatures(p) &&
          DeviceAttribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
          DeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >=
              sm90::ForwardSmemBytes(p.shape.head_dim);
@@ -221,7 +235,7 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   const bool sm80_ok = p.scale > 0 && Sm80Supports(q.element_type(), p.shape.head_dim,
                                                    sm80::ForwardSmemBytes(p.shape.head_dim));
   // The Hopper forward: plain calls and those with the features it takes
-  // (Sm90TakesFeatures) on compute capability 9.x, 16-bit, head dims that are
+  // (Sm90ForwardTakesFeatures) on compute capability 9.x, 16-bit, head dims that are
   // a multiple of 8 (TMA's 16-byte strides), by default and when forced. The
   // backward stays on sm80 (same out and lse: the soft cap's tanh is the
   // sm80 forward's).
@@ -230,8 +244,8 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
     return ffi::Error::InvalidArgument(
         "jax_flash: implementation='sm90' needs a GPU of compute capability 9.x (a build with "
         "sm_90a), float16/bfloat16 inputs, a head dim that is a multiple of 8 (at most 256), a "
-        "positive scale, and no bias, boolean mask or dropout (lengths, segments, window, offsets "
-        "and soft cap at head dims up to 128)");
+        "positive scale, and no dropout (lengths, segments, window, offsets, soft cap, or either a "
+        "bias or a boolean mask contiguous along the keys without the soft cap, at head dims up to 128)");
   }
 #ifdef JAX_FLASH_WITH_SM90
   if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {
@@ -292,14 +306,14 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   // The Hopper backward: non-deterministic 16-bit calls, plain or with the
   // features its variants take, on compute capability 9.x up to head dim
   // 128 when sm90 is forced. By default above 64, where the plain kernel
-  // (kLeanDq) is 1.34x / 1.27x sm80's (H=128, T=4096, bf16, non-causal /
-  // causal), and at 64 for plain non-causal calls (1.14x); 64 causal
-  // measured 0.93x of sm80's and stays there (session 17, sm90_bwd_check),
-  // as do 64's feature calls (not yet timed beside sm80). Other
+  // is 1.34x / 1.27x sm80's (kLeanDq, session 17; H=128, T=4096, bf16,
+  // non-causal / causal; session 18's default schedule 1.10x / 1.13x more),
+  // and at 64 for plain calls: with 128-query steps (session 18) 474 / 329
+  // TFLOP/s against sm80's ~312 / ~284. 64's feature calls stay on sm80's
+  // (their variant keeps 64-query steps, not yet timed beside sm80). Other
   // sm90-forced calls run sm80's backward, as before: the forward's family
   // does not bind the backward's.
-  const bool sm90_by_default =
-      p.shape.head_dim > 64 || (!p.is_causal && !p.features.Any());
+  const bool sm90_by_default = p.shape.head_dim > 64 || !p.features.Any();
   const bool sm90_ok = Sm90BackwardSupports(q.element_type(), p) &&
                        (Family(family) == Family::kSm90 || sm90_by_default);
 #ifdef JAX_FLASH_WITH_SM90

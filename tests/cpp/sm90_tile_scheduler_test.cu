@@ -6,11 +6,18 @@
 // one section (order 0) the causal work (keys per tile ~ query block + 1)
 // ends balanced across blocks to within one tile's weight. The sectioned
 // orders' worst spread is printed (LPT holds per section only, so their
-// balance is the timings' business). Exit status 0 = all hold.
+// balance is the timings' business). Then the plain kernel's key blocks per
+// tile (fwd_kernel.cuh's PlainKeyBlocks, FirstMaskedKeyBlock) against brute force, for
+// 128-row tiles (two consumer warpgroups, both masking from the tile's first
+// row) and 192-row tiles (three, each from its own): every visible pair in a
+// visited block, the visited ones exact, blocks before the first masked one
+// fully visible to the warpgroup's rows, and (three consumers) that first
+// one not. Exit status 0 = all hold.
 #include <algorithm>
 #include <cstdio>
 #include <vector>
 
+#include "cuda/sm90/fwd_kernel.cuh"  // PlainKeyBlocks, FirstMaskedKeyBlock
 #include "cuda/sm90/tile_scheduler.cuh"
 
 using namespace jax_flash::cuda::sm90;
@@ -51,6 +58,62 @@ long CheckFastDivisor() {
         if (failures++ < 5) std::printf("FAIL FastDivisor(%d).Div(%d) = %d, want %d\n", d, n, f.Div(n), n / d);
       }
   }
+  return failures;
+}
+
+// Key blocks of kBlockM-row tiles of 64-row consumer warpgroups (128 keys),
+// by brute force over the pairs (query row i, key j): visible when j <
+// seqlen_k and, causal, j <= i (the kernels' top-left diagonal). Returns the
+// failures; `most_masked` the largest count of key blocks a causal tile
+// masks (its diagonal and the seqlen_k tail).
+template <int kBlockM>
+long CheckKeyBlocks(long* configs, int* most_masked) {
+  constexpr int kBlockN = 128, kConsumers = kBlockM / 64;
+  long failures = 0;
+  auto expect = [&](bool ok, const char* what, int tq, int tk, bool causal, int m0, int w, int n) {
+    if (ok) return;
+    if (++failures <= 20)
+      std::printf("FAIL %s (kBlockM %d, Tq %d, Tk %d, causal %d, m0 %d, warpgroup %d, key block %d)\n", what,
+                  kBlockM, tq, tk, int(causal), m0, w, n);
+  };
+  for (int causal = 0; causal < 2; ++causal)
+    for (int tq : {1, 63, 64, 65, 127, 128, 129, 191, 192, 193, 300, 383, 384, 385, 1000, 1024})
+      for (int tk : {1, 77, 127, 128, 129, 191, 192, 255, 256, 300, 1000, 1024}) {
+        ++*configs;
+        for (int m0 = 0; m0 < tq; m0 += kBlockM) {
+          ForwardArgs args{};
+          args.seqlen_k = tk, args.is_causal = causal;
+          const KeyBlocks keys = PlainKeyBlocks<FwdTraits<64, kBlockN, kConsumers>>(args, m0);
+          if (keys.lo != 0) expect(false, "key blocks from 0", tq, tk, causal, m0, -1, keys.lo);
+          const int n_hi = keys.hi;
+          auto visible = [&](int i, int j) { return j < tk && (!causal || j <= i); };
+          // Visited blocks: exactly those with a visible pair of the tile's
+          // rows (computed rows, past seqlen_q too); all of the real rows' pairs.
+          for (int n = 0; n * kBlockN < tk + kBlockN; ++n) {
+            bool any = false;
+            for (int i = m0; i < m0 + kBlockM && !any; ++i)
+              for (int j = n * kBlockN; j < (n + 1) * kBlockN && !any; ++j) any = visible(i, j);
+            expect(any == (n < n_hi), "visited key blocks exact", tq, tk, causal, m0, -1, n);
+          }
+          int masked_blocks = 0;
+          for (int w = 0; w < kConsumers; ++w) {
+            const int r0 = m0 + 64 * w;  // the warpgroup's rows [r0, r0 + 64)
+            const int first = FirstMaskedKeyBlock<kBlockN>(tk, causal, kConsumers == 2 ? m0 : r0);
+            for (int n = 0; n < n_hi; ++n) {
+              bool all = true;
+              for (int i = r0; i < r0 + 64 && all; ++i)
+                for (int j = n * kBlockN; j < (n + 1) * kBlockN && all; ++j) all = visible(i, j);
+              if (n < first) expect(all, "unmasked blocks fully visible", tq, tk, causal, m0, w, n);
+              if (kConsumers == 3 && n == first)
+                expect(!all, "the first masked block needs masks", tq, tk, causal, m0, w, n);
+            }
+          }
+          // The tile's masked blocks: its first warpgroup's (the most).
+          const int tile_first = FirstMaskedKeyBlock<kBlockN>(tk, causal, m0);
+          masked_blocks = n_hi > tile_first ? n_hi - tile_first : 0;
+          if (causal && masked_blocks > *most_masked) *most_masked = masked_blocks;
+        }
+      }
   return failures;
 }
 
@@ -166,6 +229,12 @@ int main() {
   expect_causal(int64_t(1024) * 512 * 2, 1, 8, 256, 33);    // H=256 T=1024: 32 x 8 < 264 tiles, widened
   expect_causal(int64_t(4) << 20, 2, 8, 256, 34);           // 8 x 2 pairs widened by whole groups
   expect_causal(int64_t(65536) * 256 * 2, 1, 512, 64, 1);   // one key head over L2
+  for (int rows : {128, 192}) {
+    int most_masked = 0;
+    failures += rows == 128 ? CheckKeyBlocks<128>(&configs, &most_masked) : CheckKeyBlocks<192>(&configs, &most_masked);
+    std::printf("%d-row tiles: at most %d masked key blocks per causal tile\n", rows, most_masked);
+    if (most_masked > 2) ++failures, std::printf("FAIL more than two masked key blocks per causal tile\n");
+  }
   std::printf("%ld configurations, %ld failures\n", configs, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(256, 1)
     BuildingBlocksKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                          const __grid_constant__ CUtensorMap v_map, float* s_out, const Element* p_in,
                          float* o_out) {
-  using Tr = FwdTraits<kHeadDim>;
+  using Tr = FwdTraits<kHeadDim, 0, 2>;  // 256 threads: two consumer warpgroups
   constexpr int kBlockN = Tr::kBlockN;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = (SmemAddress(smem_raw) + 1023u) & ~1023u;
@@ -117,7 +117,7 @@ Element HostElement(float x) {
 // float accumulation), so any mismatch is a layout error, and reports where.
 template <typename Element, int kHeadDim>
 bool CheckBuildingBlocks(const char* type_name) {
-  using Tr = FwdTraits<kHeadDim>;
+  using Tr = FwdTraits<kHeadDim, 0, 2>;  // 256 threads: two consumer warpgroups
   constexpr int kM = Tr::kBlockM, kN = Tr::kBlockN, kD = kHeadDim;
   std::vector<Element> hq(kM * kD), hk(kN * kD), hv(kN * kD), hp(kM * kN);
   auto value = [](int i, int j, int salt) { return float(((i * 7 + j * 3 + salt) % 9) - 4) * 0.5f; };

@@ -149,7 +149,7 @@ struct Case {
 struct TimingRow {
   std::string shape;
   double sm90 = 0, sm90_serial = 0, sm80 = 0;
-  // lean-dQ: the default (kLeanDq); lean_dp at 64 only.
+  // lean-dQ (kLeanDq: the default of session 17, the feature variants' since); lean_dp at 64 only.
   double sm90_lean = 0, sm90_lean_dp = 0;
   // Session 17's candidates (bwd_kernel_traits.cuh): kDqFirst,
   // kLeanDqUniform, kDqFirstUniform, kDqFirstUniformDiag,
@@ -319,8 +319,8 @@ bool RunCase(const Case& c) {
   };
 
   // Every schedule (bwd_kernel_traits.cuh), early-S first: a failure of
-  // only one points at its step order. kLeanDq (the default since session
-  // 17) and, at 64, kLeanDqEarlyDp: their full steps take SendDqFull, their
+  // only one points at its step order. kLeanDq (the default in session
+  // 17, the feature variants' since) and, at 64, kLeanDqEarlyDp: their full steps take SendDqFull, their
   // tail steps and padded head dims kEarlyS's general send. Then session
   // 17's candidates, timed against kLeanDq: kDqFirst (dV, barrier, dQ, dK,
   // the send under dK), kLeanDqUniform (uniform-register descriptors),
@@ -367,19 +367,21 @@ bool RunCase(const Case& c) {
   ok &= run_and_check("sm90 serial", launch90_serial);
   // A candidate's failure is reported (and counted) but does not stop the
   // others' timing.
-  const bool ok_lean = run_and_check("sm90 lean-dQ (default)", launch90_lean);
+  const bool ok_lean = run_and_check("sm90 lean-dQ (the feature variants' default)", launch90_lean);
   const bool ok_lean_dp = kHeadDim != 64 || run_and_check("sm90 lean-dQ early-dP (candidate)", launch90_lean_dp);
   const bool ok_dq_first = run_and_check("sm90 dQ-first (candidate)", launch90_dq_first);
   const bool ok_uniform = run_and_check("sm90 lean-dQ uniform-desc (candidate)", launch90_uniform);
   const bool ok_dq_first_uniform = run_and_check("sm90 dQ-first uniform-desc (candidate)", launch90_dq_first_uniform);
   const bool ok_diag = run_and_check("sm90 dQ-first uniform-desc diagonal-masks (candidate)", launch90_diag);
   const bool ok_counters =
-      run_and_check("sm90 dQ-first uniform-desc diagonal-masks counters (candidate)", launch90_counters);
+      run_and_check(k64 ? "sm90 dQ-first uniform-desc diagonal-masks counters (candidate)"
+                        : "sm90 dQ-first uniform-desc diagonal-masks counters (the default at 128)",
+                    launch90_counters);
   const bool ok_rows128 = !k64 || run_and_check("sm90 lean-dQ 128-query steps (candidate)", launch90_rows128);
   const bool ok_rows128_dqfu =
       !k64 || run_and_check("sm90 dQ-first uniform-desc 128-query steps (candidate)", launch90_rows128_dqfu);
   const bool ok_rows128_counters =
-      !k64 || run_and_check("sm90 dQ-first uniform-desc diagonal-masks counters 128-query steps (candidate)",
+      !k64 || run_and_check("sm90 dQ-first uniform-desc diagonal-masks counters 128-query steps (the default at 64)",
                             launch90_rows128_counters);
   TimingRow row;
   if (ok && c.timed) {
@@ -400,7 +402,7 @@ bool RunCase(const Case& c) {
       std::printf("  time sm90 lean-dQ early-dP: %.3f ms, %.1f TFLOP/s (%.3fx early-S)\n", ms_dp, row.sm90_lean_dp,
                   row.sm90 > 0 ? row.sm90_lean_dp / row.sm90 : 0.0);
     }
-    // Session 17's candidates against the default (lean-dQ), each timed
+    // Session 17's candidates against lean-dQ, each timed
     // again right after a lean-dQ timing: the pairs share the clocks of
     // their moment (GPU.md: timings move 5-20% between runs).
     auto time_against_lean = [&](const char* label, bool passed, auto launch, double* tflops) {
@@ -944,7 +946,7 @@ int main(int argc, char** argv) {
   }
   if (!timing_rows.empty()) {
     std::printf("\nTFLOP/s (2.5 x 4 B N T S H, halved when causal; delta pass + kernel + dQ conversion; median of 20 x 5)\n");
-    std::printf("(lean-dQ is the default; ratio: lean-dQ / sm80; dQ-first, uniform, dQF+unif, +diag, +count, "
+    std::printf("(defaults: +count at 128, M128cnt at 64, lean-dQ for the feature variants; ratio: lean-dQ / sm80; dQ-first, uniform, dQF+unif, +diag, +count, "
                 "M128, M128dqfu, M128cnt: session 17's candidates, ratio to lean-dQ each in its own line above; "
                 "M128*: 128-query steps (lean-dQ, dQF+unif, +count), head dim 64 only)\n");
     std::printf("%-40s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "shape", "early-S", "serial",

@@ -645,10 +645,10 @@ inline std::vector<FeatureCase> FeatureCases(bool quick) {
 }
 
 // The launches refuse what this version leaves to the sm80 forward with a
-// message naming the kernel, instead of launching: a bias in the product's
-// feature launcher (until pending/sm90-fwd-bias.patch dispatches
-// kMasksBias), and in kMasksBias a bias with the soft cap or one not
-// contiguous along the keys (broadcast there: stride 0).
+// message naming the kernel, instead of launching: in the product's feature
+// launcher (which routes a bias to kMasksBias) and in kMasksBias itself, a
+// bias with the soft cap or one not contiguous along the keys (broadcast
+// there: stride 0).
 template <typename Element>
 bool RejectsBias() {
   AttentionParams p;
@@ -661,7 +661,10 @@ bool RejectsBias() {
     std::printf("%s (%s): %s\n", what, TypeName<Element>(), err.empty() ? "launched: FAIL" : err.c_str());
     return !err.empty();
   };
-  bool ok = refused("bias", sm90::LaunchForwardWithFeatures<Element, 128>(p, 0));
+  p.features.bias_stride.col = 1;
+  p.features.softcap = 30.0;
+  bool ok = refused("bias with the soft cap", sm90::LaunchForwardWithFeatures<Element, 128>(p, 0));
+  p.features.softcap = 0.0;
   constexpr sm90::Schedule kSchedule = sm90::FwdTraits<128>::kDefaultSchedule;
   auto bias_variant = [&] {
     return sm90::LaunchForwardScheduled<Element, 128, kSchedule, 0, sm90::Features::kMasksBias>(p, 0);
@@ -700,6 +703,14 @@ bool RejectsMask() {
   bool ok = refused("mask with the soft cap", sm90::LaunchForwardWithFeatures<Element, 128>(p, 0));
   ok &= refused("kMasksBoolean: mask with the soft cap", mask_variant());
   p.features.softcap = 0.0;
+  // A mask and a bias together: neither variant takes both (the product
+  // routes a bias to kMasksBias, which refuses the mask).
+  const float bias_dummy = 0.0f;
+  p.features.bias = &bias_dummy;
+  p.features.bias_stride.col = 1;
+  ok &= refused("mask with a bias", sm90::LaunchForwardWithFeatures<Element, 128>(p, 0));
+  ok &= refused("kMasksBoolean: mask with a bias", mask_variant());
+  p.features.bias = nullptr;
   p.features.mask_stride.col = 0;
   ok &= refused("kMasksBoolean: mask broadcast along the keys", mask_variant());
   p.features.mask = nullptr;

@@ -9,6 +9,9 @@
 // say which order is faster). Then the feature variants
 // (sm90_feature_check.cuh): each feature against a float reference of its
 // own, and the issue-19 feature table's timings. Exit code 1 on any FAIL.
+// Head dim 64 runs every case twice, on two and on three consumer
+// warpgroups (128- and 192-row tiles; kernel_traits.cuh's kConsumersAt64),
+// and the closing A/B table says which is faster per shape.
 // First the building blocks alone (sm90_building_blocks.cuh), so that a
 // failing kernel comes with the likely culprit.
 //
@@ -17,6 +20,7 @@
 //   ./sm90_fwd_check --plain | --features # only the plain kernel's / the feature variants' cases
 //   ./sm90_fwd_check --bias               # only the bias variant's (kMasksBias) cases and timings
 //   ./sm90_fwd_check --mask               # only the boolean mask variant's (kMasksBoolean) cases and timings
+//   ./sm90_fwd_check --h64                # only the plain kernel's head-dim-64 cases (two and three consumers)
 // (flags combine: --features --quick is the feature cases' correctness alone)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -105,17 +109,20 @@ const char* ScheduleName(jax_flash::cuda::sm90::Schedule s) {
 // points at its schedule rather than at the shared parts.
 // block_n 176 (at 128 only): the candidate key block (kernel_traits.cuh).
 // order / section_pairs: the causal tile order (launch.cuh's CausalOrder;
-// section_pairs > 0 forces the section size).
-template <typename Element, int kHeadDim>
+// section_pairs > 0 forces the section size). kConsumers: the consumer
+// warpgroups (2, or 3 at 64).
+template <typename Element, int kHeadDim, int kConsumers>
 std::string LaunchScheduled(jax_flash::cuda::sm90::Schedule schedule, const AttentionParams& p, int max_blocks,
                             int block_n,
                             jax_flash::cuda::sm90::CausalOrder order = jax_flash::cuda::sm90::CausalOrder::kDefault,
                             int section_pairs = 0) {
   using namespace jax_flash::cuda::sm90;
+  constexpr Features kPlain = Features::kNone;
+  constexpr Schedule kDefault = FwdTraits<kHeadDim, 0, kConsumers>::kDefaultSchedule;
   if (order != CausalOrder::kDefault)  // the default schedule only
-    return LaunchForwardScheduled<Element, kHeadDim, FwdTraits<kHeadDim>::kDefaultSchedule>(p, 0, max_blocks, order,
-                                                                                             section_pairs);
-  if constexpr (kHeadDim == 128) {
+    return LaunchForwardScheduled<Element, kHeadDim, kDefault, 0, kPlain, kConsumers>(p, 0, max_blocks, order,
+                                                                                     section_pairs);
+  if constexpr (kHeadDim == 128 && kConsumers == 2) {
     if (block_n == 176) {
       if (schedule == Schedule::kOverlap)
         return LaunchForwardScheduled<Element, kHeadDim, Schedule::kOverlap, 176>(p, 0, max_blocks);
@@ -123,14 +130,22 @@ std::string LaunchScheduled(jax_flash::cuda::sm90::Schedule schedule, const Atte
     }
   }
   switch (schedule) {
-    case Schedule::kSerial: return LaunchForwardScheduled<Element, kHeadDim, Schedule::kSerial>(p, 0, max_blocks);
-    case Schedule::kOverlap: return LaunchForwardScheduled<Element, kHeadDim, Schedule::kOverlap>(p, 0, max_blocks);
-    default: return LaunchForwardScheduled<Element, kHeadDim, Schedule::kPingPong>(p, 0, max_blocks);
+    case Schedule::kSerial:
+      return LaunchForwardScheduled<Element, kHeadDim, Schedule::kSerial, 0, kPlain, kConsumers>(p, 0, max_blocks);
+    case Schedule::kOverlap:
+      return LaunchForwardScheduled<Element, kHeadDim, Schedule::kOverlap, 0, kPlain, kConsumers>(p, 0, max_blocks);
+    default:
+      return LaunchForwardScheduled<Element, kHeadDim, Schedule::kPingPong, 0, kPlain, kConsumers>(p, 0, max_blocks);
   }
 }
 
-template <typename Element, int kHeadDim>
+// kConsumers: 2, or 3 at 64 (the A/B of kConsumersAt64).
+template <typename Element, int kHeadDim, int kConsumers = 2>
 bool RunCase(const Case& c) {
+  using jax_flash::cuda::sm90::DefaultConsumers;
+  // "(default)": the product's own kernel (its consumer count and schedule).
+  constexpr bool kProductConsumers = kConsumers == DefaultConsumers(kHeadDim);
+  const char* consumers = kConsumers == 3 ? " 3wg" : kHeadDim == 64 ? " 2wg" : "";
   const int64_t q_elems = int64_t(c.B) * c.T * c.N * c.H, kv_elems = int64_t(c.B) * c.S * c.K * c.H;
   const int64_t lse_elems = int64_t(c.B) * c.N * c.T;
   Element *q, *k, *v, *out;
@@ -170,15 +185,15 @@ bool RunCase(const Case& c) {
   TimingRow row;
   if (c.timed) {
     char shape[120];
-    std::snprintf(shape, sizeof shape, "%s H=%d B=%d T=S=%d N=%d causal=%d", TypeName<Element>(), c.H, c.B, c.T,
-                  c.N, int(c.causal));
+    std::snprintf(shape, sizeof shape, "%s H=%d B=%d T=S=%d N=%d causal=%d%s", TypeName<Element>(), c.H, c.B, c.T,
+                  c.N, int(c.causal), consumers);
     row.shape = shape;
   }
   using jax_flash::cuda::sm90::Schedule;
   // Every schedule on the full persistent grid, then the default one on 7
   // blocks, so that each block runs several tiles (phases across tiles);
   // at 128 also the 176-key candidate (overlap and ping-pong, also on 7).
-  constexpr Schedule kDefault = jax_flash::cuda::sm90::FwdTraits<kHeadDim>::kDefaultSchedule;
+  constexpr Schedule kDefault = jax_flash::cuda::sm90::FwdTraits<kHeadDim, 0, kConsumers>::kDefaultSchedule;
   // Causal: the sectioned order too, in sections of 1 and 3 pairs (many
   // sections, a partial last one, GQA groups split) on 7 blocks and the
   // full grid, and timed (where they are the launch's own sizes).
@@ -191,7 +206,7 @@ bool RunCase(const Case& c) {
   };
   std::vector<Run> runs = {{Schedule::kSerial, 0, 0}, {Schedule::kOverlap, 0, 0}, {Schedule::kPingPong, 0, 0},
                            {kDefault, 7, 0}};
-  if (kHeadDim == 128)
+  if (kHeadDim == 128 && kConsumers == 2)
     runs.insert(runs.end(), {{Schedule::kOverlap, 0, 176}, {Schedule::kPingPong, 0, 176}, {Schedule::kPingPong, 7, 176}});
   if (c.causal) {
     if (c.timed) {
@@ -203,18 +218,22 @@ bool RunCase(const Case& c) {
   for (const Run& run : runs) {
     const Schedule schedule = run.schedule;
     auto launch = [&] {
-      return LaunchScheduled<Element, kHeadDim>(schedule, p, run.max_blocks, run.block_n, run.order, run.section_pairs);
+      return LaunchScheduled<Element, kHeadDim, kConsumers>(schedule, p, run.max_blocks, run.block_n, run.order,
+                                                            run.section_pairs);
     };
     const bool sectioned = run.order == CausalOrder::kSections;
-    const bool is_default = schedule == kDefault && run.max_blocks == 0 && run.block_n == 0 && !sectioned;
+    const bool is_default = kProductConsumers && schedule == kDefault && run.max_blocks == 0 && run.block_n == 0 &&
+                            !sectioned;
+    // This consumer count's own default schedule (the A/B table's entries).
+    const bool is_own_default = schedule == kDefault && run.max_blocks == 0 && run.block_n == 0 && !sectioned;
     if (run.max_blocks > 0 && c.timed) continue;  // the full-grid runs cover these sizes
     char sections[64] = "";
     if (sectioned)
       std::snprintf(sections, sizeof sections, run.section_pairs ? " sections of %d pairs" : " sections (launch's size)",
                     run.section_pairs);
     char name[300];
-    std::snprintf(name, sizeof name, "%s H=%d (kHeadDim %d) B=%d T=%d S=%d N=%d K=%d causal=%d scale=%.3g %s%s%s%s%s",
-                  TypeName<Element>(), c.H, kHeadDim, c.B, c.T, c.S, c.N, c.K, int(c.causal), p.scale,
+    std::snprintf(name, sizeof name, "%s H=%d (kHeadDim %d%s) B=%d T=%d S=%d N=%d K=%d causal=%d scale=%.3g %s%s%s%s%s",
+                  TypeName<Element>(), c.H, kHeadDim, consumers, c.B, c.T, c.S, c.N, c.K, int(c.causal), p.scale,
                   ScheduleName(schedule), run.block_n ? " 176 keys" : "", is_default ? " (default)" : "",
                   run.max_blocks ? " on 7 blocks" : "", sections);
     Poison<<<1024, 256>>>(reinterpret_cast<uint16_t*>(out), q_elems);
@@ -278,7 +297,7 @@ bool RunCase(const Case& c) {
       const float ms = TimeLaunches(launch);
       std::printf("  time sm90 %s%s%s: %.3f ms, %.1f TFLOP/s\n", ScheduleName(schedule),
                   run.block_n ? " 176 keys" : "", sections, ms, flops / (ms * 1e-3) / 1e12);
-      if (is_default) best_ms = ms;
+      if (is_own_default) best_ms = ms;
       const double tflops = ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0;
       if (sectioned)
         row.sections = tflops;
@@ -292,7 +311,7 @@ bool RunCase(const Case& c) {
     std::fflush(stdout);
   }
 #ifdef JAX_FLASH_CHECK_SM80
-  if (all_ok && c.timed && best_ms > 0) {
+  if (all_ok && c.timed && best_ms > 0 && kConsumers == 2) {  // once per shape
     const float ms80 = TimeLaunches([&] { return jax_flash::cuda::sm80::LaunchForward<Element, kHeadDim>(p, 0); });
     if (ms80 > 0) {
       std::printf("  time sm80: %.3f ms, %.1f TFLOP/s (sm90 default / sm80 speed: %.2fx)\n", ms80,
@@ -311,7 +330,10 @@ bool RunCase(const Case& c) {
 
 template <typename Element>
 bool RunCaseAnyHead(const Case& c) {
-  if (c.H <= 64) return RunCase<Element, 64>(c);
+  if (c.H <= 64) {
+    const bool two = RunCase<Element, 64, 2>(c);
+    return RunCase<Element, 64, 3>(c) && two;
+  }
   if (c.H <= 128) return RunCase<Element, 128>(c);
   return RunCase<Element, 256>(c);
 }
@@ -337,13 +359,14 @@ bool RejectsMisaligned() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, plain = true, features = true, bias_only = false, mask_only = false;
+  bool quick = false, plain = true, features = true, bias_only = false, mask_only = false, h64 = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--plain") == 0) features = false;
     if (std::strcmp(argv[i], "--features") == 0) plain = false;
     if (std::strcmp(argv[i], "--bias") == 0) plain = false, bias_only = true;
     if (std::strcmp(argv[i], "--mask") == 0) plain = false, mask_only = true;
+    if (std::strcmp(argv[i], "--h64") == 0) h64 = true, features = false;
   }
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -378,6 +401,8 @@ int main(int argc, char** argv) {
     cases.push_back({4, 1024, 1024, 16, 16, 128, true, 0, true});
     cases.push_back({4, 4096, 4096, 16, 16, 64, true, 0, true});
     cases.push_back({4, 1024, 1024, 8, 8, 256, true, 0, true});
+    // Head dim 64's short sequences (FlashAttention-3's benchmark: 16k tokens, 2048 wide).
+    for (int causal : {0, 1}) cases.push_back({16, 1024, 1024, 32, 32, 64, bool(causal), 0, true});
   }
   int failures = 0;
   failures += !sm90_check::CheckBuildingBlocks<__nv_bfloat16, 64>("bf16");
@@ -389,6 +414,7 @@ int main(int argc, char** argv) {
   failures += !sm90_feature_check::RejectsMask<__nv_bfloat16>();
   for (const Case& c : cases) {
     if (!plain) break;
+    if (h64 && c.H > 64) continue;
     failures += !RunCaseAnyHead<__nv_bfloat16>(c);
     failures += !RunCaseAnyHead<__half>(c);
   }
@@ -401,11 +427,27 @@ int main(int argc, char** argv) {
   }
   if (!timing_rows.empty()) {
     std::printf("\nTFLOP/s (4 B N T S H, halved when causal; median of 20 x 5 launches)\n");
-    std::printf("%-40s %8s %8s %8s %8s %8s %8s %8s  default\n", "shape", "serial", "overlap", "pingpong", "ov176",
+    std::printf("%-44s %8s %8s %8s %8s %8s %8s %8s  default\n", "shape", "serial", "overlap", "pingpong", "ov176",
                 "pp176", "sections", "sm80");
     for (const TimingRow& r : timing_rows) {
-      std::printf("%-40s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f  %s\n", r.shape.c_str(), r.serial, r.overlap,
+      std::printf("%-44s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f  %s\n", r.shape.c_str(), r.serial, r.overlap,
                   r.pingpong, r.overlap176, r.pingpong176, r.sections, r.sm80, r.default_schedule);
+    }
+    // Head dim 64: two against three consumer warpgroups, each at its best
+    // schedule of the order-0 columns (kConsumersAt64's A/B).
+    std::printf("\nhead dim 64, consumer warpgroups (kernel_traits.cuh's kConsumersAt64 is %d):\n",
+                jax_flash::cuda::sm90::kConsumersAt64);
+    auto best = [](const TimingRow& r) { return std::max({r.serial, r.overlap, r.pingpong}); };
+    for (const TimingRow& three : timing_rows) {
+      const std::string& name = three.shape;
+      if (name.size() < 4 || name.compare(name.size() - 4, 4, " 3wg") != 0) continue;
+      const std::string two_name = name.substr(0, name.size() - 4) + " 2wg";
+      for (const TimingRow& two : timing_rows) {
+        if (two.shape != two_name) continue;
+        std::printf("  %-40s 2wg %7.1f, 3wg %7.1f (pingpong %7.1f vs %7.1f): %s faster (%.3fx)\n",
+                    name.substr(0, name.size() - 4).c_str(), best(two), best(three), two.pingpong, three.pingpong,
+                    best(three) > best(two) ? "3wg" : "2wg", best(two) > 0 ? best(three) / best(two) : 0.0);
+      }
     }
     // The causal order: the sectioned one (default schedule) against order 0
     // (the same schedule's column), per causal shape.

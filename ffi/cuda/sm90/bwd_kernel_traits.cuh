@@ -96,8 +96,23 @@ constexpr bool BwdUniformDescriptors(BwdSchedule s) {
          s == BwdSchedule::kDqFirstUniformRows128;
 }
 
-// kBlockM_: queries per step, 64 (the package's kernels) or 128 at head dim
-// 64 (the Rows128 candidates; BwdTraitsFor picks it from the schedule).
+// The package's schedules. Plain kernels: at 128 kDqFirstUniformDiagCounters,
+// at 64 kDqFirstUniformDiagCountersRows128. On the H200 (session 18,
+// sm90_bwd_check --plain, B=4 T=S=4096, bf16, each timed right after
+// kLeanDq): at 128 499 / 434 TFLOP/s (non-causal / causal; kLeanDq 455 /
+// 397, 1.10x / 1.13x; kDqFirstUniformDiag was 1% faster non-causal but
+// 0.99x causal), at 64 474 / 329 (kLeanDq 360 / 262, 1.31x / 1.27x; sm80's
+// fused backward ~312 / ~284). The feature variants keep kLeanDq: the
+// diagonal-only masks and the counters are the plain kernel's (with
+// features every step runs FeatureMask), and the 128-query steps have not
+// been checked with features.
+constexpr BwdSchedule DefaultBwdSchedule(int head_dim) {
+  return head_dim <= 64 ? BwdSchedule::kDqFirstUniformDiagCountersRows128 : BwdSchedule::kDqFirstUniformDiagCounters;
+}
+constexpr BwdSchedule kFeatureBwdSchedule = BwdSchedule::kLeanDq;
+
+// kBlockM_: queries per step, 64 (the package's feature variants and the plain kernel at 128) or 128 at head dim
+// 64 (the Rows128 schedules, the plain default there; BwdTraitsFor picks it from the schedule).
 template <int kHeadDim_, int kBlockM_ = 64>
 struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_;  // 64 or 128 (256: not yet, see below)
@@ -119,7 +134,7 @@ struct BwdTraits {
   // fragments of 16 each) of the 240 registers. FlashAttention-3's choice at
   // 128 as well (64 x 128).
   //
-  // kBlockM = 128 (head dim 64 only; the Rows128 candidates), per consumer
+  // kBlockM = 128 (head dim 64 only; the Rows128 schedules), per consumer
   // thread: dK, dV 32 floats each; S^T and dP^T [64 keys x 128 queries] 64
   // each (192 with dK, dV while dP^T runs and S^T turns into P^T); then P^T
   // and dS^T as 16-bit A fragments, 8 k16 steps x 4 registers = 32 each
@@ -132,7 +147,6 @@ struct BwdTraits {
   static_assert(kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64), "128-query steps at head dim 64 only");
   // Q/dO ring depth: the copies of step m + 1 run under step m's products.
   static constexpr int kStages = 2;
-  static constexpr BwdSchedule kDefaultSchedule = BwdSchedule::kLeanDq;
 
   // dQ = dS K [kBlockM x kHeadDim] per step. At 128 the two consumer
   // warpgroups split its columns (64 each, one 128-byte chunk of K: a wgmma
@@ -212,7 +226,7 @@ struct BwdTraits {
 };
 
 // The traits a schedule runs with: 128-query steps for the Rows128
-// candidates, the package's 64 otherwise (the same type as before).
+// schedules, 64 otherwise.
 template <int kHeadDim, BwdSchedule kSchedule>
 using BwdTraitsFor = BwdTraits<kHeadDim, BwdRows128(kSchedule) ? 128 : 64>;
 

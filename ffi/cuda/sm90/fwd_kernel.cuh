@@ -5,18 +5,21 @@
 // key padding trimmed by the producer): FlashAttention-3's design in our
 // own code.
 //
-// A persistent grid (one block per SM) walks tiles of (128 query rows, head,
-// batch) in tile_scheduler.cuh's order; each block has three warpgroups:
+// A persistent grid (one block per SM) walks tiles of (kBlockM query rows,
+// head, batch) in tile_scheduler.cuh's order; each block has a producer and
+// C = 2 consumer warpgroups (kBlockM = 128), or C = 3 at head dim 64
+// (kBlockM = 192; kernel_traits.cuh's kConsumersAt64):
 //
-//   warpgroup 0 (producer, 40 registers at 64/128, 24 at 256; traits):
-//     one thread issues TMA copies
+//   warpgroup 0 (producer, 40 registers at 64/128, 24 at 256, 32 with
+//     C = 3; traits): one thread issues TMA copies
 //     (pipeline.cuh): for each key block i of the tile (last to first)
 //     into ring stage s (counted across the block's tiles):
 //       wait k_empty[s]; K tile -> k_full[s];
 //       (after the first K) wait q_empty; Q tile -> q_full;
 //       wait v_empty[s]; V tile -> v_full[s]
 //     (a tile without key blocks: wait q_empty, arrive q_full, no copy)
-//   warpgroups 1, 2 (consumers, 232 / 240 registers), 64 query rows each:
+//   warpgroups 1 .. C (consumers, 232 / 240 registers; 160 with C = 3),
+//     64 query rows each:
 //     wait q_full; for each key block: wait k_full[s], S = Q K^T (wgmma,
 //     smem x smem), arrive k_empty[s]; mask, online softmax in registers,
 //     P to 16 bits (the A fragments); wait v_full[s], O += P V (wgmma,
@@ -30,9 +33,10 @@
 //   kOverlap:  S_{i+1} and PV_i issued together; the softmax of S_{i+1}
 //              runs while PV_i is still on the tensor cores (O's rescale
 //              waits for the next issue, P's conversion for PV_i's end).
-//   kPingPong: kOverlap, and the two consumer warpgroups take turns to
-//              issue their products (named barriers 3 and 4), so that one
-//              warpgroup's softmax runs under the other's products.
+//   kPingPong: kOverlap, and the consumer warpgroups take turns to issue
+//              their products, in a cycle 0 -> 1 (-> 2) -> 0 (named barriers
+//              kTurnBarrier + w, kernel_traits.cuh), so that one
+//              warpgroup's softmax runs under the others' products.
 // Key blocks run last to first so the ones needing masks (the causal
 // diagonal, the seqlen_k tail) come first and the rest skip mask arithmetic.
 // A tile's key blocks are [lo, hi) (KeyBlocks): [0, its causal or seqlen_k
@@ -61,10 +65,34 @@
 
 namespace jax_flash::cuda::sm90 {
 
-// Named barrier ids: 0 is __syncthreads; 1, 2 each consumer warpgroup's
-// epilogue; 3, 4 the ping-pong turns of consumer warpgroup 0, 1.
-constexpr int kEpilogueBarrier = 1;
-constexpr int kTurnBarrier = 3;
+// Named barrier ids (FwdTraits::kEpilogueBarrier, kTurnBarrier): 0 is
+// __syncthreads; 1 .. C each consumer warpgroup's epilogue (128 threads);
+// C + 1 .. 2C the ping-pong turns of consumer warpgroups 0 .. C - 1 (256
+// threads each: ConsumeTile's turns).
+
+// The plain kernel's key blocks of a tile of query rows [m0, m0 + kBlockM)
+// (128 or 192 rows: two or three consumer warpgroups): the blocks with a key
+// visible to some row of the tile (below seqlen_k and, causal, at most its
+// last row m0 + kBlockM - 1); rows past seqlen_q count too (the last tile's
+// are computed, not stored). Host-callable, as FirstMaskedKeyBlock, for
+// tests/cpp/sm90_tile_scheduler_test.cu (against brute force).
+template <typename Tr>
+__host__ __device__ __forceinline__ KeyBlocks PlainKeyBlocks(const ForwardArgs& a, int m0) {
+  const int kv_end = a.is_causal ? min(a.seqlen_k, m0 + Tr::kBlockM) : a.seqlen_k;
+  return {0, (kv_end + Tr::kBlockN - 1) / Tr::kBlockN};
+}
+
+// The first key block that needs masks for rows from r0 (a consumer
+// warpgroup's 64): block n is fully visible to every row >= r0 when its last
+// key (n + 1) kBlockN - 1 is below seqlen_k and, causal, at most r0, i.e.
+// n < limit / kBlockN. Exact for the rows [r0, r0 + 64) (row r0 misses key
+// r0 + 1 of block limit / kBlockN, or that block crosses seqlen_k); an r0
+// below the rows' first is safe (more blocks masked).
+template <int kBlockN>
+__host__ __device__ __forceinline__ int FirstMaskedKeyBlock(int seqlen_k, bool causal, int r0) {
+  const int limit = causal ? min(seqlen_k, r0 + 1) : seqlen_k;
+  return limit / kBlockN;
+}
 
 // One consumer warpgroup's whole tile: 64 query rows from m0 + 64 * warpgroup.
 // `pipe`: the ring position of the tile's first key block, `tile_iter`: the
@@ -99,8 +127,18 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   // Plain kernel: key blocks from first_masked on need masks; block i of the
   // loop is key block n_hi - 1 - i. Feature variants: every block goes
   // through ApplyFeatures (is_masked: the softmax's masked path for all).
-  const int limit = a.is_causal ? min(a.seqlen_k, m0 + 1) : a.seqlen_k;
-  const int first_masked = limit / kBlockN;
+  // FirstMaskedKeyBlock of rows from r0: two consumers
+  // take r0 = m0 for both (the same answer as their own first rows: m0 is a
+  // multiple of 128). Three: each its own first row (m0 = 192 k is not):
+  // a causal tile's diagonal spans two key blocks (the scheduler test's
+  // count), both masked for the first warpgroup, and for the others one or
+  // both by m0 % 128 (at m0 = 192 the second's rows from 256 see all of key
+  // block 1; at m0 = 384 the third's from 512 all of block 3); a block that a
+  // warpgroup's rows cannot see at all (above its diagonal) still runs,
+  // masked to -inf, since every consumer visits all of the tile's blocks
+  // (the empties and the turns count them).
+  const int first_masked =
+      FirstMaskedKeyBlock<kBlockN>(a.seqlen_k, a.is_causal, Tr::kConsumerWarpgroups == 2 ? m0 : wg_m0);
   // The feature variants' masks of block i come from prepare(i), called
   // before its S is issued (BlockMask), from the tile's FeatureRows (ten
   // int32, taken from the policy once per tile) and the block's key-id
@@ -219,19 +257,33 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   // Ping-pong turns: warpgroup w waits on barrier kTurnBarrier + w before
   // issuing a step's products (S_i with PV_{i-1}, i = 1 .. n_blocks - 1; the
   // tile's first S and last PV go without turns, as in FlashAttention-3)
-  // and then opens the other's. Warpgroup 1 opens warpgroup 0's first turn
-  // and skips opening one after its last, so within each tile every barrier
-  // sees as many arrivals as waits.
+  // and then opens the next one's, (w + 1) % C: the turns go round 0, 1,
+  // (2,) 0, ... Barrier kTurnBarrier + w thus joins two warpgroups, w (128
+  // threads in bar.sync) and w - 1 mod C (128 in bar.arrive): 256 threads
+  // with two or three consumers alike. The last warpgroup (C - 1) opens
+  // warpgroup 0's first turn and skips opening one after its last, so within
+  // each tile every barrier sees n_blocks - 1 arrivals of 128 threads and as
+  // many waits (all consumers visit the same n_blocks), and the barriers
+  // are idle between tiles. An arrival never overtakes the previous one's
+  // wait: warpgroup w - 1 arrives on w's barrier again only after its own
+  // next turn, which needs the whole cycle, hence w's wait, in between.
+  constexpr int kConsumers = Tr::kConsumerWarpgroups;
   constexpr bool kTurns = kSchedule == Schedule::kPingPong;
   auto begin_turn = [&]() {
-    if constexpr (kTurns) NamedBarrierSync(kTurnBarrier + warpgroup, 256);
+    if constexpr (kTurns) NamedBarrierSync(Tr::kTurnBarrier + warpgroup, 256);
   };
   auto end_turn = [&](bool last) {
-    if constexpr (kTurns)
-      if (!(last && warpgroup == 1)) NamedBarrierArrive(kTurnBarrier + (1 - warpgroup), 256);
+    if constexpr (kTurns) {
+      if constexpr (kConsumers == 2) {
+        if (!(last && warpgroup == 1)) NamedBarrierArrive(Tr::kTurnBarrier + (1 - warpgroup), 256);
+      } else {
+        if (!(last && warpgroup == kConsumers - 1))
+          NamedBarrierArrive(Tr::kTurnBarrier + (warpgroup == kConsumers - 1 ? 0 : warpgroup + 1), 256);
+      }
+    }
   };
   if constexpr (kTurns)
-    if (warpgroup == 1 && n_blocks > 1) NamedBarrierArrive(kTurnBarrier, 256);
+    if (warpgroup == kConsumers - 1 && n_blocks > 1) NamedBarrierArrive(Tr::kTurnBarrier, 256);
 
   if constexpr (!kAnyFeature) MbarrierWait(bars.q_full(), tile_iter & 1);
   if (Tr::kSeparateStaging && n_blocks == 0) release_q();
@@ -338,7 +390,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
     asm volatile("" : "+r"(tile));  // an opaque value: decoded here, not carried from the top
     coord = scheduler.Decode(tile);
   }
-  StoreOutput<Element, Tr>(a, softmax, o, staging, kEpilogueBarrier + warpgroup, row0, wg_m0, coord.h,
+  StoreOutput<Element, Tr>(a, softmax, o, staging, Tr::kEpilogueBarrier + warpgroup, row0, wg_m0, coord.h,
                            coord.b);
   if constexpr (!Tr::kSeparateStaging) {
     // The warp's reads of the staging area (its Q rows) are done: the next
@@ -350,19 +402,13 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   }
 }
 
-// The plain kernel's key blocks of a tile: up to the causal or seqlen_k end.
-template <typename Tr>
-__device__ __forceinline__ KeyBlocks PlainKeyBlocks(const ForwardArgs& a, int m0) {
-  const int kv_end = a.is_causal ? min(a.seqlen_k, m0 + Tr::kBlockM) : a.seqlen_k;
-  return {0, (kv_end + Tr::kBlockN - 1) / Tr::kBlockN};
-}
-
-template <typename Element, int kHeadDim, int kBlockN, Schedule kSchedule, Features kFeatures = Features::kNone>
-__global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN>::kThreads, 1)
+template <typename Element, int kHeadDim, int kBlockN, Schedule kSchedule, Features kFeatures = Features::kNone,
+          int kConsumers = 2>
+__global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThreads, 1)
     ForwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const ForwardArgs a,
                   const TileScheduler scheduler, const __grid_constant__ AttentionParams p) {
-  using Tr = FwdTraits<kHeadDim, kBlockN>;
+  using Tr = FwdTraits<kHeadDim, kBlockN, kConsumers>;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte aligned atoms (kSmemBytes includes the slack).
@@ -417,7 +463,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN>::kThreads, 1)
     }
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
-    // The consumer warpgroup (0 or 1), broadcast from lane 0 after the
+    // The consumer warpgroup (0 .. C - 1), broadcast from lane 0 after the
     // setmaxnreg (CUTLASS's canonical_warp_group_idx): ptxas then knows it
     // is warp-uniform, so what derives from it (the warpgroup's Q rows,
     // hence its wgmma descriptors) lives in uniform registers instead of

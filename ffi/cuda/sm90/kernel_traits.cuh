@@ -22,17 +22,44 @@ enum class Schedule { kSerial, kOverlap, kPingPong };
 // bias with the soft cap stay on the sm80 forward.
 enum class Features { kNone, kMasks, kMasksSoftcap, kMasksBias, kMasksBias16, kMasksBoolean };
 
+// Consumer warpgroups of the plain forward at head dim 64 (FwdTraits<64>'s
+// default, hence ForwardSmemBytes): 3 (192-row tiles, FlashAttention-3's
+// choice at 64, where the softmax is large next to each wgmma and a third
+// warpgroup's softmax hides under the other two's products) or 2 (128-row
+// tiles). On the H200 (session 18, sm90_fwd_check --h64, B=4 T=S=4096
+// N=32, ping-pong, bf16) 3 ran 513 / 461 TFLOP/s against 2's 462 / 428
+// (non-causal / causal, 1.08-1.12x; B=16 T=1024 non-causal 1.08x) but
+// 276 against 291 at B=16 T=1024 causal (0.95x: a short causal row has
+// few 192-row tiles and each pays its diagonal's masked blocks), so
+// LaunchForward<64> keeps 2 for causal calls of up to 1024 queries
+// (launch.cuh). -DJAX_FLASH_SM90_CONSUMERS_AT_64=2 builds 2 everywhere for
+// an A/B without editing. The feature variants stay at 2 (launch.cuh says
+// why).
+#ifndef JAX_FLASH_SM90_CONSUMERS_AT_64
+#define JAX_FLASH_SM90_CONSUMERS_AT_64 3
+#endif
+constexpr int kConsumersAt64 = JAX_FLASH_SM90_CONSUMERS_AT_64;
+static_assert(kConsumersAt64 == 2 || kConsumersAt64 == 3);
+
+// The head dim's default count of consumer warpgroups: 2 at 128 and 256
+// (their registers: 240 per consumer thread; a third would leave 160).
+constexpr int DefaultConsumers(int head_dim) { return head_dim == 64 ? kConsumersAt64 : 2; }
+
 // kBlockN_ = 0: the head dim's default key block (below); a candidate width
 // (176 at 128, FlashAttention-3's non-causal choice there) is instantiated
 // by the check program only, until its timings say which to dispatch.
-template <int kHeadDim_, int kBlockN_ = 0>
+// kConsumers_ = 0: DefaultConsumers; 3 only at 64 with 128 keys.
+template <int kHeadDim_, int kBlockN_ = 0, int kConsumers_ = 0>
 struct FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;  // 64, 128 or 256
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
 
   // Warpgroup 0 produces (one thread issues every TMA copy), warpgroups 1
-  // and 2 consume, each owning 64 query rows (one wgmma M) of the block.
-  static constexpr int kConsumerWarpgroups = 2;
+  // .. kConsumerWarpgroups consume, each owning 64 query rows (one wgmma M)
+  // of the block.
+  static constexpr int kConsumerWarpgroups = kConsumers_ > 0 ? kConsumers_ : DefaultConsumers(kHeadDim);
+  static_assert(kConsumerWarpgroups == 2 || (kConsumerWarpgroups == 3 && kHeadDim == 64),
+                "three consumers only at 64: O of 128 or 256 columns does not fit 160 registers");
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
@@ -42,6 +69,7 @@ struct FwdTraits {
   // keys (40 + 20) keep the whole thread within 240 (FlashAttention-3's
   // choice too; ptxas: highest register R237 at 256, no spills).
   static constexpr int kBlockN = kBlockN_ > 0 ? kBlockN_ : kHeadDim == 256 ? 80 : 128;
+  static_assert(kConsumerWarpgroups == 2 || kBlockN == 128, "three consumers: S 64 + P 32 + O 32 of 160");
   static_assert(kBlockN % 16 == 0, "P V steps over 16 keys");
   static_assert(kBlockN <= 256, "one TMA box of keys");
   // K/V ring depth: two stages let the copy of block n - 1 run under block
@@ -54,18 +82,29 @@ struct FwdTraits {
   // without turns. To be confirmed by the timings of sm90_fwd_check.
   static constexpr Schedule kDefaultSchedule = kHeadDim <= 128 ? Schedule::kPingPong : Schedule::kOverlap;
 
-  // setmaxnreg: 128 x 24 + 256 x 240 = 64512 of the SM's 65536 registers
-  // (the launch cap is 65536 / 384 -> 168 per thread; the producer gives
-  // 144 each away, the consumers take 72 each). With 128 keys at 64 and 128
-  // the consumers need at most 208 (ptxas: highest register R207 in every
-  // schedule and variant), so they take 232 and the producer keeps 40
-  // (128 x 40 + 256 x 232 = 64512): its tile loop (the scheduler, the
-  // feature variants' key-block range, a warp-collective vote) spilled in
-  // 24. At 256, and with 176 keys, the consumers need the 240.
-  static constexpr bool kRoomyProducer = kHeadDim <= 128 && kBlockN <= 128;
-  static constexpr int kProducerRegisters = kRoomyProducer ? 40 : 24;
-  static constexpr int kConsumerRegisters = kRoomyProducer ? 232 : 240;
-  static_assert(128 * kProducerRegisters + 128 * kConsumerWarpgroups * kConsumerRegisters <= 168 * kThreads);
+  // setmaxnreg (multiples of 8 in [24, 256]) against the launch's
+  // allocation, 65536 / kThreads rounded down to 8 per thread (168 with two
+  // consumers, 128 with three). Two: 128 x 24 + 256 x 240 = 64512 (the
+  // producer gives 144 each away, the consumers take 72 each). With 128 keys
+  // at 64 and 128 the consumers need at most 208 (ptxas: highest register
+  // R207 in every schedule and variant), so they take 232 and the producer
+  // keeps 40 (128 x 40 + 256 x 232 = 64512): its tile loop (the scheduler,
+  // the feature variants' key-block range, a warp-collective vote) spilled in
+  // 24. At 256, and with 176 keys, the consumers need the 240. Three (64
+  // only): 128 x 32 + 384 x 160 = 65536 (the producer gives 96 away, the
+  // consumers take 32 each), as in FlashAttention-3; per consumer thread S
+  // 64 + P 32 + O 32 registers; the producer's 32 (not 40: the file is full)
+  // is above the 24 that spilled.
+  static constexpr bool kRoomyProducer = kConsumerWarpgroups == 2 && kHeadDim <= 128 && kBlockN <= 128;
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 3 ? 32 : kRoomyProducer ? 40 : 24;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 3 ? 160 : kRoomyProducer ? 232 : 240;
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static_assert(kProducerRegisters % 8 == 0 && kConsumerRegisters % 8 == 0, "setmaxnreg: multiples of 8");
+  static_assert(128 * kProducerRegisters + 128 * kConsumerWarpgroups * kConsumerRegisters <=
+                    kLaunchRegisters * kThreads,
+                "the block's registers at launch");
+  static_assert(kProducerRegisters <= kLaunchRegisters && kConsumerRegisters >= kLaunchRegisters,
+                "the producer gives registers away, the consumers take them");
 
   // Every tile is stored as TMA's 128-byte swizzle writes it: column chunks
   // of 64 elements (128 bytes per row), each [rows][128 B], 1024-byte atoms
@@ -79,9 +118,9 @@ struct FwdTraits {
   static constexpr int kKvTileBytes = kKvChunkBytes * kChunks;
 
   // Output staging of its own (the Q tile's shape) where shared memory
-  // allows (64 and 128 with 128 keys): Q is then free once a tile's last S =
-  // Q K^T is done, and the next tile's Q loads under the last P V and the
-  // epilogue. Elsewhere (256; 128 with 176 keys) the staging reuses Q (each
+  // allows (64 with two or three consumers, 128 with 128 keys): Q is then
+  // free once a tile's last S = Q K^T is done, and the next tile's Q loads
+  // under the last P V and the epilogue. Elsewhere (256; 128 with 176 keys) the staging reuses Q (each
   // warpgroup its own rows), and the next Q waits for the epilogue.
   static constexpr int kRingBytes = 2 * kStages * kKvTileBytes;
   static constexpr bool kSeparateStaging = 2 * kQBytes + kRingBytes + 8 * (2 + 4 * kStages) + 1024 <= 227 * 1024;
@@ -101,6 +140,14 @@ struct FwdTraits {
   static constexpr int kKeyBlocksOffset = kBarrierOffset + 8 * kBarriers;
   static constexpr int kSmemBytes = kKeyBlocksOffset + 2 * 8 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KiB per block");
+
+  // Named barrier ids (bar.sync; 16 per block, 0 is __syncthreads): each
+  // consumer warpgroup w's epilogue kEpilogueBarrier + w (fwd_kernel.cuh),
+  // then its ping-pong turn kTurnBarrier + w. With two consumers 1, 2 and 3,
+  // 4, as before the third existed.
+  static constexpr int kEpilogueBarrier = 1;
+  static constexpr int kTurnBarrier = kEpilogueBarrier + kConsumerWarpgroups;
+  static_assert(kTurnBarrier + kConsumerWarpgroups <= 16, "16 named barriers");
 };
 
 }  // namespace jax_flash::cuda::sm90

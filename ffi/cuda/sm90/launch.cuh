@@ -35,17 +35,31 @@ constexpr CausalOrder DefaultCausalOrder(int head_dim) {
   return head_dim <= 128 ? CausalOrder::kSections : CausalOrder::kAllHeads;
 }
 
+// The consumer warpgroups of a variant: kConsumers if given, else the head
+// dim's default (kernel_traits.cuh's DefaultConsumers) for the plain kernel
+// and 2 for the feature variants: their tile of 192 rows would need
+// SummarySpan over three segment-summary entries (feature_mask.cuh takes
+// at most two) and their masks' registers next to S, P and O in 160.
+template <int kHeadDim, Features kFeatures, int kConsumers>
+constexpr int VariantConsumers() {
+  return kConsumers > 0 ? kConsumers : kFeatures == Features::kNone ? DefaultConsumers(kHeadDim) : 2;
+}
+
 // max_blocks > 0 caps the persistent grid (tests: several tiles per block);
 // kBlockN 0 is the head dim's default key block (kernel_traits.cuh);
 // section_pairs > 0 overrides CausalSection's size under kSections (tests:
-// many sections, a partial last one).
-template <typename Element, int kHeadDim, Schedule kSchedule, int kBlockN = 0, Features kFeatures = Features::kNone>
+// many sections, a partial last one); kConsumers 0: VariantConsumers'
+// default (the check program instantiates 2 and 3 at 64 for its A/B).
+template <typename Element, int kHeadDim, Schedule kSchedule, int kBlockN = 0, Features kFeatures = Features::kNone,
+          int kConsumers = 0>
 std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream, int max_blocks = 0,
                                    CausalOrder order = CausalOrder::kDefault, int section_pairs = 0) {
-  using Tr = FwdTraits<kHeadDim, kBlockN>;
+  constexpr int kC = VariantConsumers<kHeadDim, kFeatures, kConsumers>();
+  using Tr = FwdTraits<kHeadDim, kBlockN, kC>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   static_assert(kFeatures == Features::kNone || Tr::kBlockN <= 128, "VisibleBits: 32 bits per fragment row");
   static_assert(kFeatures != Features::kMasksBoolean || Tr::kBlockN == 128, "MaskArrayRows: 4 key bytes per lane");
+  static_assert(kFeatures == Features::kNone || kC == 2, "feature variants: two consumers (VariantConsumers)");
   const auto& s = p.shape;
   const std::string what = DescribeForward(s, kHeadDim) +
                            (kFeatures == Features::kNone          ? ""
@@ -53,7 +67,8 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
                             : kFeatures == Features::kMasksBias   ? " with masks and bias"
                             : kFeatures == Features::kMasksBias16 ? " with masks and 16-bit bias"
                             : kFeatures == Features::kMasksBoolean ? " with masks and boolean mask"
-                                                                  : " with masks and soft cap");
+                                                                  : " with masks and soft cap") +
+                           (kC == 2 ? "" : ", three consumer warpgroups");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
   if (auto why = UnsupportedFeatures(p, kFeatures); !why.empty()) return fail(why);
   if (!(p.scale > 0.0)) return fail("needs scale > 0 (the row maxima are taken before scaling)");
@@ -66,7 +81,7 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   if (s.seqlen_q > INT32_MAX - Tr::kBlockM || s.seqlen_k > INT32_MAX - Tr::kBlockN)
     return fail("seqlen_q and seqlen_k must be below 2^31 - 256");
   if (CeilDiv(s.seqlen_q, Tr::kBlockM) * s.num_heads * s.batch >= int64_t(INT32_MAX))
-    return fail("fewer than 2^31 tiles (128 query rows x heads x batch) per call");
+    return fail("fewer than 2^31 tiles (" + std::to_string(Tr::kBlockM) + " query rows x heads x batch) per call");
   for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)})
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return fail("q, k, v and out must be 16-byte aligned");
   // The epilogue's 16-byte stores use q's strides for out (a size-1 dim's
@@ -111,11 +126,11 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
   args.softcap_unscale = kBias ? float(1.0 / p.scale) : cap.cap_over_scale;
 
-  auto kernel = ForwardKernel<Element, kHeadDim, Tr::kBlockN, kSchedule, kFeatures>;
+  auto kernel = ForwardKernel<Element, kHeadDim, Tr::kBlockN, kSchedule, kFeatures, kC>;
   if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 forward kernel"); !e.empty())
     return e + " (" + what + ")";
-  // One block per SM (its shared memory and 384 threads allow no second),
-  // looping over the tiles.
+  // One block per SM (its shared memory and 384 or 512 threads at their
+  // registers allow no second), looping over the tiles.
   TileScheduler scheduler{int(CeilDiv(s.seqlen_q, Tr::kBlockM)), int(s.num_heads), int(s.batch), p.is_causal};
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -139,17 +154,33 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   return {};
 }
 
+// The product's plain forward: at 64 kConsumersAt64 consumer warpgroups
+// (kernel_traits.cuh: 3), but 2 for causal calls of up to 1024 queries,
+// where 3 measured 0.95x of 2 on the H200 (its 192-row tiles: few per row,
+// each with its diagonal's masked blocks) and 1.08x from 4096 on.
 template <typename Element, int kHeadDim>
 std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
-  return LaunchForwardScheduled<Element, kHeadDim, FwdTraits<kHeadDim>::kDefaultSchedule>(p, stream);
+  constexpr Schedule kSchedule = FwdTraits<kHeadDim>::kDefaultSchedule;
+  if constexpr (kHeadDim == 64 && kConsumersAt64 == 3) {
+    if (p.is_causal && p.shape.seqlen_q <= 1024)
+      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kNone, 2>(p, stream);
+  }
+  return LaunchForwardScheduled<Element, kHeadDim, kSchedule>(p, stream);
 }
 
 // The feature variants (kernel_traits.cuh's Features) at the head dim's
-// default schedule and key block: kMasksSoftcap only where the soft cap is
-// on, so that calls without it keep the masks-only variant's registers.
+// default schedule and key block, on two consumer warpgroups
+// (VariantConsumers): kMasksSoftcap only where the soft cap is on, so that
+// calls without it keep the masks-only variant's registers.
 template <typename Element, int kHeadDim>
 std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t stream) {
   constexpr Schedule kSchedule = FwdTraits<kHeadDim>::kDefaultSchedule;
+  // A bias: kMasksBias (its loads into S's accumulators; no soft cap with it).
+  if (p.features.bias) return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBias>(p, stream);
+  // A boolean mask: kMasksBoolean (its reads into the masks' bits; no soft
+  // cap with it, which that variant refuses).
+  if (p.features.mask)
+    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBoolean>(p, stream);
   if (p.features.softcap > 0.0)
     return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksSoftcap>(p, stream);
   return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasks>(p, stream);

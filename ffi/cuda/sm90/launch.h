@@ -11,8 +11,9 @@
 
 namespace jax_flash::cuda::sm90 {
 
-// Shared memory (bytes) of the forward serving a head dim, for the dispatch
-// to check against the device (sm_90's 227 KiB per block: 129 KiB at 64,
+// Shared memory (bytes) of the plain forward serving a head dim, for the
+// dispatch to check against the device (sm_90's 227 KiB per block: 129 KiB
+// at 64 with two consumer warpgroups, 145 KiB with three (kConsumersAt64),
 // 193 KiB at 128, 225 KiB at 256).
 inline int ForwardSmemBytes(int64_t head_dim) {
   return head_dim <= 64    ? FwdTraits<64>::kSmemBytes
@@ -29,9 +30,10 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream);
 
 // The same for calls with attention features (launch_features_<dtype>.cu):
 // query and key lengths, local windows, position offsets, segment ids
-// (with or without their block summaries) and the soft cap. A bias, a
-// boolean mask or dropout is refused with a message (the sm80 forward
-// serves those). Built for kHeadDim 64 and 128 (launch.cuh says why).
+// (with or without their block summaries) and the soft cap, or those and a
+// float32 bias or a boolean mask (not both), contiguous along the keys
+// (neither with the soft cap). Dropout is refused with a message (the sm80
+// forward serves it). Built for kHeadDim 64 and 128 (launch.cuh says why).
 template <typename Element, int kHeadDim>
 std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t stream);
 

@@ -41,7 +41,7 @@ template <typename Tr>
 struct Barriers {
   uint32_t base;
   __device__ uint32_t q_full() const { return base; }
-  // Q free again: both consumer warpgroups are done with it (after their
+  // Q free again: all consumer warpgroups are done with it (after their
   // last S, or, when Q doubles as the output staging, after the epilogue).
   __device__ uint32_t q_empty() const { return base + 8; }
   __device__ uint32_t k_full(int s) const { return base + 8 * (2 + s); }
