@@ -97,8 +97,9 @@ bool Sm90TakesFeatures(const AttentionParams& p) {
 }
 
 // The forward's: those, or with the masks' features either a bias (the
-// kMasksBias variant, feature_mask.cuh's BiasRows: float32, without the
-// soft cap) or a boolean mask (kMasksBoolean, MaskArrayRows: without the
+// kMasksBias variant, feature_mask.cuh's BiasRows: float32 only, so a
+// 16-bit one, once the kernels take it, goes to sm80's; without the soft
+// cap) or a boolean mask (kMasksBoolean, MaskArrayRows: without the
 // soft cap), not both, contiguous along the keys (broadcast over batch,
 // heads or queries), at head dims up to 128. The backward of such a call
 // stays on sm80's (the same logits and visibility, hence out and lse).
@@ -107,7 +108,7 @@ bool Sm90ForwardTakesFeatures(const AttentionParams& p) {
   if (!f.bias && !f.mask) return Sm90TakesFeatures(p);
   if (f.bias && f.mask) return false;
   return p.shape.head_dim <= 128 && !(f.dropout_rate > 0.0) && !(f.softcap > 0.0) &&
-         (f.bias ? f.bias_stride.col == 1 : f.mask_stride.col == 1);
+         (f.bias ? f.bias_stride.col == 1 && f.bias_type == BiasType::kAccum : f.mask_stride.col == 1);
 }
 
 // Whether the Hopper forward (sm90/) serves this call: built with sm_90a,
