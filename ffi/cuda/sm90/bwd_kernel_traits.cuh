@@ -111,8 +111,9 @@ constexpr BwdSchedule DefaultBwdSchedule(int head_dim) {
 }
 constexpr BwdSchedule kFeatureBwdSchedule = BwdSchedule::kLeanDq;
 
-// kBlockM_: queries per step, 64 (the package's feature variants and the plain kernel at 128) or 128 at head dim
-// 64 (the Rows128 schedules, the plain default there; BwdTraitsFor picks it from the schedule).
+// kBlockM_: queries per step, 64 (the feature variants, the plain kernel at
+// 128) or 128 at head dim 64 (the Rows128 schedules, the plain default
+// there; BwdTraitsFor picks it from the schedule).
 template <int kHeadDim_, int kBlockM_ = 64>
 struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_;  // 64 or 128 (256: not yet, see below)

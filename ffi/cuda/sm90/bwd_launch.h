@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "common/params.h"
@@ -20,9 +21,8 @@ inline bool BackwardCoversHeadDim(int64_t head_dim) { return head_dim >= 1 && he
 // kernel's (128-query steps, 195 KiB) and the feature variants' (130 KiB),
 // 194 KiB at 128.
 inline int BackwardSmemBytes(int64_t head_dim) {
-  constexpr int k64 = BwdTraitsFor<64, DefaultBwdSchedule(64)>::kSmemBytes > BwdTraitsFor<64, kFeatureBwdSchedule>::kSmemBytes
-                          ? BwdTraitsFor<64, DefaultBwdSchedule(64)>::kSmemBytes
-                          : BwdTraitsFor<64, kFeatureBwdSchedule>::kSmemBytes;
+  constexpr int k64 = std::max(BwdTraitsFor<64, DefaultBwdSchedule(64)>::kSmemBytes,
+                                BwdTraitsFor<64, kFeatureBwdSchedule>::kSmemBytes);
   return head_dim <= 64 ? k64 : BwdTraitsFor<128, DefaultBwdSchedule(128)>::kSmemBytes;
 }
 
