@@ -3,8 +3,8 @@ host: for random lengths, causal, windows, position offsets and segment ids,
 a tile's key blocks hold all its visible pairs, blocks the segment summaries
 call empty hold none, and every consumer lane's BlockMask marks exactly the
 visible pairs of its wgmma fragment (at 128- and 80-key blocks); and the
-backward's from the key side (a 128-key tile's query blocks, every lane's
-FeatureStepMask on its S^T fragment). nvcc builds
+backward's from the key side (a 128-key tile's query blocks of 64 and of 128,
+every lane's FeatureStepMask on its S^T fragment). nvcc builds
 tests/cpp/sm90_feature_mask_test.cu as a plain program; skipped without nvcc."""
 
 import shutil

@@ -15,11 +15,12 @@
 //     ids all meeting), so the int32 fast test is the policy's;
 //   - ColumnRangeBits, the masks of a column range, for every range;
 //   - the backward's (bwd_kernel.cuh) the same from the key side: a tile of
-//     128 keys' query blocks of 64 (FeatureQueryBlocks' QueryRange part)
+//     128 keys' query blocks of 64 and of 128 (the Rows128 schedules;
+//     FeatureQueryBlocks' QueryRange part)
 //     hold every visible pair of its keys, a query block its segment trim
 //     would drop holds none, and FeatureStepMask, for every warp and lane,
 //     marks exactly the visible pairs of its S^T fragment (keys g, g + 8;
-//     queries 8j + 2t + e), ~0u only where all are visible.
+//     queries 8j + 2t + e; 64-bit words at 128 queries).
 // Exit status 0 = all hold.
 #include <cstdio>
 #include <random>
@@ -161,9 +162,11 @@ long Check(const Spec& c, long* checked) {
   return failures;
 }
 
-// The backward's tiles (128 keys) and steps (64 queries).
+// The backward's tiles (128 keys) and steps (kBlockM queries: 64, or 128
+// for the Rows128 schedules, whose step masks are 64-bit words).
+template <int kBlockM>
 long CheckBackward(const Spec& c, long* checked) {
-  constexpr int kBlockN = 128, kBlockM = 64;
+  constexpr int kBlockN = 128;
   long failures = 0;
   const std::vector<int32_t> q_ids = c.segments ? Ids(c, c.T) : std::vector<int32_t>{};
   const std::vector<int32_t> kv_ids = c.segments ? Ids(c, c.S) : std::vector<int32_t>{};
@@ -206,7 +209,7 @@ long CheckBackward(const Spec& c, long* checked) {
       if (policy.HasSegmentRanges()) {
         const IdSpan rows = SummarySpan<kBlockM>(policy.q_ranges, m0);
         const IdSpan rows_ref = policy.QueryIds(m0, int64_t(m0) + kBlockM);
-        if (rows.lo != rows_ref.lo || rows.hi != rows_ref.hi) fail("SummarySpan<64> differs from Span", n0, m0, -1, -1);
+        if (rows.lo != rows_ref.lo || rows.hi != rows_ref.hi) fail("SummarySpan<kBlockM> differs from Span", n0, m0, -1, -1);
         if (Meet(rows, SummarySpan<kBlockN>(policy.kv_ranges, n0)) == SegmentMeet::kNone)
           for (long long i = m0; i < std::min(c.T, m0 + kBlockM); ++i)
             for (long long j = n0; j < std::min(c.S, n0 + kBlockN); ++j)
@@ -220,12 +223,12 @@ long CheckBackward(const Spec& c, long* checked) {
         }
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4, t = lane % 4, warp_j0 = n0 + 16 * warp, key = warp_j0 + g;
-          const uint32_t visible = FeatureStepMask<kBlockM>(p, 0, 0, m0, warp_j0, key, t);
+          const StepMaskBits<kBlockM> visible = FeatureStepMask<kBlockM>(p, 0, 0, m0, warp_j0, key, t);
           for (int hh = 0; hh < 2; ++hh)
             for (int j = 0; j < kBlockM / 8; ++j)
               for (int e = 0; e < 2; ++e) {
                 const long long kj = key + 8 * hh, qi = m0 + 8 * j + 2 * t + e;
-                const bool got = visible >> (16 * hh + 2 * j + e) & 1u;
+                const bool got = visible >> (kBlockM / 4 * hh + 2 * j + e) & 1u;
                 // Keys and queries past the shape are TMA's zero rows: hidden too.
                 const bool want = qi < c.T && kj < c.S && Visible(c, q_ids, kv_ids, qi, kj);
                 ++*checked;
@@ -280,7 +283,8 @@ int main() {
     c.doc = uniform(1, 400);
     failures += Check<128>(c, &checked);
     failures += Check<80>(c, &checked);
-    failures += CheckBackward(c, &checked);
+    failures += CheckBackward<64>(c, &checked);
+    failures += CheckBackward<128>(c, &checked);
     ++configs;
   }
   std::printf("%ld configurations, %ld pairs checked, %ld failures\n", configs, checked, failures);

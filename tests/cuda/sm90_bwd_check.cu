@@ -8,8 +8,13 @@
 // after 20 s. First the building blocks alone (sm90_bwd_blocks.cuh), so that
 // a failing kernel comes with the likely culprit.
 //
-// Then the feature variants (LaunchBackwardWithFeatures) against feature-aware
-// references, and their timing rows beside sm80's feature backward.
+// Then the feature variants (LaunchBackwardWithFeatures, kLeanDq) against
+// feature-aware references, and their timing rows beside sm80's feature
+// backward; on every feature case also session 18's candidates for them,
+// checked the same way and counted: kDqFirstUniform (at 64 and 128) and, at
+// 64, kDqFirstUniformRows128 (128-query steps), each timed right after a
+// kLeanDq timing (its "x lean-dQ" line) on the timed cases (T=4096: documents
+// and a window, causal, at 128 and 64; the soft cap at both).
 //
 //   bash scripts/sm90_bwd_check.sh         # builds and runs this
 //   ./sm90_bwd_check --quick               # skip the 4096-long cases
@@ -611,8 +616,23 @@ __global__ void ReferenceDkvFeatures(const Element* q, const Element* k, const E
 struct FeatureTimingRow {
   std::string shape;
   double sm90 = 0, sm90_plain = 0, sm80 = 0;
+  // Session 18's candidates for the feature variants: kDqFirstUniform, and
+  // at 64 kDqFirstUniformRows128 (128-query steps); each timed right after
+  // kLeanDq (the package's feature schedule, `sm90` above).
+  double sm90_dq_first_uniform = 0, sm90_rows128_dqfu = 0;
 };
 std::vector<FeatureTimingRow> feature_timing_rows;
+
+// A feature variant at `kSchedule`, chosen as LaunchBackwardWithFeatures
+// chooses (kMasksSoftcap only where the soft cap is on), so that a
+// candidate differs from the package's launch in its schedule only.
+template <typename Element, int kHeadDim, jax_flash::cuda::sm90::BwdSchedule kSchedule>
+std::string LaunchFeaturesScheduled(const AttentionParams& p) {
+  using jax_flash::cuda::sm90::Features;
+  using jax_flash::cuda::sm90::LaunchBackwardScheduled;
+  if (p.features.softcap > 0.0) return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksSoftcap>(p, 0);
+  return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasks>(p, 0);
+}
 
 template <typename Element, int kHeadDim>
 bool RunBwdFeatureCase(const FeatureCase& c) {
@@ -710,8 +730,27 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
                                 tol);
   };
 
+  // The package's launch (kFeatureBwdSchedule, kLeanDq), then session 18's
+  // candidates on the same case, each counted like it: kDqFirstUniform
+  // (the plain defaults' step order and descriptors; their diagonal-only
+  // masks and counters are the plain kernel's, off with features) and, at
+  // 64, kDqFirstUniformRows128 (that over 128-query steps, dQ split by rows:
+  // FeatureStepMask's 64 bits per thread).
+  using jax_flash::cuda::sm90::BwdSchedule;
   auto launch90 = [&] { return jax_flash::cuda::sm90::LaunchBackwardWithFeatures<Element, kHeadDim>(p, 0); };
-  const bool ok = run_and_check("sm90 features", launch90);
+  auto launch90_dq_first_uniform = [&] {
+    return LaunchFeaturesScheduled<Element, kHeadDim, BwdSchedule::kDqFirstUniform>(p);
+  };
+  // (128-query steps exist at head dim 64 only: kLeanDq stands in at 128,
+  // never run there.)
+  constexpr bool k64 = kHeadDim == 64;
+  constexpr BwdSchedule kRows128Dqfu = k64 ? BwdSchedule::kDqFirstUniformRows128 : BwdSchedule::kLeanDq;
+  auto launch90_rows128_dqfu = [&] { return LaunchFeaturesScheduled<Element, kHeadDim, kRows128Dqfu>(p); };
+  const bool ok = run_and_check("sm90 features lean-dQ (the package's)", launch90);
+  const bool ok_dq_first_uniform =
+      run_and_check("sm90 features dQ-first uniform-desc (candidate)", launch90_dq_first_uniform);
+  const bool ok_rows128_dqfu =
+      !k64 || run_and_check("sm90 features dQ-first uniform-desc 128-query steps (candidate)", launch90_rows128_dqfu);
   FeatureTimingRow row;
   double flops = 0;
   if (c.timed) {
@@ -746,6 +785,21 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
     row.sm90_plain = ms_plain > 0 ? plain_flops / (ms_plain * 1e-3) / 1e12 : 0.0;
     std::printf("  time sm90 features: %.3f ms, %.1f TFLOP/s over visible pairs; plain sm90 %.1f\n", ms, row.sm90,
                 row.sm90_plain);
+    // Each candidate timed again right after a kLeanDq timing: the pairs
+    // share the clocks of their moment (GPU.md: timings move 5-20% between
+    // runs), as the plain path's time_against_lean.
+    auto time_against_lean = [&](const char* label, bool passed, auto launch, double* tflops) {
+      if (!passed) return;
+      const float ms_ref = TimeLaunches(launch90), ms_cand = TimeLaunches(launch);
+      *tflops = ms_cand > 0 ? flops / (ms_cand * 1e-3) / 1e12 : 0.0;
+      std::printf("  time sm90 features %s: %.3f ms, %.1f TFLOP/s (%.3fx lean-dQ, timed beside it: %.3f ms)\n",
+                  label, ms_cand, *tflops, ms_cand > 0 ? ms_ref / ms_cand : 0.0, ms_ref);
+    };
+    time_against_lean("dQ-first uniform-desc", ok_dq_first_uniform, launch90_dq_first_uniform,
+                      &row.sm90_dq_first_uniform);
+    if (k64)
+      time_against_lean("dQ-first uniform-desc 128-query steps", ok_rows128_dqfu, launch90_rows128_dqfu,
+                        &row.sm90_rows128_dqfu);
   }
 #ifdef JAX_FLASH_CHECK_SM80
   // sm80's feature backward on the same inputs (what serves these calls
@@ -767,7 +821,7 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
                                                 ref_dq, ref_dk, ref_dv, d_q_lens, d_kv_lens, d_offsets, d_q_ids,
                                                 d_kv_ids, d_q_ranges, d_kv_ranges})
     if (ptr) cudaFree(ptr);
-  return ok;
+  return ok && ok_dq_first_uniform && ok_rows128_dqfu;
 }
 
 template <typename Element>
@@ -835,6 +889,17 @@ std::vector<FeatureCase> BackwardFeatureCases(bool quick) {
                      {1024}, 0.0, true});
     cases.push_back({"T=4096 window (512, 0), causal", 4, 4096, 4096, 16, 16, 128, true, {}, {}, {}, 512, 0,
                      Segments::kNone, {}, 0.0, true});
+    // The same at head dim 64 (N = 32, as the plain table's), where the
+    // candidates include 128-query steps; and the soft cap's variant
+    // (kMasksSoftcap, every pair visible: the cap's cost alone) at both.
+    cases.push_back({"T=4096 H=64 packed 4 documents, causal", 4, 4096, 4096, 32, 32, 64, true, {}, {}, {}, -1, -1,
+                     kDocs, {1024}, 0.0, true});
+    cases.push_back({"T=4096 H=64 window (512, 0), causal", 4, 4096, 4096, 32, 32, 64, true, {}, {}, {}, 512, 0,
+                     Segments::kNone, {}, 0.0, true});
+    cases.push_back({"T=4096 H=128 soft cap 30", 4, 4096, 4096, 16, 16, 128, false, {}, {}, {}, -1, -1,
+                     Segments::kNone, {}, 30.0, true});
+    cases.push_back({"T=4096 H=64 soft cap 30", 4, 4096, 4096, 32, 32, 64, false, {}, {}, {}, -1, -1,
+                     Segments::kNone, {}, 30.0, true});
   }
   return cases;
 }
@@ -961,10 +1026,13 @@ int main(int argc, char** argv) {
   if (!feature_timing_rows.empty()) {
     std::printf("\nfeature backward, TFLOP/s over visible pairs (2.5 x 4 H N per pair; plain: the plain sm90 "
                 "backward, same shape and causality, over its own pairs)\n");
-    std::printf("%-48s %8s %8s %8s %8s\n", "shape", "sm90", "plain", "sm80", "ratio");
+    std::printf("(sm90: lean-dQ, the package's feature schedule; dQF+unif, M128dqfu: session 18's candidates, "
+                "ratio to lean-dQ each in its own line above; M128dqfu: 128-query steps, head dim 64 only; "
+                "ratio: sm90 / sm80)\n");
+    std::printf("%-48s %8s %8s %8s %8s %8s %8s\n", "shape", "sm90", "dQF+unif", "M128dqfu", "plain", "sm80", "ratio");
     for (const FeatureTimingRow& r : feature_timing_rows)
-      std::printf("%-48s %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm90_plain, r.sm80,
-                  r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
+      std::printf("%-48s %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm90_dq_first_uniform,
+                  r.sm90_rows128_dqfu, r.sm90_plain, r.sm80, r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
   }
   std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ALL PASS", failures);
   if (failures)
@@ -976,7 +1044,9 @@ int main(int argc, char** argv) {
         "KMajorOffset / MnMajorOffset; only diagonal-masks -> needs_masks (a step run unmasked that needed them); "
         "only counters -> the kCounters loop (step_m0, step_h against BwdSteps::m0 / head); "
         "only the 128-query ones -> BwdTraits<64, 128> (dS^T's two query chunks in StoreDsTranspose, DqDsRows / "
-        "DqKCols' row split, the share's first row dq_row0 in send_dq); only dv wrong -> P^T (lse staging, masks) or dO's MN-major descriptor; dv right, dk "
+        "DqKCols' row split, the share's first row dq_row0 in send_dq); only the features 128-query candidate "
+        "fails -> FeatureStepMask<128>'s 64-bit word (kVisibleRowBits, bit 32 hh + 2j + e) or FeatureQueryBlocks<128, "
+        "128> (tests/cpp/sm90_feature_mask_test.cu checks both on the host); only dv wrong -> P^T (lse staging, masks) or dO's MN-major descriptor; dv right, dk "
         "wrong -> dS^T (delta, dP^T = V dO^T) or Q's MN-major descriptor; dk, dv right, dq wrong -> the dS^T "
         "smem tile / WgmmaSSMn descriptors or the dQ staging and bulk reduces (blocked layout, tails); only "
         "GQA or T != S fails -> BwdSteps / BwdTile; a HANG -> barrier phases (empty / q_full / do_full "

@@ -68,8 +68,11 @@
 // dQ staging needs only warp syncs (each warp stages and sends its own
 // rows).
 //
-// 128-query steps (the Rows128 candidates, head dim 64, check program
-// only; bwd_kernel_traits.cuh): S^T and dP^T are [64 keys x 128 queries]
+// 128-query steps (the Rows128 schedules, head dim 64: the plain default
+// there; with features a check-program candidate, bwd_kernel_traits.cuh):
+// the feature variants' steps are FeatureQueryBlocks<128, 128>'s and each
+// thread's visibility bits a 64-bit word (FeatureStepMask<128>); the rest
+// as below. S^T and dP^T are [64 keys x 128 queries]
 // per warpgroup (N = 128), dV and dK take 8 k16 steps of 16 queries, dS^T
 // is two 64-query chunks, and warpgroup w's dQ product is the step's
 // queries 64 w .. + 63 over all 128 keys (dS^T chunk w x the whole K), so
@@ -493,9 +496,10 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   constexpr bool kLeanDq = kSchedule == BwdSchedule::kLeanDq || kSchedule == BwdSchedule::kLeanDqEarlyDp ||
                            kSchedule == BwdSchedule::kLeanDqUniform || kSchedule == BwdSchedule::kLeanDqRows128 ||
                            kDqFirst;
-  // 128-query steps: FeatureStepMask's 32 visibility bits per thread cover
-  // 64 queries (the feature variants stay at 64), so plain kernels only.
-  static_assert(!Tr::kDqSplitRows || !kAnyFeature, "128-query steps: plain kernels only");
+  // Feature variants: row hh of the thread's S^T pairs is bits
+  // kVisibleRowBits hh + 2j + e of FeatureStepMask's word (16 at 64 queries
+  // per step, 32 of a 64-bit word at 128).
+  [[maybe_unused]] constexpr int kVisibleRowBits = kBlockM / 4;
   constexpr bool kSendAfterDp = kSchedule == BwdSchedule::kLeanDqEarlyDp;
   // At 128 dQ's 32 floats beside dK, dV (128), S^T and dP^T (64) in flight
   // leave too few registers: ptxas serializes the wgmma (C7512) and spills.
@@ -609,11 +613,16 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     // under the product instead of holding back its issue (not timed yet);
     // b and h opaque, so that the policy is rebuilt from the parameters here
     // rather than held across the loop.
-    [[maybe_unused]] uint32_t visible = ~0u;
-    if constexpr (kAnyFeature)
+    // 128-query steps: the warp's first key opaque too, so that its key
+    // summary entries (warp_j0 / 64) are rebuilt per step: hoisted, they were
+    // the two words f16's kMasksSoftcap spilled (2 LDL per step).
+    [[maybe_unused]] StepMaskBits<kBlockM> visible = ~StepMaskBits<kBlockM>(0);
+    if constexpr (kAnyFeature) {
+      const int warp_j0 = wg_n0 + 16 * warp;
       visible = FeatureStepMask<kBlockM>(p, int(Opaque(uint32_t(tile.b))),
                                          int(Opaque(uint32_t(steps.head(i, tile.hk, a.group)))), m0,
-                                         wg_n0 + 16 * warp, wg_n0 + row0, t);
+                                         Tr::kDqSplitRows ? int(Opaque(uint32_t(warp_j0))) : warp_j0, wg_n0 + row0, t);
+    }
     // dP^T = V dO^T [64 keys][64 queries], raw.
     float dpt[kBlockM / 2];
     const uint32_t base = Opaque(smem);
@@ -673,7 +682,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
           for (int e = 0; e < 2; ++e) {
             float& x = st[4 * j + 2 * hh + e];
             if constexpr (kAnyFeature) {
-              x = visible >> (16 * hh + 2 * j + e) & 1u ? x : -CUDART_INF_F;
+              x = visible >> (kVisibleRowBits * hh + 2 * j + e) & 1u ? x : -CUDART_INF_F;
             } else if constexpr (kMasked) {
               const int key = row0 + 8 * hh, q = 8 * j + 2 * t + e;
               x = key < key_limit && key <= q + diagonal ? x : -CUDART_INF_F;
@@ -707,7 +716,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
             const int k = 4 * j + 2 * hh + e;
             const float th = st[k];
             const float prob = FastExp2(fmaf(th * a.softcap_unscale, a.scale_log2, -(e ? lse2.y : lse2.x)));
-            st[k] = visible >> (16 * hh + 2 * j + e) & 1u ? prob : 0.0f;
+            st[k] = visible >> (kVisibleRowBits * hh + 2 * j + e) & 1u ? prob : 0.0f;
             dpt[k] = st[k] * (dpt[k] - (e ? delta.y : delta.x)) * (1.0f - th * th);
           }
       } else {

@@ -104,8 +104,11 @@ constexpr bool BwdUniformDescriptors(BwdSchedule s) {
 // 0.99x causal), at 64 474 / 329 (kLeanDq 360 / 262, 1.31x / 1.27x; sm80's
 // fused backward ~312 / ~284). The feature variants keep kLeanDq: the
 // diagonal-only masks and the counters are the plain kernel's (with
-// features every step runs FeatureMask), and the 128-query steps have not
-// been checked with features.
+// features every step runs FeatureStepMask). Session 18 built their
+// candidates, not yet run on a GPU: kDqFirstUniform at 64 and 128 and
+// kDqFirstUniformRows128 at 64 with Features::kMasks / kMasksSoftcap
+// (tests/cuda/sm90_bwd_check.cu --features checks and times them beside
+// kLeanDq).
 constexpr BwdSchedule DefaultBwdSchedule(int head_dim) {
   return head_dim <= 64 ? BwdSchedule::kDqFirstUniformDiagCountersRows128 : BwdSchedule::kDqFirstUniformDiagCounters;
 }

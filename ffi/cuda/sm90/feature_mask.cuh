@@ -540,29 +540,34 @@ __device__ __forceinline__ KeyBlocks FeatureQueryBlocks(const AttentionParams& p
 // Which of this thread's pairs of one backward step are visible: S^T's rows
 // `key` and `key` + 8 (keys; of the warp's 16 from warp_j0) against its
 // columns, queries m0 + 8j + 2t + e (j < kBlockM / 8), as bit 2j + e, the
-// second row's bits from bit 16. ~0u where the warp's 16 keys x kBlockM
+// second row's bits from bit kBlockM / 4 (16 in one word at 64 queries per
+// step; 32 in a 64-bit word at 128, the Rows128 schedules: StepMaskBits).
+// All ones where the warp's 16 keys x kBlockM
 // queries need no element check (NeedsBoundsCheck and the segment
 // summaries, as FeatureBlockMask), 0 where their ids never meet. Computed
 // while the step's S^T runs, before dP^T is issued (bwd_kernel.cuh: under
 // dP^T a branch made ptxas serialize every wgmma), and applied as selects.
 // Host-callable for tests/cpp/sm90_feature_mask_test.cu.
 template <int kBlockM>
-__host__ __device__ __forceinline__ uint32_t FeatureStepMask(const AttentionParams& p, int b, int h, int m0,
-                                                             int warp_j0, int key, int t) {
-  constexpr int kTiles = kBlockM / 8;
-  static_assert(2 * kTiles == 16, "two 16-bit rows in one word");
+using StepMaskBits = std::conditional_t<kBlockM == 64, uint32_t, uint64_t>;
+template <int kBlockM>
+__host__ __device__ __forceinline__ StepMaskBits<kBlockM> FeatureStepMask(const AttentionParams& p, int b, int h,
+                                                                          int m0, int warp_j0, int key, int t) {
+  using Bits = StepMaskBits<kBlockM>;
+  constexpr int kTiles = kBlockM / 8, kRowBits = 2 * kTiles;
+  static_assert(kBlockM == 64 || kBlockM == 128, "two rows of 2 kBlockM / 8 bits in one word");
   const MaskPolicy policy = MaskPolicy::For(p, b, h);
   SegmentMeet meet = SegmentMeet::kAll;
   if (policy.q_segments)
     meet = policy.HasSegmentRanges()
                ? Meet(SummarySpan<kBlockM>(policy.q_ranges, m0), SummarySpan<16>(policy.kv_ranges, warp_j0))
                : SegmentMeet::kSome;
-  if (meet == SegmentMeet::kNone) return 0u;
+  if (meet == SegmentMeet::kNone) return Bits(0);
   const bool ids = meet == SegmentMeet::kSome;
-  if (!ids && !policy.NeedsBoundsCheck(m0, int64_t(m0) + kBlockM, warp_j0, int64_t(warp_j0) + 16)) return ~0u;
+  if (!ids && !policy.NeedsBoundsCheck(m0, int64_t(m0) + kBlockM, warp_j0, int64_t(warp_j0) + 16)) return ~Bits(0);
   const MaskPolicy bounds = policy.WithoutSegments();
-  uint32_t visible = VisibleBits<kTiles, false>(bounds, key, int64_t(m0) + 2 * t) |
-                     VisibleBits<kTiles, false>(bounds, int64_t(key) + 8, int64_t(m0) + 2 * t) << 16;
+  Bits visible = Bits(VisibleBits<kTiles, false>(bounds, key, int64_t(m0) + 2 * t)) |
+                 Bits(VisibleBits<kTiles, false>(bounds, int64_t(key) + 8, int64_t(m0) + 2 * t)) << kRowBits;
   if (ids) {
     // Reads clamped into the sequences (positions past them are hidden by
     // the bounds; a visited query block starts below seqlen_q).
@@ -575,8 +580,8 @@ __host__ __device__ __forceinline__ uint32_t FeatureStepMask(const AttentionPara
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int32_t id = query_ids[std::min(8 * j + 2 * t + e, q_last)];
-        if (id != id0) visible &= ~(1u << (2 * j + e));
-        if (id != id1) visible &= ~(1u << (16 + 2 * j + e));
+        if (id != id0) visible &= ~(Bits(1) << (2 * j + e));
+        if (id != id1) visible &= ~(Bits(1) << (kRowBits + 2 * j + e));
       }
   }
   return visible;
