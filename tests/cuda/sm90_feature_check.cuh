@@ -3,7 +3,9 @@
 // segment ids (packed documents with their block summaries, ids that are not
 // contiguous, ids without summaries), the soft cap and (kMasksBias, built
 // here only until its check passes) an additive float32 bias broadcast over
-// any of batch, heads and queries, and (kMasksBoolean, likewise) a boolean
+// any of batch, heads and queries (kMasksBias16: the same in the inputs'
+// 16-bit type, whose pair loads the even-S cases take and whose element
+// loads the odd-S one: BiasRows), and (kMasksBoolean, likewise) a boolean
 // mask [B|1, N|1, T|1, S], each against a float
 // reference of its own that spells the semantics out (jax_flash/reference.py;
 // offsets as in common/mask_policy.h: query row i sits at key position
@@ -533,6 +535,9 @@ inline std::vector<FeatureCase> BiasCases(bool quick) {
     add("16-bit bias [B,N,T,S], causal", 2, 1000, 1000, 4, 2, H, true, kFull | kBias16);
     add("16-bit bias [B,1,1,S] with -inf, kv lengths 300/77", 2, 300, 300, 2, 1, H, false,
         kBiasBatch | kBiasInf | kBias16, {300, 77});
+    // S odd: BiasRows's element loads (the even-S cases above take its pair loads).
+    add("16-bit bias [1,N,T,S] with -inf, S odd (element loads), T < S", 2, 129, 1025, 2, 1, H, false,
+        kBiasHeads | kBiasRows | kBiasInf | kBias16);
   }
   if (!quick) {
     add("T=4096 bias [B,N,T,S]", 4, 4096, 4096, 16, 16, 128, false, kFull, {}, -1, -1, Segments::kNone, {}, true);

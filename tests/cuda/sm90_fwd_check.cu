@@ -18,7 +18,7 @@
 //   bash scripts/sm90_check.sh            # builds and runs this
 //   ./sm90_fwd_check --quick              # skip the 4096-long cases
 //   ./sm90_fwd_check --plain | --features # only the plain kernel's / the feature variants' cases
-//   ./sm90_fwd_check --bias               # only the bias variant's (kMasksBias) cases and timings
+//   ./sm90_fwd_check --bias               # only the bias variants' (kMasksBias, kMasksBias16) cases and timings
 //   ./sm90_fwd_check --mask               # only the boolean mask variant's (kMasksBoolean) cases and timings
 //   ./sm90_fwd_check --h64                # only the plain kernel's head-dim-64 cases (two and three consumers)
 // (flags combine: --features --quick is the feature cases' correctness alone)

@@ -154,6 +154,8 @@ inline std::string UnsupportedFeatures(const AttentionParams& p, Features varian
     if (f.softcap > 0.0) return "a bias with the soft cap is not supported (the sm80 forward serves it)";
     if (f.bias_stride.col != 1)  // BiasRows::Load's immediate offsets
       return "the bias must be contiguous along the keys (one broadcast along them stays on the sm80 forward)";
+    // (No parity or alignment requirement: a 16-bit bias with seqlen_k odd or
+    // a base not 4-byte aligned takes BiasRows's element loads.)
     return {};
   }
   if (variant == Features::kMasksBoolean) {
@@ -190,11 +192,27 @@ inline std::string UnsupportedFeatures(const AttentionParams& p, Features varian
 // read (those pairs are hidden); a bias broadcast over batch, heads or
 // queries has stride 0 there (BroadcastStrides). The bias is float32 (the
 // accumulation type: AttentionFeatures, attention.py casts it); BiasT = a
-// 16-bit type reads a 16-bit bias the same way at half the bytes.
+// 16-bit type reads a 16-bit bias (kMasksBias16) at half the bytes.
+//
+// 16-bit: each thread's pair of adjacent columns 8j + 2t, 8j + 2t + 1 is one
+// 32-bit word, loaded whole (32 loads per block instead of 64) where that
+// is aligned: seqlen_k even (the row, head and batch strides, whole rows,
+// are then even) and both row pointers 4-byte aligned, which `pairs` says
+// per thread (uniform in practice; else the element loads below). The tail
+// predicate is per pair then (limit is even). In both paths the select
+// against a hidden key is on the raw bits (0: +0.0 in bf16 and f16), so the
+// predicated load writes a register preset to 0 and the conversion (bf16:
+// a shift and an AND; f16: HADD2.F32) is unpredicated and can wait for
+// the multiply after the ping-pong turn, as float32's does. The first
+// version selected on the converted float (cond ? float(x) : 0): ptxas then
+// converted each element under its load's predicate right after the load
+// (predicates are few), so every few loads the warp waited a memory round
+// trip before issuing the next ones, before the turn, with 64 LDG.E.U16.
 template <typename BiasT = float>
 struct BiasRows {
   const BiasT* row[2];  // this thread's rows row and row + 8, from key 0
   int seqlen_k;
+  bool pairs;  // 16-bit: column pairs as one aligned 32-bit word (Load)
 
   __device__ __forceinline__ static BiasRows For(const AttentionParams& p, int b, int h, int row) {
     const AttentionFeatures& f = p.features;
@@ -204,6 +222,10 @@ struct BiasRows {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) r.row[hh] = base + int64_t(min(row + 8 * hh, q_last)) * f.bias_stride.row;
     r.seqlen_k = int(p.shape.seqlen_k);
+    r.pairs = false;
+    if constexpr (sizeof(BiasT) == 2)
+      r.pairs = (r.seqlen_k & 1) == 0 &&
+                ((reinterpret_cast<uintptr_t>(r.row[0]) | reinterpret_cast<uintptr_t>(r.row[1])) & 3u) == 0;
     return r;
   }
 
@@ -211,31 +233,74 @@ struct BiasRows {
   // + 2t + e of row hh at s[4j + 2hh + e], softmax.cuh's layout) times
   // `unscale` (1 / scale), into s: the accumulators its S = Q K^T adds to.
   // Keys contiguous (UnsupportedFeatures refuses a bias broadcast along
-  // them): one address per row and block, the 32 loads at immediate offsets
+  // them): one address per row and block, the loads at immediate offsets
   // from it, each predicated on its key lying below seqlen_k (the tail
   // block's others read nothing, and the masks hide them).
   template <int kBlockN>
   __device__ __forceinline__ void Load(float (&s)[kBlockN / 2], int n0, int t, float unscale) const {
     const int limit = seqlen_k - n0 - 2 * t;  // columns 8j + e below it are keys
+    if constexpr (sizeof(BiasT) == 4) {
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const BiasT* r = row[hh] + (n0 + 2 * t);
+      for (int hh = 0; hh < 2; ++hh) {
+        const BiasT* r = row[hh] + (n0 + 2 * t);
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j)
+        for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          // (Selected before the multiply: a select of the product had ptxas
-          // reload `unscale` from the constant bank per element.)
-          const float x = 8 * j + e < limit ? ToFloat(r[8 * j + e]) : 0.0f;
-          s[4 * j + 2 * hh + e] = x * unscale;
+          for (int e = 0; e < 2; ++e) {
+            // (Selected before the multiply: a select of the product had ptxas
+            // reload `unscale` from the constant bank per element.)
+            const float x = 8 * j + e < limit ? r[8 * j + e] : 0.0f;
+            s[4 * j + 2 * hh + e] = x * unscale;
+          }
+      }
+    } else if (pairs) {
+      uint32_t w[2][kBlockN / 8];  // (limit even: 8j < limit covers 8j + 1)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const uint32_t* r = reinterpret_cast<const uint32_t*>(row[hh] + (n0 + 2 * t));
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) w[hh][j] = 8 * j < limit ? r[4 * j] : 0u;
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+          const float2 x = PairToFloat2(w[hh][j]);
+          s[4 * j + 2 * hh] = x.x * unscale;
+          s[4 * j + 2 * hh + 1] = x.y * unscale;
         }
+    } else {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const uint16_t* r = reinterpret_cast<const uint16_t*>(row[hh] + (n0 + 2 * t));
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const uint32_t x = 8 * j + e < limit ? uint32_t(r[8 * j + e]) : 0u;
+            s[4 * j + 2 * hh + e] = BitsToFloat(x) * unscale;
+          }
+      }
     }
   }
 
  private:
-  __device__ __forceinline__ static float ToFloat(float x) { return x; }
-  __device__ __forceinline__ static float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-  __device__ __forceinline__ static float ToFloat(__half x) { return __half2float(x); }
+  // A 16-bit element's bits (low half of x) / an aligned pair's word (the
+  // lower address's element in the low half) as float.
+  __device__ __forceinline__ static float BitsToFloat(uint32_t x) {
+    if constexpr (std::is_same_v<BiasT, __nv_bfloat16>) return __uint_as_float(x << 16);
+    else return __half2float(__ushort_as_half(static_cast<unsigned short>(x)));
+  }
+  __device__ __forceinline__ static float2 PairToFloat2(uint32_t x) {
+    if constexpr (std::is_same_v<BiasT, __nv_bfloat16>) {
+      return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
+    } else {
+      __half2 h;
+      static_assert(sizeof(h) == sizeof(x));
+      __builtin_memcpy(&h, &x, sizeof(x));
+      return __half22float2(h);
+    }
+  }
 };
 
 // The soft cap's factors on raw q.k (LogitFeatures::For's, in the same float
