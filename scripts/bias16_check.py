@@ -1,4 +1,4 @@
-"""GPU check of a 16-bit bias and its gradient (issue 19; pending/bias16-dbias.patch).
+"""GPU check of a 16-bit bias and its gradient (issue 19; landed in session 19).
 
     python scripts/bias16_check.py            # correctness, then the timing table
     python scripts/bias16_check.py --quick    # correctness only

@@ -51,7 +51,8 @@ assert bool(jnp.isfinite(out.astype(jnp.float32)).all()), "paged decode"
 # window, key lengths, a key-padding mask, a bias with its gradient, soft
 # cap, dropout. On 9.x segments, windows, lengths and the soft cap run the
 # sm90 forward's and backward's feature variants (head dims 64 and 128:
-# each its own kernels), so those also run once forced onto sm80's.
+# each its own kernels), so those also run once forced onto sm80's; the
+# key-padding mask runs the sm90 forward's kMasksBoolean, sm80's backward.
 t, n = 197, 2
 ids = jnp.asarray(np.repeat(np.arange(3), [70, 64, t - 134])[None], jnp.int32)
 mask = jnp.asarray(np.arange(t) < 150)[None, None, None, :]
@@ -73,12 +74,17 @@ for h, name, kwargs in runs:
     loss = lambda q, k, v: jnp.sum(jax_flash.attention(q, k, v, **kwargs).astype(jnp.float32))
     grads = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v)
     assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads), (h, name)
-h = 128
-q, k, v = (jnp.asarray(rng.standard_normal((1, t, n, h)), jnp.bfloat16) for _ in range(3))
-bias = jnp.asarray(rng.standard_normal((1, n, t, t)), jnp.bfloat16)
-loss = lambda q, k, v, bias: jnp.sum(jax_flash.attention(q, k, v, bias=bias).astype(jnp.float32))
-grads = jax.jit(jax.grad(loss, (0, 1, 2, 3)))(q, k, v, bias)
-assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads), "bias"
+# A bias and its gradient: on 9.x the sm90 forward's kMasksBias16 (a bf16
+# bias) and kMasksBias (float32), sm80's backward and its dbias-only pass
+# (direct stores for the full-shape bias, float32 atomics and the convert
+# for the broadcast bf16 one), at head dims 64 and 128.
+for h in (64, 128):
+    q, k, v = (jnp.asarray(rng.standard_normal((1, t, n, h)), jnp.bfloat16) for _ in range(3))
+    for shape, dtype in (((1, n, t, t), jnp.bfloat16), ((1, 1, t, t), jnp.bfloat16), ((1, n, t, t), jnp.float32)):
+        bias = jnp.asarray(rng.standard_normal(shape), dtype)
+        loss = lambda q, k, v, bias: jnp.sum(jax_flash.attention(q, k, v, bias=bias).astype(jnp.float32))
+        grads = jax.jit(jax.grad(loss, (0, 1, 2, 3)))(q, k, v, bias)
+        assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads), ("bias", h, shape, dtype)
 print("sanitize case done")
 PY
 status=0

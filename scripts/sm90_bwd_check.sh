@@ -11,12 +11,13 @@
 # M128 columns; bwd_kernel_traits.cuh), each checked on every case first,
 # each candidate timed right after a lean-dQ timing (its "x lean-dQ" line).
 # The feature cases (--features) check the package's feature variants
-# (lean-dQ) and session 18's candidates for them, dQ-first + uniform
-# descriptors at 64 and 128 and that over 128-query steps at 64, on every
-# case (counted like the package's); their timing rows (T=S=4096: documents
-# and a window, causal, and the soft cap, at head dims 128 and 64) time each
-# candidate right after lean-dQ (the dQF+unif and M128dqfu columns), beside
-# the plain sm90 backward and sm80's feature backward.
+# (FeatureBwdSchedule: dQ-first + uniform descriptors, over 128-query steps
+# at 64) and the schedules they replaced in session 19, lean-dQ and, at 64,
+# dQ-first + uniform over 64-query steps, on every case (counted like the
+# package's); their timing rows (T=S=4096: documents and a window, causal,
+# and the soft cap, at head dims 128 and 64) time each of those right after
+# the package's (the lean-dQ and dQFu64 columns), beside the plain sm90
+# backward and sm80's feature backward.
 #
 #   bash scripts/sm90_bwd_check.sh             # from the worktree root
 #   SM80=0 bash scripts/sm90_bwd_check.sh      # without the sm80 comparison (faster build)

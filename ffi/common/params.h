@@ -69,7 +69,12 @@ struct AttentionFeatures {
   const void* bias = nullptr;  // of bias_type
   BiasType bias_type = BiasType::kAccum;
   BroadcastStrides bias_stride;
-  float* dbias = nullptr;  // CUDA bias-gradient pass: float32, the bias's shape (zeroed first)
+  // CUDA bias-gradient pass, one of the two (cuda/logit_features.cuh AddDbias):
+  // float32 sums in the bias's shape, added by atomics (a broadcast bias;
+  // zeroed first), or the dbias output itself, of bias_type, stored per
+  // element (a bias of the full shape: one writer per element).
+  float* dbias = nullptr;
+  void* dbias_direct = nullptr;
   const uint8_t* mask = nullptr;  // bool, true = attend
   BroadcastStrides mask_stride;
   const int32_t* q_seqlens = nullptr;       // [batch]

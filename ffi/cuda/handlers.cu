@@ -97,18 +97,19 @@ bool Sm90TakesFeatures(const AttentionParams& p) {
 }
 
 // The forward's: those, or with the masks' features either a bias (the
-// kMasksBias variant, feature_mask.cuh's BiasRows: float32 only, so a
-// 16-bit one, once the kernels take it, goes to sm80's; without the soft
-// cap) or a boolean mask (kMasksBoolean, MaskArrayRows: without the
-// soft cap), not both, contiguous along the keys (broadcast over batch,
-// heads or queries), at head dims up to 128. The backward of such a call
-// stays on sm80's (the same logits and visibility, hence out and lse).
+// kMasksBias variant, feature_mask.cuh's BiasRows, for a float32 one;
+// kMasksBias16 for one of the inputs' 16-bit dtype, read at half the bytes;
+// without the soft cap) or a boolean mask (kMasksBoolean, MaskArrayRows:
+// without the soft cap), not both, contiguous along the keys (broadcast
+// over batch, heads or queries), at head dims up to 128. The backward of
+// such a call stays on sm80's (the same logits and visibility, hence out
+// and lse).
 bool Sm90ForwardTakesFeatures(const AttentionParams& p) {
   const AttentionFeatures& f = p.features;
   if (!f.bias && !f.mask) return Sm90TakesFeatures(p);
   if (f.bias && f.mask) return false;
   return p.shape.head_dim <= 128 && !(f.dropout_rate > 0.0) && !(f.softcap > 0.0) &&
-         (f.bias ? f.bias_stride.col == 1 && f.bias_type == BiasType::kAccum : f.mask_stride.col == 1);
+         (f.bias ? f.bias_stride.col == 1 : f.mask_stride.col == 1);
 }
 
 // Whether the Hopper forward (sm90/) serves this call: built with sm_90a,
@@ -165,10 +166,6 @@ ffi::Error PoisonAsync(cudaStream_t stream, std::initializer_list<const ffi::Any
 ffi::Error DecodeFeaturesForFamily(const ffi::AnyBuffer& q, const FeatureOperands& o,
                                    bool sm80_has_features, int32_t* family, AttentionParams* p) {
   if (auto e = DecodeFeatures(q, o, p); e.failure()) return e;
-  // The kernels read a float32 bias (LogitFeatures); jax_flash/_kernel_call.py
-  // up-casts a 16-bit one for them (build_info's cuda_bias_16bit is false).
-  if (p->features.bias && p->features.bias_type != BiasType::kAccum)
-    return ffi::Error::InvalidArgument("jax_flash: this build's CUDA kernels take a float32 bias only");
   if (UsesFeatures(p->features) && !sm80_has_features) *family = int32_t(Family::kGeneric);
   return ffi::Error::Success();
 }
@@ -306,17 +303,14 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
     return e;
   // The Hopper backward: non-deterministic 16-bit calls, plain or with the
   // features its variants take, on compute capability 9.x up to head dim
-  // 128 when sm90 is forced. By default above 64, where the plain kernel
-  // is 1.34x / 1.27x sm80's (kLeanDq, session 17; H=128, T=4096, bf16,
-  // non-causal / causal; session 18's default schedule 1.10x / 1.13x more),
-  // and at 64 for plain calls: with 128-query steps (session 18) 474 / 329
-  // TFLOP/s against sm80's ~312 / ~284. 64's feature calls stay on sm80's
-  // (their variant keeps 64-query steps, not yet timed beside sm80). Other
-  // sm90-forced calls run sm80's backward, as before: the forward's family
-  // does not bind the backward's.
-  const bool sm90_by_default = p.shape.head_dim > 64 || !p.features.Any();
-  const bool sm90_ok = Sm90BackwardSupports(q.element_type(), p) &&
-                       (Family(family) == Family::kSm90 || sm90_by_default);
+  // 128, by default and when forced. Plain: 1.10x / 1.13x of kLeanDq at 128
+  // (session 18, H=128 T=4096 bf16, non-causal / causal; kLeanDq 1.34x /
+  // 1.27x of sm80's), 474 / 329 TFLOP/s at 64 against sm80's ~312 / ~284.
+  // Features (session 19): at 128 1.55-2.27x of sm80's, at 64 (128-query
+  // steps) 1.95-3.19x. Other sm90-forced calls (a bias, boolean mask,
+  // dropout) run sm80's backward, as before: the forward's family does not
+  // bind the backward's.
+  const bool sm90_ok = Sm90BackwardSupports(q.element_type(), p);
 #ifdef JAX_FLASH_WITH_SM90
   if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {
     return DispatchTensorCores(q.element_type(), p.shape, [&](auto element, auto head_dim) -> std::string {
@@ -346,13 +340,25 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   });
 }
 
+// The bias gradient, a call of its own so that XLA drops it when nobody
+// uses dbias (a bias that is not trained: masks as biases, ALiBi). On the
+// tensor cores where the sm80 fused backward serves the shape (its feature
+// kernel in a dbias-only mode: S, P, dP and dS per tile, no dV / dK / dQ),
+// else the generic kernels. (Returning dbias from the backward call instead
+// would save the recomputation of S and dP when dbias is used, but the
+// backward would then write a bias-sized gradient whenever a bias is
+// present, used or not: XLA cannot drop one result of a custom call.)
+// Where the bias has the full [..., N, T, S] shape each element has one
+// writer and dS is stored in the bias's type; where it is broadcast, dS is
+// summed by float32 atomics: into dbias itself for a float32 bias, else into
+// the dbias_accum scratch, rounded into dbias after.
 ffi::Error BiasGradientImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                             ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                             ffi::AnyBuffer dout, JAX_FLASH_FEATURE_PARAMS,
                             ffi::Result<ffi::AnyBuffer> dbias, ffi::Result<ffi::AnyBuffer> delta,
                             ffi::Result<ffi::AnyBuffer> dbias_accum) {
-  (void)deterministic, (void)implementation;  // one path: atomics where the bias is broadcast
-  (void)dbias_accum;  // float32 sums of a 16-bit bias's gradient: float32 biases only here
+  (void)deterministic;  // one path: atomics where the bias is broadcast
+  int32_t family = implementation;
   AttentionParams p;
   // dq/dk/dv slots are not written by this target: pass dout in their place
   // for the shape checks only.
@@ -360,22 +366,55 @@ ffi::Error BiasGradientImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
                                    &p);
       e.failure())
     return e;
-  // One bias-gradient kernel (generic, every dtype), whatever the family.
   if (auto e = DecodeFeatures(q, JAX_FLASH_FEATURE_OPERANDS, &p); e.failure()) return e;
   if (!(features & kHasBias))
     return ffi::Error::InvalidArgument("jax_flash: the bias gradient needs a bias");
   if (auto e = ExpectSameShape("dbias", *dbias, bias.dimensions()); e.failure()) return e;
-  if (dbias->element_type() != ffi::DataType::F32 || bias.element_type() != ffi::DataType::F32)
-    return ffi::Error::InvalidArgument("jax_flash: bias and dbias must be float32 on the GPU");
-  p.dq = p.dk = p.dv = nullptr;
-  p.features.dbias = static_cast<float*>(dbias->untyped_data());
+  if (dbias->element_type() != bias.element_type())
+    return ffi::Error::InvalidArgument("jax_flash: dbias dtype must match the bias");
+  p.dq = p.dk = p.dv = nullptr;  // null dk: the sm80 kernel's dbias-only mode
+  const AttentionShape& s = p.shape;
+  const int64_t elements = ElementCount(bias);
+  const bool full = elements == s.batch * s.num_heads * s.seqlen_q * s.seqlen_k;
+  const bool sums_in_scratch = !full && p.features.bias_type != BiasType::kAccum;
+  if (full) {
+    p.features.dbias_direct = dbias->untyped_data();
+  } else if (!sums_in_scratch) {
+    p.features.dbias = static_cast<float*>(dbias->untyped_data());
+  } else {
+    if (dbias_accum->element_type() != ffi::DataType::F32 || ElementCount(*dbias_accum) < elements)
+      return ffi::Error::InvalidArgument(
+          "jax_flash: a broadcast 16-bit bias needs a float32 dbias_accum of the bias's shape");
+    p.features.dbias = static_cast<float*>(dbias_accum->untyped_data());
+  }
   if (PoisonOutputsRequested()) {
     if (auto e = PoisonAsync(stream, {&*dbias, &*delta}); e.failure()) return e;
   }
-  return Dispatch(q.element_type(), p.shape, [&](auto element, auto head_dim) {
-    return LaunchGenericBiasGradient<decltype(element), decltype(head_dim)::value>(
-        p, dbias->size_bytes(), stream);
-  });
+  // Zeroed: pairs that no block visits (hidden blocks) add nothing.
+  void* target = sums_in_scratch ? static_cast<void*>(p.features.dbias) : dbias->untyped_data();
+  const size_t target_bytes = sums_in_scratch ? sizeof(float) * size_t(elements) : dbias->size_bytes();
+  if (cudaMemsetAsync(target, 0, target_bytes, stream) != cudaSuccess)
+    return ffi::Error::Internal("jax_flash: clearing the bias gradient failed");
+
+  const ffi::DataType dtype = q.element_type();
+  const bool sm80_ok =
+      Family(family) != Family::kGeneric &&
+      Sm80Supports(dtype, s.head_dim,
+                   sm80::BackwardSmemBytes(s.head_dim, false, DeviceAttribute(cudaDevAttrComputeCapabilityMajor)));
+  ffi::Error launched = sm80_ok
+      ? DispatchTensorCores(dtype, s, [&](auto element, auto head_dim) {
+          return sm80::LaunchBiasGradient<decltype(element), decltype(head_dim)::value>(p, stream);
+        })
+      : Dispatch(dtype, s, [&](auto element, auto head_dim) {
+          return LaunchGenericBiasGradient<decltype(element), decltype(head_dim)::value>(p, stream);
+        });
+  if (launched.failure() || !sums_in_scratch) return launched;
+  const std::string err = p.features.bias_type == BiasType::kFloat16
+                              ? LaunchDbiasConvert<__half>(p.features.dbias, dbias->untyped_data(), elements, stream)
+                              : LaunchDbiasConvert<__nv_bfloat16>(p.features.dbias, dbias->untyped_data(), elements,
+                                                                  stream);
+  if (!err.empty()) return InternalWithShape(err, s);
+  return ffi::Error::Success();
 }
 
 // Paged attention on CUDA: the split-KV decode kernels reading K/V through

@@ -9,6 +9,7 @@
 
 #include "common/mask_policy.h"
 #include "common/params.h"
+#include "cuda/generic/element.cuh"  // ToFloat, FromFloat
 #include "cuda/row_stats.cuh"
 
 namespace jax_flash::cuda {
@@ -196,10 +197,20 @@ __device__ void TrimSegmentBlocks(const MaskPolicy& m, IdSpan other, int* lo, in
   });
 }
 
+// A bias value as float, from any of the element types a bias comes in.
+__device__ __forceinline__ float BiasValue(const float* p) { return *p; }
+__device__ __forceinline__ float BiasValue(const __half* p) { return __half2float(*p); }
+__device__ __forceinline__ float BiasValue(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+
 struct LogitFeatures {
   MaskPolicy mask;
   DropoutPolicy dropout;
-  const float* bias = nullptr;  // this (batch, head) slice, float32 (the accumulation type)
+  // This (batch, head) slice: float32, or the inputs' 16-bit type as given
+  // (bias_type; attention.py passes only the query's own 16-bit type), read
+  // without a float32 copy. The type is a runtime switch, uniform over the
+  // grid, so a bias adds no kernel instantiations.
+  const void* bias = nullptr;
+  BiasType bias_type = BiasType::kAccum;
   int64_t bias_row = 0, bias_col = 0;
   float cap = 0.0f;  // soft cap, 0 = off
   float inv_cap = 0.0f;
@@ -212,7 +223,10 @@ struct LogitFeatures {
     lf.mask = MaskPolicy::For(p, b, h);
     lf.dropout = DropoutPolicy::For(p, b);
     if (f.bias) {
-      lf.bias = static_cast<const float*>(f.bias) + f.BroadcastOffset(f.bias_stride, b, h);
+      const int64_t off = f.BroadcastOffset(f.bias_stride, b, h);
+      lf.bias_type = f.bias_type;
+      lf.bias = f.bias_type == BiasType::kAccum ? static_cast<const void*>(static_cast<const float*>(f.bias) + off)
+                                                : static_cast<const void*>(static_cast<const uint16_t*>(f.bias) + off);
       lf.bias_row = f.bias_stride.row;
       lf.bias_col = f.bias_stride.col;
     }
@@ -237,9 +251,18 @@ struct LogitFeatures {
   // Whether Transform does more than return its score.
   __device__ bool NeedsTransform() const { return cap > 0.0f || bias; }
 
+  // The bias at element `at` of this slice (a switch on its type).
+  __device__ float BiasAt(int64_t at) const {
+    switch (bias_type) {
+      case BiasType::kFloat16: return BiasValue(static_cast<const __half*>(bias) + at);
+      case BiasType::kBFloat16: return BiasValue(static_cast<const __nv_bfloat16*>(bias) + at);
+      default: return BiasValue(static_cast<const float*>(bias) + at);
+    }
+  }
+
   // Logit without the visibility check.
   __device__ float Transform(float score, int64_t i, int64_t j, float* tanh_value) const {
-    return Apply(score, bias ? bias[i * bias_row + j * bias_col] : 0.0f, tanh_value);
+    return Apply(score, bias ? BiasAt(i * bias_row + j * bias_col) : 0.0f, tanh_value);
   }
 
   // Soft cap, then the bias value (0 without a bias), on score = log2(e) *
@@ -271,10 +294,43 @@ struct LogitFeatures {
     return *tanh_value * cap_over_scale;
   }
 
-  // Query i's bias from key j0 on, for reading key j0 + c at [c * bias_col]
-  // (a row pointer computed once per fragment row); null without a bias.
-  __device__ const float* BiasRow(int64_t i, int64_t j0) const {
-    return bias ? bias + i * bias_row + j0 * bias_col : nullptr;
+  // kN x 2 bias values of one fragment row for the tensor-core kernels:
+  // values[nt][e] = bias[at + min(8 nt + e, last) * stride] (clamped to the
+  // last visible column, see LastVisibleColumn), all reads issued before any
+  // is used. Element: the kernel's 16-bit type, which a 16-bit bias has.
+  // Two ways to switch on the type, for the kernels' register budgets
+  // (ptxas, bf16, sm_80): kPerElement, one byte pointer and a select per
+  // value, is what the forward takes (its 64 feature kernel spilled 8 B with
+  // a branch per row, 4 B this way); the backward's feature kernels take the
+  // branch per row, two typed copies of the unrolled reads (the select
+  // spilled more there: 280 / 360 B at 64 against 268 / 324).
+  template <typename Element, bool kPerElement, int kN>
+  __device__ void LoadBiasRow(int64_t at, int64_t stride, int last, float (&values)[kN][2]) const {
+    const bool wide = bias_type == BiasType::kAccum;
+    if constexpr (kPerElement) {
+      const int shift = wide ? 2 : 1;
+      const char* row = static_cast<const char*>(bias) + (at << shift);
+      const int64_t byte_stride = stride << shift;
+#pragma unroll
+      for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const char* p = row + min(8 * nt + e, last) * byte_stride;
+          values[nt][e] = wide ? *reinterpret_cast<const float*>(p) : ToFloat(*reinterpret_cast<const Element*>(p));
+        }
+    } else {
+      auto load = [&](const auto* row) {
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) values[nt][e] = BiasValue(row + min(8 * nt + e, last) * stride);
+      };
+      if (wide) {
+        load(static_cast<const float*>(bias) + at);
+      } else {
+        load(static_cast<const Element*>(bias) + at);
+      }
+    }
   }
 
   // 0 (dropped) or 1 / (1 - rate); 1 without dropout.
@@ -290,10 +346,50 @@ struct LogitFeatures {
     return f.bias || f.softcap > 0.0 || (f.dropout_rate > 0.0 && f.dropout_seed);
   }
 
+  // Whether a bias-gradient pass is on (p.features.dbias or dbias_direct).
+  JAX_FLASH_HOST_DEVICE static bool WritesDbias(const AttentionParams& p) {
+    return p.features.dbias || p.features.dbias_direct;
+  }
+
   // d(scale * q.k) from d(logit): the soft cap's derivative 1 - tanh^2.
   __device__ float ChainSoftcap(float dlogit, float tanh_value) const {
     return cap > 0.0f ? dlogit * (1.0f - tanh_value * tanh_value) : dlogit;
   }
 };
+
+// Adds d(logit) of (batch b, head h, query i, key j) to the bias gradient:
+// by a float32 atomic into f.dbias where the bias is broadcast (several
+// (b, h, i, j) share an element; zeroed first, rounded into a 16-bit dbias
+// after), or by a plain store into f.dbias_direct, of the bias's type, where
+// it is not (each element has exactly one writer; zeroed first for the pairs
+// no block visits). `slice`: BroadcastOffset(bias_stride, b, h). Element:
+// the kernel's input type (a 16-bit bias has it). kCallStore: the typed
+// store as a call (StoreDbiasDirect): the generic 256 bias-gradient kernel,
+// capped at 168 registers, spilled 28 B with it inline (none as a call);
+// the sm80 kernel, at 255 registers, would pay for a call's saved registers
+// instead and keeps it inline.
+template <typename Element>
+__device__ __noinline__ void StoreDbiasDirect(void* dbias, BiasType type, int64_t at, float ds) {
+  if (type == BiasType::kAccum) {
+    static_cast<float*>(dbias)[at] = ds;
+  } else {
+    static_cast<Element*>(dbias)[at] = FromFloat<Element>(ds);
+  }
+}
+
+template <typename Element, bool kCallStore = false>
+__device__ __forceinline__ void AddDbias(const AttentionFeatures& f, int64_t slice, int64_t i, int64_t j,
+                                         float ds) {
+  const int64_t at = slice + i * f.bias_stride.row + j * f.bias_stride.col;
+  if (f.dbias) {
+    if (ds != 0.0f) atomicAdd(f.dbias + at, ds);
+  } else if constexpr (kCallStore) {
+    StoreDbiasDirect<Element>(f.dbias_direct, f.bias_type, at, ds);
+  } else if (f.bias_type == BiasType::kAccum) {
+    static_cast<float*>(f.dbias_direct)[at] = ds;
+  } else {
+    static_cast<Element*>(f.dbias_direct)[at] = FromFloat<Element>(ds);
+  }
+}
 
 }  // namespace jax_flash::cuda

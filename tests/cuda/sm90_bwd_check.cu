@@ -8,13 +8,13 @@
 // after 20 s. First the building blocks alone (sm90_bwd_blocks.cuh), so that
 // a failing kernel comes with the likely culprit.
 //
-// Then the feature variants (LaunchBackwardWithFeatures, kLeanDq) against
-// feature-aware references, and their timing rows beside sm80's feature
-// backward; on every feature case also session 18's candidates for them,
-// checked the same way and counted: kDqFirstUniform (at 64 and 128) and, at
-// 64, kDqFirstUniformRows128 (128-query steps), each timed right after a
-// kLeanDq timing (its "x lean-dQ" line) on the timed cases (T=4096: documents
-// and a window, causal, at 128 and 64; the soft cap at both).
+// Then the feature variants (LaunchBackwardWithFeatures: FeatureBwdSchedule)
+// against feature-aware references, and their timing rows beside sm80's
+// feature backward; on every feature case also the schedules the package's
+// replaced in session 19, checked the same way and counted: kLeanDq and, at
+// 64, kDqFirstUniform over 64-query steps, each timed right after the
+// package's on the timed cases (T=4096: documents and a window, causal, at
+// 128 and 64; the soft cap at both).
 //
 //   bash scripts/sm90_bwd_check.sh         # builds and runs this
 //   ./sm90_bwd_check --quick               # skip the 4096-long cases
@@ -154,7 +154,7 @@ struct Case {
 struct TimingRow {
   std::string shape;
   double sm90 = 0, sm90_serial = 0, sm80 = 0;
-  // lean-dQ (kLeanDq: the default of session 17, the feature variants' since); lean_dp at 64 only.
+  // lean-dQ (kLeanDq: the default of session 17, the feature variants' in 17-18); lean_dp at 64 only.
   double sm90_lean = 0, sm90_lean_dp = 0;
   // Session 17's candidates (bwd_kernel_traits.cuh): kDqFirst,
   // kLeanDqUniform, kDqFirstUniform, kDqFirstUniformDiag,
@@ -616,10 +616,10 @@ __global__ void ReferenceDkvFeatures(const Element* q, const Element* k, const E
 struct FeatureTimingRow {
   std::string shape;
   double sm90 = 0, sm90_plain = 0, sm80 = 0;
-  // Session 18's candidates for the feature variants: kDqFirstUniform, and
-  // at 64 kDqFirstUniformRows128 (128-query steps); each timed right after
-  // kLeanDq (the package's feature schedule, `sm90` above).
-  double sm90_dq_first_uniform = 0, sm90_rows128_dqfu = 0;
+  // The schedules beside the package's (FeatureBwdSchedule: `sm90` above):
+  // kLeanDq (its schedule until session 19) and, at 64, kDqFirstUniform
+  // over 64-query steps; each timed right after the package's.
+  double sm90_lean = 0, sm90_dqfu64 = 0;
 };
 std::vector<FeatureTimingRow> feature_timing_rows;
 
@@ -730,27 +730,18 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
                                 tol);
   };
 
-  // The package's launch (kFeatureBwdSchedule, kLeanDq), then session 18's
-  // candidates on the same case, each counted like it: kDqFirstUniform
-  // (the plain defaults' step order and descriptors; their diagonal-only
-  // masks and counters are the plain kernel's, off with features) and, at
-  // 64, kDqFirstUniformRows128 (that over 128-query steps, dQ split by rows:
-  // FeatureStepMask's 64 bits per thread).
+  // The package's launch (FeatureBwdSchedule: kDqFirstUniform at 128,
+  // kDqFirstUniformRows128 at 64), then the schedules it replaced on the same
+  // case, each counted like it: kLeanDq and, at 64, kDqFirstUniform over
+  // 64-query steps (at 128 that is the package's).
   using jax_flash::cuda::sm90::BwdSchedule;
   auto launch90 = [&] { return jax_flash::cuda::sm90::LaunchBackwardWithFeatures<Element, kHeadDim>(p, 0); };
-  auto launch90_dq_first_uniform = [&] {
-    return LaunchFeaturesScheduled<Element, kHeadDim, BwdSchedule::kDqFirstUniform>(p);
-  };
-  // (128-query steps exist at head dim 64 only: kLeanDq stands in at 128,
-  // never run there.)
+  auto launch90_lean = [&] { return LaunchFeaturesScheduled<Element, kHeadDim, BwdSchedule::kLeanDq>(p); };
   constexpr bool k64 = kHeadDim == 64;
-  constexpr BwdSchedule kRows128Dqfu = k64 ? BwdSchedule::kDqFirstUniformRows128 : BwdSchedule::kLeanDq;
-  auto launch90_rows128_dqfu = [&] { return LaunchFeaturesScheduled<Element, kHeadDim, kRows128Dqfu>(p); };
-  const bool ok = run_and_check("sm90 features lean-dQ (the package's)", launch90);
-  const bool ok_dq_first_uniform =
-      run_and_check("sm90 features dQ-first uniform-desc (candidate)", launch90_dq_first_uniform);
-  const bool ok_rows128_dqfu =
-      !k64 || run_and_check("sm90 features dQ-first uniform-desc 128-query steps (candidate)", launch90_rows128_dqfu);
+  auto launch90_dqfu64 = [&] { return LaunchFeaturesScheduled<Element, kHeadDim, BwdSchedule::kDqFirstUniform>(p); };
+  const bool ok = run_and_check("sm90 features (the package's schedule)", launch90);
+  const bool ok_lean = run_and_check("sm90 features lean-dQ (former)", launch90_lean);
+  const bool ok_dqfu64 = !k64 || run_and_check("sm90 features dQ-first uniform-desc 64-query steps", launch90_dqfu64);
   FeatureTimingRow row;
   double flops = 0;
   if (c.timed) {
@@ -785,21 +776,18 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
     row.sm90_plain = ms_plain > 0 ? plain_flops / (ms_plain * 1e-3) / 1e12 : 0.0;
     std::printf("  time sm90 features: %.3f ms, %.1f TFLOP/s over visible pairs; plain sm90 %.1f\n", ms, row.sm90,
                 row.sm90_plain);
-    // Each candidate timed again right after a kLeanDq timing: the pairs
-    // share the clocks of their moment (GPU.md: timings move 5-20% between
-    // runs), as the plain path's time_against_lean.
-    auto time_against_lean = [&](const char* label, bool passed, auto launch, double* tflops) {
+    // Each other schedule timed again right after a timing of the package's:
+    // the pairs share the clocks of their moment (GPU.md: timings move 5-20%
+    // between runs), as the plain path's time_against_lean.
+    auto time_beside = [&](const char* label, bool passed, auto launch, double* tflops) {
       if (!passed) return;
       const float ms_ref = TimeLaunches(launch90), ms_cand = TimeLaunches(launch);
       *tflops = ms_cand > 0 ? flops / (ms_cand * 1e-3) / 1e12 : 0.0;
-      std::printf("  time sm90 features %s: %.3f ms, %.1f TFLOP/s (%.3fx lean-dQ, timed beside it: %.3f ms)\n",
-                  label, ms_cand, *tflops, ms_cand > 0 ? ms_ref / ms_cand : 0.0, ms_ref);
+      std::printf("  time sm90 features %s: %.3f ms, %.1f TFLOP/s (the package's %.3fx of it, timed beside it: %.3f ms)\n",
+                  label, ms_cand, *tflops, ms_ref > 0 ? ms_cand / ms_ref : 0.0, ms_ref);
     };
-    time_against_lean("dQ-first uniform-desc", ok_dq_first_uniform, launch90_dq_first_uniform,
-                      &row.sm90_dq_first_uniform);
-    if (k64)
-      time_against_lean("dQ-first uniform-desc 128-query steps", ok_rows128_dqfu, launch90_rows128_dqfu,
-                        &row.sm90_rows128_dqfu);
+    time_beside("lean-dQ", ok_lean, launch90_lean, &row.sm90_lean);
+    if (k64) time_beside("dQ-first uniform-desc 64-query steps", ok_dqfu64, launch90_dqfu64, &row.sm90_dqfu64);
   }
 #ifdef JAX_FLASH_CHECK_SM80
   // sm80's feature backward on the same inputs (what serves these calls
@@ -821,7 +809,7 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
                                                 ref_dq, ref_dk, ref_dv, d_q_lens, d_kv_lens, d_offsets, d_q_ids,
                                                 d_kv_ids, d_q_ranges, d_kv_ranges})
     if (ptr) cudaFree(ptr);
-  return ok && ok_dq_first_uniform && ok_rows128_dqfu;
+  return ok && ok_lean && ok_dqfu64;
 }
 
 template <typename Element>
@@ -1011,7 +999,7 @@ int main(int argc, char** argv) {
   }
   if (!timing_rows.empty()) {
     std::printf("\nTFLOP/s (2.5 x 4 B N T S H, halved when causal; delta pass + kernel + dQ conversion; median of 20 x 5)\n");
-    std::printf("(defaults: +count at 128, M128cnt at 64, lean-dQ for the feature variants; ratio: lean-dQ / sm80; dQ-first, uniform, dQF+unif, +diag, +count, "
+    std::printf("(defaults: +count at 128, M128cnt at 64, dQ-first uniform-desc (M128 at 64) for the feature variants; ratio: lean-dQ / sm80; dQ-first, uniform, dQF+unif, +diag, +count, "
                 "M128, M128dqfu, M128cnt: session 17's candidates, ratio to lean-dQ each in its own line above; "
                 "M128*: 128-query steps (lean-dQ, dQF+unif, +count), head dim 64 only)\n");
     std::printf("%-40s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "shape", "early-S", "serial",
@@ -1026,13 +1014,13 @@ int main(int argc, char** argv) {
   if (!feature_timing_rows.empty()) {
     std::printf("\nfeature backward, TFLOP/s over visible pairs (2.5 x 4 H N per pair; plain: the plain sm90 "
                 "backward, same shape and causality, over its own pairs)\n");
-    std::printf("(sm90: lean-dQ, the package's feature schedule; dQF+unif, M128dqfu: session 18's candidates, "
-                "ratio to lean-dQ each in its own line above; M128dqfu: 128-query steps, head dim 64 only; "
-                "ratio: sm90 / sm80)\n");
-    std::printf("%-48s %8s %8s %8s %8s %8s %8s\n", "shape", "sm90", "dQF+unif", "M128dqfu", "plain", "sm80", "ratio");
+    std::printf("(sm90: the package's feature schedule, dQ-first uniform-desc, over 128-query steps at 64; "
+                "lean-dQ: the former one; dQFu64: dQ-first uniform over 64-query steps, head dim 64 only; each "
+                "timed beside the package's in its own line above; ratio: sm90 / sm80)\n");
+    std::printf("%-48s %8s %8s %8s %8s %8s %8s\n", "shape", "sm90", "lean-dQ", "dQFu64", "plain", "sm80", "ratio");
     for (const FeatureTimingRow& r : feature_timing_rows)
-      std::printf("%-48s %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm90_dq_first_uniform,
-                  r.sm90_rows128_dqfu, r.sm90_plain, r.sm80, r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
+      std::printf("%-48s %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm90_lean,
+                  r.sm90_dqfu64, r.sm90_plain, r.sm80, r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
   }
   std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ALL PASS", failures);
   if (failures)

@@ -34,8 +34,8 @@ __global__ void __launch_bounds__(256) DeltaKernel(const AttentionParams p) {
 
 // dQ = scale * dS K with dS = P * (dP * dropout - delta), dP = dO V^T, through
 // the soft cap's derivative. kBiasGrad: instead of dQ, adds dS (the gradient
-// of the logits) into the float32 bias gradient p.features.dbias at the
-// bias's own (broadcast) offsets, by atomics.
+// of the logits) into the bias gradient at the bias's own (broadcast)
+// offsets (AddDbias: float32 atomics, or stores where the bias is not broadcast).
 // grid: (ceil(seqlen_q / kRowsPerBlock), num_heads, batch).
 template <typename Element, int kHeadDim, bool kBiasGrad = false>
 __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
@@ -106,10 +106,8 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
       const float ds = prob == 0.0f ? 0.0f : prob * (dprob[r] * lf.DropFactor(row, key) - delta[r]);
       if constexpr (kBiasGrad) {
         const AttentionFeatures& f = p.features;
-        if (ds != 0.0f && row < s.seqlen_q && key < s.seqlen_k)
-          atomicAdd(f.dbias + f.BroadcastOffset(f.bias_stride, b, h) + row * f.bias_stride.row +
-                        key * f.bias_stride.col,
-                    ds);
+        if (row < s.seqlen_q && key < s.seqlen_k)
+          AddDbias<Element, /*kCallStore=*/true>(f, f.BroadcastOffset(f.bias_stride, b, h), row, key, ds);
       }
       score[r] = lf.ChainSoftcap(ds, tanh_value);
     }
@@ -141,6 +139,14 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
       if (col < d) dq[row * p.q_stride.row + col] = FromFloat<Element>(acc[r][c] * float(p.scale));
     }
   }
+}
+
+// dbias = float32 sums rounded to the bias's 16-bit type, after the
+// bias-gradient pass added into them by atomics. grid: (ceil(n / 256)); block 256.
+template <typename Element>
+__global__ void __launch_bounds__(256) DbiasConvertKernel(const float* sums, Element* dbias, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x;
+  if (i < n) dbias[i] = FromFloat<Element>(sums[i]);
 }
 
 // dV = P^T dO and dK = scale * dS^T Q for one block of key rows, summed over

@@ -3,6 +3,8 @@
 // translation units that build in parallel.
 #pragma once
 
+#include <cstdint>
+
 #include "common/test_hooks.h"
 #include "cuda/generic/bwd_kernels.cuh"
 #include "cuda/generic/fwd_kernel.cuh"
@@ -96,13 +98,10 @@ std::string LaunchGenericBackward(const AttentionParams& p, cudaStream_t stream)
 }
 
 template <typename Element, int kHeadDim>
-std::string LaunchGenericBiasGradient(const AttentionParams& p, size_t dbias_bytes,
-                                      cudaStream_t stream) {
+std::string LaunchGenericBiasGradient(const AttentionParams& p, cudaStream_t stream) {
   using Tr = GenericTraits<kHeadDim>;
   const auto& s = p.shape;
   if (auto e = CheckGrid(s); !e.empty()) return e;
-  if (cudaMemsetAsync(p.features.dbias, 0, dbias_bytes, stream) != cudaSuccess)
-    return CheckLaunch("clearing the bias gradient");
   const int64_t rows = s.batch * s.num_heads * s.seqlen_q;
   DeltaKernel<Element><<<unsigned(CeilDiv(rows, 8)), 256, 0, stream>>>(p);
   if (auto e = CheckLaunch("delta kernel"); !e.empty()) return e;
@@ -115,6 +114,14 @@ std::string LaunchGenericBiasGradient(const AttentionParams& p, size_t dbias_byt
   return CheckLaunch("bias gradient kernel");
 }
 
+template <typename Element>
+std::string LaunchDbiasConvert(const float* sums, void* dbias, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return {};
+  if (CeilDiv(n, 256) > int64_t(INT32_MAX)) return "jax_flash: the bias has too many elements for the GPU";
+  DbiasConvertKernel<Element><<<unsigned(CeilDiv(n, 256)), 256, 0, stream>>>(sums, static_cast<Element*>(dbias), n);
+  return CheckLaunch("dbias convert kernel");
+}
+
 #define JAX_FLASH_INSTANTIATE_GENERIC(Element)                                            \
   template std::string LaunchGenericForward<Element, 32>(const AttentionParams&, cudaStream_t);  \
   template std::string LaunchGenericForward<Element, 64>(const AttentionParams&, cudaStream_t);  \
@@ -124,9 +131,10 @@ std::string LaunchGenericBiasGradient(const AttentionParams& p, size_t dbias_byt
   template std::string LaunchGenericBackward<Element, 64>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchGenericBackward<Element, 128>(const AttentionParams&, cudaStream_t);\
   template std::string LaunchGenericBackward<Element, 256>(const AttentionParams&, cudaStream_t); \
-  template std::string LaunchGenericBiasGradient<Element, 32>(const AttentionParams&, size_t, cudaStream_t);  \
-  template std::string LaunchGenericBiasGradient<Element, 64>(const AttentionParams&, size_t, cudaStream_t);  \
-  template std::string LaunchGenericBiasGradient<Element, 128>(const AttentionParams&, size_t, cudaStream_t); \
-  template std::string LaunchGenericBiasGradient<Element, 256>(const AttentionParams&, size_t, cudaStream_t);
+  template std::string LaunchGenericBiasGradient<Element, 32>(const AttentionParams&, cudaStream_t);  \
+  template std::string LaunchGenericBiasGradient<Element, 64>(const AttentionParams&, cudaStream_t);  \
+  template std::string LaunchGenericBiasGradient<Element, 128>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchGenericBiasGradient<Element, 256>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchDbiasConvert<Element>(const float*, void*, int64_t, cudaStream_t);
 
 }  // namespace jax_flash::cuda

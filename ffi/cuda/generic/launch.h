@@ -16,9 +16,14 @@ std::string LaunchGenericForward(const AttentionParams& p, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 std::string LaunchGenericBackward(const AttentionParams& p, cudaStream_t stream);
 
-// dbias (p.features.dbias, dbias_bytes of float32) from the recomputed dS.
+// dbias (p.features.dbias or dbias_direct, zeroed by the caller) from the
+// recomputed dS.
 template <typename Element, int kHeadDim>
-std::string LaunchGenericBiasGradient(const AttentionParams& p, size_t dbias_bytes,
-                                      cudaStream_t stream);
+std::string LaunchGenericBiasGradient(const AttentionParams& p, cudaStream_t stream);
+
+// dbias[i] = sums[i] rounded to Element, i < n: a 16-bit bias's gradient
+// from its float32 sums.
+template <typename Element>
+std::string LaunchDbiasConvert(const float* sums, void* dbias, int64_t n, cudaStream_t stream);
 
 }  // namespace jax_flash::cuda

@@ -315,6 +315,14 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   CpAsyncCommit();
   const float scale_log2 = float(p.scale) * kLog2e;
   float dk[kM][kD][4] = {}, dv[kM][kD][4] = {};
+  // The bias-gradient pass (LaunchBiasGradient, the jax_flash_dbias call):
+  // each step's dS goes into the bias gradient, and nothing else is done
+  // (no dV, dK, dQ: p.dk is null). The same instantiation as the feature
+  // backward, a runtime mode uniform over the grid, so the barriers it skips
+  // are skipped by every thread of a block.
+  // (A bias makes every step take the element-wise path, ElementwiseLogits,
+  // which is where the dS is written.)
+  const bool dbias_only = kFeatures && p.dk == nullptr;
 
   // Steps run over (query head of the group, query block) pairs, flattened so
   // the next step's tiles can load whatever head they belong to. Causal:
@@ -522,14 +530,9 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
           // bias_row]), read before any is used (clamped columns, see
           // LastVisibleColumn).
           float bias_values[kSN][2] = {};
-          if (lf.bias && visible) {
-            const float* bias = lf.bias + (m0 + q_col0 + 2 * t) * lf.bias_row + key * lf.bias_col;
-            const int last = LastVisibleColumn(visible);
-#pragma unroll
-            for (int nt = 0; nt < kSN; ++nt)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) bias_values[nt][e] = bias[min(8 * nt + e, last) * lf.bias_row];
-          }
+          if (lf.bias && visible)
+            lf.LoadBiasRow<Element, false>((m0 + q_col0 + 2 * t) * lf.bias_row + key * lf.bias_col, lf.bias_row,
+                                           LastVisibleColumn(visible), bias_values);
 #pragma unroll
           for (int nt = 0; nt < kSN; ++nt)
 #pragma unroll
@@ -546,10 +549,33 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
                   !lf.dropout.active ? 1.0f
                   : keep >> (4 * (2 * nt + e) + 2 * mt + hh) & 1u ? lf.dropout.keep_scale : 0.0f;
               st[mt][nt][i] = prob * drop;  // P^T, dropped out (dV)
-              dpt[mt][nt][i] =
-                  lf.ChainSoftcap(prob * (dpt[mt][nt][i] * drop - delta_s[col]), tanh_value);  // dS^T
+              // d(logit), the bias's gradient; through the soft cap, dS^T.
+              const float dlogit = prob * (dpt[mt][nt][i] * drop - delta_s[col]);
+              dpt[mt][nt][i] = dbias_only ? dlogit : lf.ChainSoftcap(dlogit, tanh_value);  // dS^T
             }
         }
+      if (dbias_only) {
+        // d(logit) is the bias's gradient where the bias is added: after
+        // the soft cap (logit = softcap(scale q.k) + bias), before its chain
+        // rule. Pairs past the ends are not written (their bias does not exist).
+        const AttentionFeatures& f = p.features;
+        const int64_t slice = f.BroadcastOffset(f.bias_stride, b, h);
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int64_t key = n0 + warp_row + mt * 16 + g + hh * 8;
+            if (key >= s.seqlen_k) continue;
+#pragma unroll
+            for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int64_t query = m0 + q_col0 + nt * 8 + 2 * t + e;
+                if (query < s.seqlen_q) AddDbias<Element>(f, slice, query, key, dpt[mt][nt][2 * hh + e]);
+              }
+          }
+        return;
+      }
       store_slice(pt_tile, st);
       GemmRegsSmem<Element, kM, kSN, kHeadDim, Tr::kDkvCols>(dv, st, do_tile, q_col0, lane, col_tile0);  // dV += P^T dO
     } else if constexpr (Tr::kExpBeforeDp) {
@@ -603,7 +629,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     // or for the late half of the warps after this step's work
     // (Tr::kDqPhaseShift).
     if constexpr (kDeferDq) {
-      if (step > 0 && !late_dq) {
+      if (step > 0 && !late_dq && !dbias_only) {
         const StepPos prev = retreat(pos);
         AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((step - 1) & 1), k_tile, b, prev.h, prev.m0,
                                                   warp, lane);
@@ -637,7 +663,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       run_step(step & 1, pos, std::false_type{});
     }
     if constexpr (kDeferDq && Tr::kDqPhaseShift) {
-      if (step > 0 && late_dq) {
+      if (step > 0 && late_dq && !dbias_only) {
         // The thread's indices read again here: what the dQ product derives
         // from them is then not held (or spilled) across run_step.
         const int thread = ThreadIndexInPlace();
@@ -649,7 +675,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     pos = advance(pos);
   }
   if constexpr (kDeferDq) {
-    if (steps > 0) {
+    if (steps > 0 && !dbias_only) {
       __syncthreads();  // the last step's dS^T slices are in
       const StepPos last = retreat(pos);
       AccumulateDq<Element, kHeadDim, kDqGroup>(p, ds_buffer((steps - 1) & 1), k_tile, b, last.h, last.m0,
@@ -658,6 +684,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   }
 
   CpAsyncWait<0>();  // a block whose keys no query sees never waited for its K/V copies
+  if (dbias_only) return;
   const int64_t out_off = k_off;
   const int col0 = col_tile0 * 8;
   StoreAccumulator<Element, kM, Tr::kDkvCols>(dk, static_cast<Element*>(p.dk) + out_off + col0,

@@ -238,14 +238,9 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kD
             // The row's bias values, read before any is used (clamped columns,
             // see LastVisibleColumn), so the reads overlap.
             float bias_values[kN][2] = {};
-            if (Tr::kTransforms && lf.bias && visible) {
-              const float* bias = lf.BiasRow(row, n0 + 2 * t);
-              const int last = LastVisibleColumn(visible);
-#pragma unroll
-              for (int nt = 0; nt < kN; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) bias_values[nt][e] = bias[min(8 * nt + e, last) * lf.bias_col];
-            }
+            if (Tr::kTransforms && lf.bias && visible)
+              lf.LoadBiasRow<Element, true>(row * lf.bias_row + (n0 + 2 * t) * lf.bias_col, lf.bias_col,
+                                            LastVisibleColumn(visible), bias_values);
 #pragma unroll
             for (int nt = 0; nt < kN; ++nt)
 #pragma unroll

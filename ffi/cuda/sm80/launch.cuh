@@ -137,12 +137,46 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   return CheckLaunch("dq convert kernel");
 }
 
+// The bias gradient on the tensor cores: the fused backward's feature
+// variant in its dbias-only mode (p.dk null: S, P, dP and dS per tile, dS
+// into p.features.dbias or dbias_direct, no dV / dK / dQ). No new kernel
+// instantiation: the kernel is the one LaunchBackward runs for feature calls.
+// Two of the backward's five GEMMs. The caller zeroes the target first and
+// rounds float32 sums into a 16-bit dbias after.
+template <typename Element, int kHeadDim>
+std::string LaunchBiasGradient(const AttentionParams& p, cudaStream_t stream) {
+  using Tr = BwdTraits<kHeadDim>;
+  const auto& s = p.shape;
+  if (auto e = CheckGrid(s); !e.empty()) return e;
+  if (s.seqlen_q > int64_t(INT32_MAX) - 2 * Tr::kBlockCols)  // DkvKernel's 32-bit step positions
+    return "jax_flash: seqlen_q must be below 2^31 - 256 for the sm80 bias gradient";
+  if (!p.features.bias || p.dk != nullptr || !LogitFeatures::WritesDbias(p))
+    return "jax_flash: the sm80 bias gradient needs a bias, a dbias target and no dk";
+  const int64_t rows = s.batch * s.num_heads * s.seqlen_q;
+  DeltaAndClearKernel<Element, kHeadDim>
+      <<<unsigned(CeilDiv(rows, DeltaLayout<kHeadDim>::kRowsPerBlock)), 256, 0, stream>>>(p, false);
+  if (auto e = CheckLaunch("delta kernel"); !e.empty()) return e;
+  auto kernel = DkvKernel<Element, kHeadDim, true, true>;
+  int device = 0, cc_major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+    return "jax_flash: querying the device's compute capability failed";
+  const int smem = BackwardSmemBytes<kHeadDim>(false, FusedBackwardOnSm90(false, cc_major));
+  if (auto e = PrepareSmem(kernel, smem, "sm80 bias gradient kernel"); !e.empty()) return e;
+  const dim3 grid(unsigned(CeilDiv(s.seqlen_k, Tr::kBlockRows)), unsigned(s.num_heads_k), unsigned(s.batch));
+  kernel<<<grid, Tr::kThreads, smem, stream>>>(p, false);
+  return CheckLaunch("sm80 bias gradient kernel");
+}
+
 #define JAX_FLASH_INSTANTIATE_SM80(Element)                                                  \
   template std::string LaunchForward<Element, 64>(const AttentionParams&, cudaStream_t);  \
   template std::string LaunchForward<Element, 128>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchForward<Element, 256>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchBackward<Element, 64>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchBackward<Element, 128>(const AttentionParams&, cudaStream_t); \
-  template std::string LaunchBackward<Element, 256>(const AttentionParams&, cudaStream_t);
+  template std::string LaunchBackward<Element, 256>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchBiasGradient<Element, 64>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchBiasGradient<Element, 128>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchBiasGradient<Element, 256>(const AttentionParams&, cudaStream_t);
 
 }  // namespace jax_flash::cuda::sm80

@@ -51,4 +51,9 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream);
 
+// dbias from the fused backward's feature kernel in its dbias-only mode
+// (p.dk null; p.features.dbias or dbias_direct zeroed by the caller).
+template <typename Element, int kHeadDim>
+std::string LaunchBiasGradient(const AttentionParams& p, cudaStream_t stream);
+
 }  // namespace jax_flash::cuda::sm80

@@ -156,8 +156,12 @@ struct BwdBarriers {
   __device__ uint32_t kv_full() const { return base; }
   __device__ uint32_t q_full(int s) const { return base + 8 * (1 + s); }
   __device__ uint32_t do_full(int s) const { return base + 8 * (1 + Tr::kStages + s); }
-  // Stage s free again: every consumer warp is past its step's products
-  // (one arrival per warp, its lane 0 after the wgmma wait).
+  // Stage s free again: every consumer thread is past its step's products
+  // and its loads of the stage's row statistics (one arrival per thread:
+  // each releases its own plain loads to the producer warp that overwrites
+  // them. With one arrival per warp after a __syncwarp, which ptxas
+  // reduces to a NOP in converged code, compute-sanitizer's racecheck
+  // reported those loads against the next stores, session 19).
   __device__ uint32_t empty(int s) const { return base + 8 * (1 + 2 * Tr::kStages + s); }
 
   // By one thread, before the __syncthreads that publishes them. do_full
@@ -168,7 +172,7 @@ struct BwdBarriers {
     for (int s = 0; s < Tr::kStages; ++s) {
       MbarrierInit(q_full(s), 1);
       MbarrierInit(do_full(s), 1 + 32);
-      MbarrierInit(empty(s), Tr::kConsumerWarps);
+      MbarrierInit(empty(s), 32 * Tr::kConsumerWarps);
     }
     FenceBarrierInit();
   }
@@ -815,8 +819,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       FenceRegisters(dk);
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk) FenceRegisters(ds_frag[kk]);
-      __syncwarp();
-      if (lane == 0) MbarrierArrive(bars.empty(s));
+      MbarrierArrive(bars.empty(s));  // every thread (BwdBarriers::empty)
       return;
     }
 
@@ -855,19 +858,23 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     FenceRegisters(dk);
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) FenceRegisters(p_frag[kk]), FenceRegisters(ds_frag[kk]);
-    // Q, dO and the row statistics of stage s are read, by every lane of
-    // the warp (the statistics by plain loads) before lane 0 releases it.
-    __syncwarp();
-    if (lane == 0) MbarrierArrive(bars.empty(s));
+    // Q, dO and the row statistics of stage s are read (the statistics by
+    // plain loads): each thread releases the stage (BwdBarriers::empty).
+    MbarrierArrive(bars.empty(s));
   };
   // kDiagonalMasks: whether step i's keys x queries need the per-element
-  // masks (warpgroup-uniform: from m0 and the broadcast warpgroup): causal
-  // where a key may follow a query (key - query up to 63 - (m0 - wg_n0)
-  // inside the block, so m0 - wg_n0 < 63), any where the warpgroup's keys
-  // pass seqlen_k (TMA's zero rows would give P = 2^-lse2). Queries past
-  // seqlen_q need none (lse2 = +inf gives P = 0).
+  // masks in either warpgroup (block-uniform, so that both take the same
+  // copy of the step and each of its named barriers is one instruction for
+  // all 256 threads: reached from two copies, compute-sanitizer's synccheck
+  // reported "divergent threads in block", session 19): causal where a key
+  // may follow a query (key - query up to 127 - (m0 - n0) inside the block,
+  // so m0 - n0 < 127; at 64-query steps the first warpgroup then also masks
+  // the one step m0 = n0 + 64 that it alone would not), any where the
+  // block's keys pass seqlen_k (TMA's zero rows would give P = 2^-lse2).
+  // Queries past seqlen_q need none (lse2 = +inf gives P = 0).
   [[maybe_unused]] auto needs_masks = [&](int i) {
-    return (a.is_causal && m0_of(i) - wg_n0 < 63) || wg_n0 + 64 > a.seqlen_k;
+    const int n0 = tile.n_block * Tr::kBlockN;
+    return (a.is_causal && m0_of(i) - n0 < Tr::kBlockN - 1) || n0 + Tr::kBlockN > a.seqlen_k;
   };
   // kCounters: step i's query block (m_first + m) and head (h), advanced
   // as BwdSteps::m0 / head count them (query blocks innermost).

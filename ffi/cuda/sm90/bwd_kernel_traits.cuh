@@ -102,17 +102,21 @@ constexpr bool BwdUniformDescriptors(BwdSchedule s) {
 // kLeanDq): at 128 499 / 434 TFLOP/s (non-causal / causal; kLeanDq 455 /
 // 397, 1.10x / 1.13x; kDqFirstUniformDiag was 1% faster non-causal but
 // 0.99x causal), at 64 474 / 329 (kLeanDq 360 / 262, 1.31x / 1.27x; sm80's
-// fused backward ~312 / ~284). The feature variants keep kLeanDq: the
-// diagonal-only masks and the counters are the plain kernel's (with
-// features every step runs FeatureStepMask). Session 18 built their
-// candidates, not yet run on a GPU: kDqFirstUniform at 64 and 128 and
-// kDqFirstUniformRows128 at 64 with Features::kMasks / kMasksSoftcap
-// (tests/cuda/sm90_bwd_check.cu --features checks and times them beside
-// kLeanDq).
+// fused backward ~312 / ~284). The feature variants: kDqFirstUniform at
+// 128, kDqFirstUniformRows128 at 64 (the plain defaults' step order and
+// descriptors without their diagonal-only masks and counters, which with
+// features every step's FeatureStepMask replaces). On the H200 (session 19,
+// sm90_bwd_check --features, B=4 T=S=4096 bf16, each timed beside kLeanDq,
+// TFLOP/s over visible pairs): at 128 packed causal 265 (kLeanDq 238,
+// 1.16x), window (512, 0) 254 (1.18x), soft cap 446 (1.21x); at 64 over
+// 128-query steps 231 (1.26x), 230 (1.27x), 380 (1.36x), against sm80's
+// 119 / 106 / 119 (64-query steps at 64: 1.04-1.13x).
 constexpr BwdSchedule DefaultBwdSchedule(int head_dim) {
   return head_dim <= 64 ? BwdSchedule::kDqFirstUniformDiagCountersRows128 : BwdSchedule::kDqFirstUniformDiagCounters;
 }
-constexpr BwdSchedule kFeatureBwdSchedule = BwdSchedule::kLeanDq;
+constexpr BwdSchedule FeatureBwdSchedule(int head_dim) {
+  return head_dim <= 64 ? BwdSchedule::kDqFirstUniformRows128 : BwdSchedule::kDqFirstUniform;
+}
 
 // kBlockM_: queries per step, 64 (the feature variants, the plain kernel at
 // 128) or 128 at head dim 64 (the Rows128 schedules, the plain default

@@ -144,12 +144,12 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   return LaunchBackwardScheduled<Element, kHeadDim, DefaultBwdSchedule(kHeadDim)>(p, stream);
 }
 
-// The feature variants at kFeatureBwdSchedule (bwd_kernel_traits.cuh): kMasksSoftcap
+// The feature variants at FeatureBwdSchedule (bwd_kernel_traits.cuh): kMasksSoftcap
 // only where the soft cap is on, so that calls without it keep the
 // masks-only variant's registers.
 template <typename Element, int kHeadDim>
 std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t stream) {
-  constexpr BwdSchedule kSchedule = kFeatureBwdSchedule;
+  constexpr BwdSchedule kSchedule = FeatureBwdSchedule(kHeadDim);
   if (p.features.softcap > 0.0)
     return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksSoftcap>(p, stream);
   return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasks>(p, stream);

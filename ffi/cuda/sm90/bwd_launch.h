@@ -17,13 +17,15 @@ namespace jax_flash::cuda::sm90 {
 inline bool BackwardCoversHeadDim(int64_t head_dim) { return head_dim >= 1 && head_dim <= 128; }
 
 // Shared memory (bytes) of the backward serving a head dim (<= 128), for
-// the dispatch to check against the device: at 64 the larger of the plain
-// kernel's (128-query steps, 195 KiB) and the feature variants' (130 KiB),
-// 194 KiB at 128.
+// the dispatch to check against the device: the larger of the plain
+// kernel's and the feature variants' (both 128-query steps at 64, 64-query
+// steps at 128).
 inline int BackwardSmemBytes(int64_t head_dim) {
   constexpr int k64 = std::max(BwdTraitsFor<64, DefaultBwdSchedule(64)>::kSmemBytes,
-                                BwdTraitsFor<64, kFeatureBwdSchedule>::kSmemBytes);
-  return head_dim <= 64 ? k64 : BwdTraitsFor<128, DefaultBwdSchedule(128)>::kSmemBytes;
+                                BwdTraitsFor<64, FeatureBwdSchedule(64)>::kSmemBytes);
+  constexpr int k128 = std::max(BwdTraitsFor<128, DefaultBwdSchedule(128)>::kSmemBytes,
+                                 BwdTraitsFor<128, FeatureBwdSchedule(128)>::kSmemBytes);
+  return head_dim <= 64 ? k64 : k128;
 }
 
 // kHeadDim 64 or 128; p.shape.head_dim a multiple of 8 up to kHeadDim. No

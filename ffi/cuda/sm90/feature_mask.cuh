@@ -148,9 +148,11 @@ inline std::string UnsupportedFeatures(const AttentionParams& p, Features varian
       return "a boolean mask and dropout are not supported (the sm80 kernels serve them)";
     if (!f.bias) return "the kMasksBias variant needs a bias";
     // kMasksBias reads float32 (BiasRows<float>); kMasksBias16 the inputs'
-    // 16-bit type (the check program's only, until pending/bias16-dbias.patch).
+    // 16-bit type (DecodeFeatures admits no other 16-bit bias).
     if (variant == Features::kMasksBias && f.bias_type != BiasType::kAccum)
       return "the kMasksBias variant reads a float32 bias";
+    if (variant == Features::kMasksBias16 && f.bias_type == BiasType::kAccum)
+      return "the kMasksBias16 variant reads a bias of the inputs' 16-bit dtype";
     if (f.softcap > 0.0) return "a bias with the soft cap is not supported (the sm80 forward serves it)";
     if (f.bias_stride.col != 1)  // BiasRows::Load's immediate offsets
       return "the bias must be contiguous along the keys (one broadcast along them stays on the sm80 forward)";
