@@ -5,7 +5,8 @@
 # query heads per key head; the sm90 forward where the GPU is 9.x and the
 # sm80 one; the split-KV decode kernels, contiguous and paged; then the feature variants: packed documents, a
 # window, key lengths, a key-padding mask, a bias and its gradient, soft cap,
-# dropout; on 9.x the sm90 feature variants at 64 and 128 and sm80's forced)
+# dropout; on 9.x the sm90 feature variants at 64 and 128 and sm80's forced;
+# the generic kernels and the deterministic backward)
 # under compute-sanitizer's racecheck, synccheck, memcheck and initcheck
 # (reads of device memory nothing wrote), only our kernels instrumented.
 # A kernel whose barriers are wrong can pass the numeric tests by timing
@@ -85,6 +86,28 @@ for h in (64, 128):
         loss = lambda q, k, v, bias: jnp.sum(jax_flash.attention(q, k, v, bias=bias).astype(jnp.float32))
         grads = jax.jit(jax.grad(loss, (0, 1, 2, 3)))(q, k, v, bias)
         assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads), ("bias", h, shape, dtype)
+# The generic kernels (SIMT, float32 arithmetic): float32 inputs, then 16-bit
+# inputs forced onto them with a broadcast bias and its gradient (the
+# generic bias-gradient pass); and the deterministic backward: sm80's
+# two-pass dK/dV + dQ kernels for a plain call, the generic kernels with a
+# feature.
+generic_runs = [
+    (jnp.float32, dict(is_causal=True)),
+    (jnp.bfloat16, dict(implementation="generic", is_causal=True)),
+    (jnp.bfloat16, dict(deterministic=True)),
+    (jnp.bfloat16, dict(deterministic=True, local_window_size=(40, 0))),
+]
+for dtype, kwargs in generic_runs:
+    q = jnp.asarray(rng.standard_normal((1, t, 4, 64)), dtype)
+    k, v = (jnp.asarray(rng.standard_normal((1, t, 2, 64)), dtype) for _ in range(2))
+    loss = lambda q, k, v: jnp.sum(jax_flash.attention(q, k, v, **kwargs).astype(jnp.float32))
+    grads = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v)
+    assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads), ("generic", dtype, kwargs)
+q, k, v = (jnp.asarray(rng.standard_normal((1, t, n, 64)), jnp.bfloat16) for _ in range(3))
+bias = jnp.asarray(rng.standard_normal((1, 1, t, t)), jnp.bfloat16)
+loss = lambda q, k, v, bias: jnp.sum(jax_flash.attention(q, k, v, bias=bias, implementation="generic").astype(jnp.float32))
+grads = jax.jit(jax.grad(loss, (0, 1, 2, 3)))(q, k, v, bias)
+assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads), "generic bias"
 print("sanitize case done")
 PY
 status=0
