@@ -647,8 +647,9 @@ def _parser() -> argparse.ArgumentParser:
     decode.add_argument("--batch", type=int, help=f"B (default {benchmark_decode.DECODE_DEFAULTS['batch']})")
     decode.add_argument("--heads", type=int, help=f"N (default {benchmark_decode.DECODE_DEFAULTS['heads']})")
     decode.add_argument("--kv-heads", type=int, help=f"K (default {benchmark_decode.DECODE_DEFAULTS['kv_heads']})")
-    decode.add_argument("--block-size", type=int,
-                        help=f"jax_flash_paged's (default {benchmark_decode.DECODE_DEFAULTS['block_size']})")
+    decode.add_argument("--block-size", type=int, nargs="+",
+                        help="jax_flash_paged's pool block sizes, a row each (default "
+                             + " ".join(map(str, benchmark_decode.DECODE_DEFAULTS["block_size"])) + ")")
     parser.add_argument("--out", default="bench_out", help="directory for results.json and results.md")
     return parser
 

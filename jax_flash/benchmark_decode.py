@@ -14,8 +14,9 @@ bottom-right alignment decoding needs). The implementations get it as:
                    bottom-right causal set (attention's is_causal is top-left, and it has
                    no public position offset). Block skipping keeps it a
                    mask-free loop except near the diagonal.
-  jax_flash_paged  jax_flash.paged_attention over a pool of --block-size (64) blocks
-                   holding the same keys in a shuffled block order, lengths S.
+  jax_flash_paged  jax_flash.paged_attention over a pool of --block-size blocks holding
+                   the same keys in a shuffled block order, lengths S; one row per block
+                   size (default 16, 64 and 256: issue 22's range), a column each.
   cudnn, xla       jax.nn.dot_product_attention(implementation=...): Tq = 1 without a
                    mask; Tq > 1 with a bool [1, 1, Tq, S] mask (jax's is_causal is
                    top-left too, and cuDNN takes no right window).
@@ -50,7 +51,7 @@ import jax_flash
 DECODE_POINTS = ((1, 8192), (1, 32768), (1, 131072), (16, 32768))
 DECODE_IMPLEMENTATIONS = ("jax_flash", "jax_flash_paged", "cudnn", "xla")
 COPY_BYTES_PER_S = 4.3e12  # the H200's measured copy rate (issue 22)
-DECODE_DEFAULTS = {"batch": 8, "heads": 32, "kv_heads": 8, "block_size": 64}
+DECODE_DEFAULTS = {"batch": 8, "heads": 32, "kv_heads": 8, "block_size": [16, 64, 256]}
 
 
 class Unsupported(Exception):
@@ -92,11 +93,7 @@ def decode_inputs(batch, tq, seqlen, heads, kv_heads, head_dim, dtype, block_siz
     if ragged and tq != 1:
         raise ValueError(f"ragged points take Tq = 1 (the contiguous calls have no per-sequence "
                          f"bottom-right alignment); got Tq = {tq}")
-    if seqlen % block_size:
-        raise ValueError(f"--block-size {block_size} does not divide S = {seqlen}")
-    blocks = batch * (seqlen // block_size)
-    # Block i of the contiguous order goes to pool block order[i]: block_tables[b, j] = order[b * S / bs + j].
-    order = np.random.default_rng(seed).permutation(blocks).astype(np.int32)
+    order = _block_order(batch, seqlen, block_size, seed)
     arrays = _random_arrays(jax.random.key(seed), jnp.asarray(order), batch, tq, seqlen, heads, kv_heads,
                             head_dim, jnp.dtype(dtype), block_size)
     arrays["block_tables"] = jnp.asarray(order.reshape(batch, -1))
@@ -106,6 +103,29 @@ def decode_inputs(batch, tq, seqlen, heads, kv_heads, head_dim, dtype, block_siz
     if tq > 1:
         arrays["mask"] = jnp.asarray(np.arange(seqlen)[None, :] <= seqlen - tq + np.arange(tq)[:, None])[None, None]
     return arrays
+
+
+def _block_order(batch, seqlen, block_size, seed) -> np.ndarray:
+    """Block i of the contiguous order goes to pool block order[i]: block_tables[b, j] = order[b * S / bs + j]."""
+    if seqlen % block_size:
+        raise ValueError(f"--block-size {block_size} does not divide S = {seqlen}")
+    return np.random.default_rng(seed).permutation(batch * (seqlen // block_size)).astype(np.int32)
+
+
+def repaged(arrays, block_size, seed) -> dict:
+    """`arrays` (decode_inputs') with the pool and block tables rebuilt at another block size:
+    the same k and v in a shuffled order of block_size blocks."""
+    batch, seqlen = arrays["k"].shape[:2]
+    order = _block_order(batch, seqlen, block_size, seed)
+    key_cache, value_cache = _pools(arrays["k"], arrays["v"], jnp.asarray(order), block_size)
+    return {**arrays, "key_cache": key_cache, "value_cache": value_cache,
+            "block_tables": jnp.asarray(order.reshape(batch, -1))}
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _pools(k, v, order, block_size):
+    pool_shape = (order.shape[0], block_size) + k.shape[2:]
+    return tuple(jnp.zeros(pool_shape, x.dtype).at[order].set(x.reshape(pool_shape)) for x in (k, v))
 
 
 @functools.partial(jax.jit, static_argnums=range(2, 10))
@@ -144,21 +164,26 @@ def decode_fn(impl: str, fa3_import=None, ragged=False):
     raise ValueError(f"unknown decode implementation {impl!r}")
 
 
-def run_point(impls, batch, tq, seqlen, heads, kv_heads, head_dim, dtype, block_size, iters, min_sample_s,
+def run_point(impls, batch, tq, seqlen, heads, kv_heads, head_dim, dtype, block_sizes, iters, min_sample_s,
               seed, median_seconds, fa3_import, ragged=False) -> list:
-    """A row per implementation at one (Tq, S), printed as it comes; a failure is that row's error."""
+    """A row per implementation at one (Tq, S) (jax_flash_paged: one per block size in
+    `block_sizes`, an int or a sequence), printed as it comes; a failure is that row's error."""
+    block_sizes = (block_sizes,) if isinstance(block_sizes, int) else tuple(block_sizes)
     lengths = ragged_lengths(batch, seqlen) if ragged else None
     fields = {"variant": "decode_ragged" if ragged else "decode", "batch": batch, "tq": tq, "seqlen": seqlen,
               "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": jnp.dtype(dtype).name,
               "floor_us": floor_us(batch, seqlen, kv_heads, head_dim, dtype, lengths)}
     if ragged:
         fields["lengths"] = lengths.tolist()
-    arrays = decode_inputs(batch, tq, seqlen, heads, kv_heads, head_dim, dtype, block_size, seed, ragged)
+    arrays = decode_inputs(batch, tq, seqlen, heads, kv_heads, head_dim, dtype, block_sizes[0], seed, ragged)
+    runs = [(impl, bs) for impl in impls for bs in (block_sizes if impl == "jax_flash_paged" else (None,))]
     baseline, rows = None, []
-    for impl in impls:
+    for impl, block_size in runs:
         row = {"impl": impl, **fields}
         if impl == "jax_flash_paged":
             row["block_size"] = block_size
+            if block_size != block_sizes[0]:
+                arrays = repaged(arrays, block_size, seed)
         try:
             fn, names = decode_fn(impl, fa3_import, ragged)
             fwd, args = jax.jit(fn), tuple(arrays[n] for n in names)
@@ -179,10 +204,11 @@ def run_point(impls, batch, tq, seqlen, heads, kv_heads, head_dim, dtype, block_
 
 
 def _row_line(r) -> str:
+    name = r["impl"] + (f" (block {r['block_size']})" if "block_size" in r else "")
     if "error" in r:
-        return f"{r['impl']} Tq={r['tq']} S={_s_label(r)}: {r['error']}"
+        return f"{name} Tq={r['tq']} S={_s_label(r)}: {r['error']}"
     diff = f", max diff vs jax_flash {r['max_diff_vs_jax_flash']:.2e}" if "max_diff_vs_jax_flash" in r else ""
-    return (f"{r['impl']} Tq={r['tq']} S={_s_label(r)}: {r['fwd_us']:.1f} us "
+    return (f"{name} Tq={r['tq']} S={_s_label(r)}: {r['fwd_us']:.1f} us "
             f"({r['vs_floor']:.2f}x the {r['floor_us']:.1f} us floor){diff}")
 
 
@@ -197,12 +223,15 @@ def _s_label(r) -> str:
 
 
 def decode_table(rows) -> str:
-    """One line per (Tq, S), a column per implementation, then the floor: the issue's table."""
-    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    """One line per (Tq, S), a column per implementation (the paged one per block size when
+    there are several, "jax_flash_paged/16"), then the floor: the issue's table."""
+    several = len({r["block_size"] for r in rows if "block_size" in r}) > 1
+    column = lambda r: f"{r['impl']}/{r['block_size']}" if several and "block_size" in r else r["impl"]
+    impls = list(dict.fromkeys(column(r) for r in rows))
     by_point = {}
     for r in rows:
         by_point.setdefault((r["batch"], r["tq"], _s_label(r), r["heads"], r["kv_heads"], r["head_dim"]), {})[
-            r["impl"]] = r
+            column(r)] = r
     lines = ["| B | Tq | S | N | K | H | " + " | ".join(f"{i} us" for i in impls) + " | floor us |",
              "|" + "---|" * (7 + len(impls))]
     for (b, tq, s, n, k, h), here in by_point.items():

@@ -352,6 +352,34 @@ def test_decode_ragged_point_reads_the_lengths_and_floors_on_their_keys(tmp_path
     assert "| 2 | 1 | 1..96 (ragged) |" in table
 
 
+def test_decode_paged_rows_per_block_size_hold_the_same_attention(tmp_path, monkeypatch):
+    """--block-size takes several sizes (issue 22: paged at 16 to 256): a paged row and a table
+    column per size at every point, ragged included, each over its own pool of the same keys
+    and equal to the contiguous call."""
+    _not_importable(monkeypatch)
+    args = DECODE_TINY.copy()
+    args[args.index("--block-size") + 1] = "8"
+    args.insert(args.index("--block-size") + 2, "32")
+    benchmark.main(args + ["--ragged-points", "1:96", "--impl", "jax_flash", "jax_flash_paged",
+                           "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    paged = [r for r in rows if r["impl"] == "jax_flash_paged"]
+    assert [(r["seqlen"], r["variant"], r["block_size"]) for r in paged] == [
+        (64, "decode", 8), (64, "decode", 32), (96, "decode", 8), (96, "decode", 32),
+        (96, "decode_ragged", 8), (96, "decode_ragged", 32)]
+    assert all(r["max_diff_vs_jax_flash"] < 1e-5 for r in paged), paged
+    header = next(line for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith("| B |"))
+    assert "| jax_flash_paged/8 us | jax_flash_paged/32 us |" in header
+    # The pools differ (block tables of their own sizes) over the same keys.
+    from jax_flash import benchmark_decode as decode
+    arrays = decode.decode_inputs(2, 1, 64, 4, 2, 32, jnp.float32, 8, seed=0)
+    other = decode.repaged(arrays, 32, seed=0)
+    assert arrays["block_tables"].shape == (2, 8) and other["block_tables"].shape == (2, 2)
+    assert other["key_cache"].shape == (4, 32, 2, 32)
+    blocks = np.asarray(other["key_cache"])[np.asarray(other["block_tables"])]  # [B, blocks, bs, K, H]
+    np.testing.assert_array_equal(blocks.reshape(2, 64, 2, 32), np.asarray(arrays["k"]))
+
+
 def test_decode_ragged_points_refuse_more_than_one_new_token(tmp_path):
     with pytest.raises(SystemExit):
         benchmark.main(DECODE_TINY + ["--ragged-points", "4:96", "--out", str(tmp_path)])
@@ -382,7 +410,7 @@ def test_decode_preset_defaults_are_the_issues_table():
     parser = benchmark._parser()
     args = benchmark._resolve(parser, parser.parse_args(["--preset", "decode"]))
     assert (args.dtype, args.head_dim, args.batch, args.heads, args.kv_heads, args.block_size) == (
-        "bfloat16", [128], 8, 32, 8, 64)
+        "bfloat16", [128], 8, 32, 8, [16, 64, 256])
     assert list(args.decode_points) == [(1, 8192), (1, 32768), (1, 131072), (16, 32768)]
     assert args.impl[:4] == ["jax_flash", "jax_flash_paged", "cudnn", "xla"]
     args = benchmark._resolve(parser, parser.parse_args(["--preset", "decode", "--decode-points", "4:1024",
