@@ -491,7 +491,12 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   constexpr int kHeadDim = Tr::kHeadDim, kBlockM = Tr::kBlockM;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
   constexpr bool kSoftcap = kFeatures == Features::kMasksSoftcap;
+  constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
+  using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
   constexpr bool kDqFirst = BwdDqFirst(kSchedule);
+  // The bias's loads for step i + 1 go out under step i's dK product, where
+  // nothing else is in flight between steps (kDqFirst's order).
+  static_assert(!kBias || kDqFirst, "the bias variants run the dQ-first schedules only");
   constexpr bool kUniform = BwdUniformDescriptors(kSchedule);
   constexpr bool kDiagonalMasks = BwdDiagonalMasks(kSchedule) && !kAnyFeature;
   constexpr bool kCounters = BwdStepCounters(kSchedule) && !kAnyFeature;
@@ -527,13 +532,28 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = dv[i] = 0.0f;
 
+  // kMasksBias(16): this thread's bias columns (BiasColumns: the batch's
+  // offset once per tile) and the raw values of the next step's pairs,
+  // loaded a step ahead (load_bias, under the previous step's dK).
+  [[maybe_unused]] BiasColumns<BiasT> bias{};
+  [[maybe_unused]] uint32_t bias_raw[kBlockM / 2];
+  if constexpr (kBias) bias = BiasColumns<BiasT>::For(p, tile.b, wg_n0 + row0);
+  [[maybe_unused]] auto load_bias = [&](int i) {
+    if constexpr (kBias)
+      bias.template Load<kBlockM>(bias_raw, p, steps.head(i, tile.hk, a.group), steps.m0(i), t);
+  };
+
   // S^T = K Q^T [64 keys][64 queries] of step i, raw, issued and committed.
+  // kMasksBias(16): added to the step's bias times 1 / scale
+  // (softcap_unscale in these variants, as the forward's), put into st
+  // here from bias_raw: q.k + bias / scale, the forward's logits (BiasColumns).
   float st[kBlockM / 2];
   auto issue_s = [&](int i) {
     const int s = i % Tr::kStages;
     const uint32_t base = Opaque(smem);
     const uint32_t q_tile = base + Tr::kQOffset + s * Tr::kQTileBytes;
     const uint32_t k_rows = base + Tr::kKOffset + warpgroup * 64 * 128;
+    if constexpr (kBias) BiasColumns<BiasT>::template ToLogits<kBlockM>(st, bias_raw, a.softcap_unscale);
     MbarrierWait(bars.q_full(s), (i / Tr::kStages) & 1);
     WgmmaFence();
     if constexpr (kUniform) {
@@ -541,12 +561,12 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk)
         WgmmaSS<Element, kBlockM>(st, k_desc.At(KMajorOffset(Tr::kKvChunkBytes, kk)),
-                                  q_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)), kk > 0 ? 1 : 0);
+                                  q_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)), kBias || kk > 0 ? 1 : 0);
     } else {
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk)
         WgmmaSS<Element, kBlockM>(st, KMajorDescriptor<Tr>(k_rows, Tr::kKvChunkBytes, kk),
-                                  KMajorDescriptor<Tr>(q_tile, Tr::kQChunkBytes, kk), kk > 0 ? 1 : 0);
+                                  KMajorDescriptor<Tr>(q_tile, Tr::kQChunkBytes, kk), kBias || kk > 0 ? 1 : 0);
     }
     WgmmaCommit();
   };
@@ -594,6 +614,9 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       ReduceDqRows<Tr>(a, dq_stage, tile.b, head_of(i), m0, warp, dq_col0, dq_cols);
   };
 
+  // kMasksBias(16): the first step's bias, under the K/V copy.
+  if constexpr (kBias)
+    if (steps.count > 0) load_bias(0);
   // A feature variant's tile without steps: no K/V copy was issued.
   if (!kAnyFeature || steps.count > 0) MbarrierWait(bars.kv_full(), 0);
   // Step i up to its dQ product (done, in dq). kSendPrevious (kEarlyS, all
@@ -815,6 +838,13 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       for (int kk = 0; kk < kBlockM / 16; ++kk) FenceRegisters(p_frag[kk]);
       // Reads no stage: Q and dO stay held only for dK's B operand.
       send_dq(i);
+      // kMasksBias(16): the next step's bias (the last step's again on the
+      // last step: no branch, every read in the bias), its latency under
+      // the rest of dK and the step's end. After the send, whose staging
+      // frees dQ's 32 registers for the raw words (issued before it, the
+      // words beside dQ, dK, dV and dS^T's fragments made ptxas spill).
+      // (The count rebuilt from m_count, as step_count below.)
+      if constexpr (kBias) load_bias(min(i + 1, int(Opaque(uint32_t(steps.m_count))) * a.group - 1));
       WgmmaWait<0>();
       FenceRegisters(dk);
 #pragma unroll
