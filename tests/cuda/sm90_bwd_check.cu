@@ -14,7 +14,14 @@
 // replaced in session 19, checked the same way and counted: kLeanDq and, at
 // 64, kDqFirstUniform over 64-query steps, each timed right after the
 // package's on the timed cases (T=4096: documents and a window, causal, at
-// 128 and 64; the soft cap at both).
+// 128 and 64; the soft cap at both). The bias variants (kMasksBias16,
+// kMasksBias: not yet dispatched by the package, launched here through
+// LaunchBiasScheduled at the package's feature schedule and, at 64, over
+// 64-query steps) on bias cases of every broadcast shape, with the masks
+// and tails, against the references with logits + bias; their timing rows
+// (T=4096, [1,N,T,S] and [B,N,T,S] bf16 biases at 128 and 64, one causal)
+// in the same table (no lean-dQ column: the bias variants are dQ-first
+// only).
 //
 //   bash scripts/sm90_bwd_check.sh         # builds and runs this
 //   ./sm90_bwd_check --quick               # skip the 4096-long cases

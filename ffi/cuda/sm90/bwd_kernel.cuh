@@ -1,6 +1,7 @@
 // FlashAttention backward for Hopper (sm_90a), float16/bfloat16, plain and
 // causal, GQA, and in its feature variants (Features, kernel_traits.cuh)
-// lengths, windows, position offsets, segment ids and the soft cap:
+// lengths, windows, position offsets, segment ids and the soft cap (and,
+// in the check program only, an additive bias):
 // FlashAttention-3's structure (warp specialization, TMA ring,
 // wgmma, S^T = K Q^T so that P^T and dS^T come out as the A operands of dV
 // and dK) in our own code. Runs between sm80's DeltaAndClearKernel (delta =
@@ -56,6 +57,12 @@
 // check) and applied as selects. kMasksSoftcap recomputes the forward's
 // probabilities (the same raw-unit formula and tanh) and multiplies dS by
 // the tanh's derivative, as sm80's backward (LogitFeatures::ChainSoftcap).
+// kMasksBias / kMasksBias16 (the check program's only, not yet dispatched
+// by the package; dQ-first schedules) add a float32 / 16-bit bias as the
+// forward does: bias / scale in S^T's accumulators before S^T = K Q^T adds
+// q.k (BiasColumns, feature_mask.cuh; loaded a step ahead, under the
+// previous step's dK), so P is the forward's and dS is the plain one (the
+// bias gradient is the separate dbias pass's).
 // A tile with no step copies nothing and waits on no barrier: its consumers
 // write dK = dV = 0 (its keys are seen by no query).
 //

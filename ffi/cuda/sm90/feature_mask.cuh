@@ -381,13 +381,25 @@ struct BiasColumns {
         for (int hh = 0; hh < 2; ++hh) {
           uint32_t x = 0;
           if constexpr (sizeof(BiasT) == 4) {
-            if (key_in[hh]) x = reinterpret_cast<const uint32_t*>(row)[8 * hh];
+            if (key_in[hh]) x = LoadGlobal(reinterpret_cast<const unsigned int*>(row) + 8 * hh);
           } else {
-            if (key_in[hh]) x = reinterpret_cast<const uint16_t*>(row)[8 * hh];
+            if (key_in[hh]) x = LoadGlobal(reinterpret_cast<const unsigned short*>(row) + 8 * hh);
           }
           raw[4 * j + 2 * hh + e] = x;
         }
       }
+  }
+
+  // *ptr through the read-only global path (ld.global.nc): the opaque
+  // pointer above is generic to the compiler, which then issued generic
+  // loads (LD); the bias is never written during the kernel.
+  template <typename T>
+  __host__ __device__ __forceinline__ static T LoadGlobal(const T* ptr) {
+#ifdef __CUDA_ARCH__
+    return __ldg(ptr);
+#else
+    return *ptr;
+#endif
   }
 
   // raw's values times `unscale` (1 / scale) into s, S^T's accumulators.
