@@ -261,12 +261,48 @@ __device__ __forceinline__ void ProduceBackwardTile(const CUtensorMap* q_map, co
   }
 }
 
+// kMasksBias(16): the tile's bias rows of step i (keys n0 .. + kBlockN
+// below seqlen_k, `key_bytes` of them; queries clamped as BiasColumns
+// clamps them) into L2, by the producer warp that stages the row
+// statistics, one lane per row, each 128-byte line of the row and its
+// last byte. The consumers' own loads of a step go out only under the
+// previous step's dK product (BiasColumns: where their registers allow),
+// too short a time for a read from memory; this warp runs one to two
+// steps ahead of them (the Q/dO ring), so those loads find the lines in
+// L2. `keys`: the tile's first key of (b, head 0, query 0).
+template <typename Tr, typename BiasT>
+__device__ __forceinline__ void PrefetchBiasRows(const AttentionParams& p, const BiasT* keys, int key_bytes, int h,
+                                                 int m0, int lane) {
+  const int q_last = int(p.shape.seqlen_q) - 1;
+#pragma unroll
+  for (int r = lane; r < Tr::kBlockM; r += 32) {
+    const char* row = reinterpret_cast<const char*>(keys + int64_t(h) * p.features.bias_stride.head +
+                                                    int64_t(min(m0 + r, q_last)) * p.features.bias_stride.row);
+#pragma unroll
+    for (int offset = 0; offset < Tr::kBlockN * int(sizeof(BiasT)); offset += 128)
+      if (offset < key_bytes) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + offset));
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + key_bytes - 1));
+  }
+}
+
 // Warp 1 of the producer: per step, lse in log2 units (+inf past seqlen_q,
 // so that those queries' P is 0; Log2Lse: also for rows that saw no key)
 // and delta (0 past seqlen_q) of the step's queries, [lse2 x 64][delta x 64].
-template <typename Tr>
-__device__ __forceinline__ void StageRowStats(const BackwardArgs& a, BwdBarriers<Tr> bars, uint32_t smem,
-                                              const BwdTile& tile, const BwdSteps<Tr>& steps, int lane) {
+// kMasksBias(16): then the bias rows of the next step into L2
+// (PrefetchBiasRows).
+template <typename Tr, Features kFeatures = Features::kNone, typename Element = void>
+__device__ __forceinline__ void StageRowStats(const BackwardArgs& a, const AttentionParams& p, BwdBarriers<Tr> bars,
+                                              uint32_t smem, const BwdTile& tile, const BwdSteps<Tr>& steps,
+                                              int lane) {
+  constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
+  using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
+  [[maybe_unused]] const BiasT* bias_keys = nullptr;
+  [[maybe_unused]] int bias_key_bytes = 0;
+  if constexpr (kBias) {
+    const int n0 = tile.n_block * Tr::kBlockN;
+    bias_keys = BiasColumns<BiasT>::For(p, tile.b, n0).keys;
+    bias_key_bytes = min(Tr::kBlockN, a.seqlen_k - n0) * int(sizeof(BiasT));
+  }
   for (int i = 0; i < steps.count; ++i) {
     const int s = i % Tr::kStages;
     const uint32_t parity = (i / Tr::kStages) & 1;
@@ -283,6 +319,10 @@ __device__ __forceinline__ void StageRowStats(const BackwardArgs& a, BwdBarriers
       asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(stats + 4 * (Tr::kBlockM + r)), "f"(delta) : "memory");
     }
     MbarrierArrive(bars.do_full(s));  // release: the stores above are visible to the waiters
+    if constexpr (kBias) {
+      const int next = min(i + 1, steps.count - 1);
+      PrefetchBiasRows<Tr>(p, bias_keys, bias_key_bytes, steps.head(next, tile.hk, a.group), steps.m0(next), lane);
+    }
   }
 }
 
@@ -998,7 +1038,9 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     if (threadIdx.x == 0) {
       if (!kAnyFeature || steps.count > 0)
         ProduceBackwardTile<Tr>(&q_map, &k_map, &v_map, &do_map, a, bars, smem, tile, steps);
-    } else if (threadIdx.x / 32 == 1) StageRowStats<Tr>(a, bars, smem, tile, steps, threadIdx.x % 32);
+    } else if (threadIdx.x / 32 == 1) {
+      StageRowStats<Tr, kFeatures, Element>(a, p, bars, smem, tile, steps, threadIdx.x % 32);
+    }
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
     ConsumeBackwardTile<Element, Tr, kSchedule, kFeatures>(a, p, bars, smem, warpgroup - 1, tile, steps);
