@@ -590,8 +590,11 @@ __global__ void ReferenceDqFeatures(const Element* q, const Element* k, const El
     if (!RefVisible(f, b, T, S, causal, i, j)) continue;
     const int64_t k_off = ((int64_t(b) * S + j) * K + hk) * H;
     float th;
-    const float p =
-        expf(RefLogit(Dot(q + q_off, k + k_off, H), scale, f.softcap, &th) + RefBias(f, b, h, i, j) - row_lse);
+    // A -inf bias hides its pair (no term: expf(-inf - lse) is NaN where
+    // the row's lse is -inf too, every visible logit -inf).
+    const float x = RefLogit(Dot(q + q_off, k + k_off, H), scale, f.softcap, &th) + RefBias(f, b, h, i, j);
+    if (x == -INFINITY) continue;
+    const float p = expf(x - row_lse);
     const float ds = p * (Dot(dout + q_off, v + k_off, H) - row_delta) * (1.0f - th * th);
     for (int d = 0; d < H; ++d) acc[d] += ds * ToFloat(k[k_off + d]);
   }
@@ -618,8 +621,9 @@ __global__ void ReferenceDkvFeatures(const Element* q, const Element* k, const E
       const int64_t q_off = ((int64_t(b) * T + i) * N + h) * H;
       const int64_t row = (int64_t(b) * N + h) * T + i;
       float th;
-      const float p =
-          expf(RefLogit(Dot(q + q_off, k + k_off, H), scale, f.softcap, &th) + RefBias(f, b, h, i, j) - lse[row]);
+      const float x = RefLogit(Dot(q + q_off, k + k_off, H), scale, f.softcap, &th) + RefBias(f, b, h, i, j);
+      if (x == -INFINITY) continue;  // a -inf bias hides its pair (as in ReferenceDqFeatures)
+      const float p = expf(x - lse[row]);
       const float ds = p * (Dot(dout + q_off, v + k_off, H) - delta[row]) * (1.0f - th * th);
       for (int d = 0; d < H; ++d) {
         acc_v[d] += p * ToFloat(dout[q_off + d]);
