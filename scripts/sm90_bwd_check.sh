@@ -17,7 +17,10 @@
 # package's); their timing rows (T=S=4096: documents and a window, causal,
 # and the soft cap, at head dims 128 and 64) time each of those right after
 # the package's (the lean-dQ and dQFu64 columns), beside the plain sm90
-# backward and sm80's feature backward.
+# backward and sm80's feature backward. The bias variants (kMasksBias16,
+# kMasksBias; the check program's only, not dispatched by the package) run
+# on the bias cases and the bias timing rows of --features (no lean-dQ
+# column there).
 #
 #   bash scripts/sm90_bwd_check.sh             # from the worktree root
 #   SM80=0 bash scripts/sm90_bwd_check.sh      # without the sm80 comparison (faster build)

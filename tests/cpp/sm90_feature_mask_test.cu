@@ -20,10 +20,19 @@
 //     hold every visible pair of its keys, a query block its segment trim
 //     would drop holds none, and FeatureStepMask, for every warp and lane,
 //     marks exactly the visible pairs of its S^T fragment (keys g, g + 8;
-//     queries 8j + 2t + e; 64-bit words at 128 queries).
+//     queries 8j + 2t + e; 64-bit words at 128 queries);
+//   - the backward's bias (BiasColumns: For once per tile, Load per step,
+//     ToLogits), for every warp and lane of both consumer warpgroups and
+//     every step and head, puts bias[b, h, query, key] / scale of each of
+//     its S^T pairs where S^T's fragment holds that pair, for float32, bf16
+//     and f16 biases broadcast over any of batch, heads and queries, 0 for
+//     keys past S, the last row for queries past T, and reads nothing
+//     outside the bias (each bias its exact size: AddressSanitizer, where
+//     run_host_check has it, fails any other read).
 // Exit status 0 = all hold.
 #include <cstdio>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/sm90/feature_mask.cuh"
@@ -241,6 +250,78 @@ long CheckBackward(const Spec& c, long* checked) {
   return failures;
 }
 
+// An exactly representable bias value of element index i (small integers
+// in halves: exact in bf16 and f16), for BiasColumns' check.
+template <typename BiasT>
+BiasT BiasValue(int64_t i) {
+  const float x = float(i % 255) * 0.5f - 60.0f;
+  if constexpr (std::is_same_v<BiasT, float>) return x;
+  else if constexpr (std::is_same_v<BiasT, __nv_bfloat16>) return __float2bfloat16(x);
+  else return __float2half(x);
+}
+template <typename BiasT>
+float BiasFloat(BiasT x) {
+  if constexpr (std::is_same_v<BiasT, float>) return x;
+  else if constexpr (std::is_same_v<BiasT, __nv_bfloat16>) return __bfloat162float(x);
+  else return __half2float(x);
+}
+
+// BiasColumns (the backward's bias) against bias[b, h, i, j] / scale at
+// every S^T pair of every consumer lane, tile, head and step of kBlockM
+// queries: [B|1, N|1, T|1, S], stride 0 along the broadcast dims.
+template <typename BiasT, int kBlockM>
+long CheckBiasColumns(int B, int N, int T, int S, int broadcast, long* checked) {
+  const int bb = broadcast & 1 ? 1 : B, bn = broadcast & 2 ? 1 : N, bt = broadcast & 4 ? 1 : T;
+  std::vector<BiasT> bias(size_t(bb) * bn * bt * S);
+  for (size_t i = 0; i < bias.size(); ++i) bias[i] = BiasValue<BiasT>(int64_t(i) * 7 + 3);
+  AttentionParams p;
+  p.shape = {B, T, S, N, N, 64};
+  p.scale = 0.125;
+  p.features.bias = bias.data();
+  p.features.num_batch_dims = 1;
+  p.features.batch_dims[0] = B;
+  p.features.bias_stride.col = 1;
+  p.features.bias_stride.row = bt > 1 ? S : 0;
+  p.features.bias_stride.head = bn > 1 ? int64_t(bt) * S : 0;
+  p.features.bias_stride.batch[0] = bb > 1 ? int64_t(bn) * bt * S : 0;
+  const float unscale = float(1.0 / p.scale);
+  long failures = 0;
+  if (!BiasRowsFit(p) && failures++ < 5) std::printf("FAIL BiasRowsFit refuses a small bias\n");
+  for (int b = 0; b < B; ++b)
+    for (int n0 = 0; n0 < S; n0 += 128)
+      for (int key0 = n0; key0 < n0 + 128; key0 += 16)  // each warp's 16 keys (both warpgroups)
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, t = lane % 4, key = key0 + g;
+          const auto columns = BiasColumns<BiasT>::For(p, b, key);
+          for (int h = 0; h < N; ++h)
+            for (int m0 = 0; m0 < T; m0 += kBlockM) {
+              uint32_t raw[kBlockM / 2];
+              float s[kBlockM / 2];
+              columns.template Load<kBlockM>(raw, p, h, m0, t);
+              BiasColumns<BiasT>::template ToLogits<kBlockM>(s, raw, unscale);
+              for (int j = 0; j < kBlockM / 8; ++j)
+                for (int hh = 0; hh < 2; ++hh)
+                  for (int e = 0; e < 2; ++e) {
+                    const int kj = key + 8 * hh, qi = std::min(m0 + 8 * j + 2 * t + e, T - 1);
+                    const size_t at = ((size_t(bb > 1 ? b : 0) * bn + (bn > 1 ? h : 0)) * bt + (bt > 1 ? qi : 0)) * S + kj;
+                    const float want = kj < S ? BiasFloat(bias[at]) * unscale : 0.0f;
+                    const float got = s[4 * j + 2 * hh + e];
+                    ++*checked;
+                    if (got != want && failures++ < 5)
+                      std::printf("FAIL BiasColumns<%d bytes, %d>: B %d N %d T %d S %d broadcast %d: b %d h %d step %d "
+                                  "lane %d key %d query %d: %g, want %g\n",
+                                  int(sizeof(BiasT)), kBlockM, B, N, T, S, broadcast, b, h, m0, lane, kj,
+                                  m0 + 8 * j + 2 * t + e, got, want);
+                  }
+            }
+        }
+  // A slice past 2^32 elements is refused (the 32-bit row offsets).
+  p.shape.seqlen_q = 70000;
+  p.features.bias_stride.row = 70000;
+  if (BiasRowsFit(p) && failures++ < 5) std::printf("FAIL BiasRowsFit admits a 70000 x 70000 slice\n");
+  return failures;
+}
+
 // ColumnRangeBits against the per-column definition, for every range.
 template <int kTiles>
 long CheckColumnRangeBits() {
@@ -285,6 +366,16 @@ int main() {
     failures += Check<80>(c, &checked);
     failures += CheckBackward<64>(c, &checked);
     failures += CheckBackward<128>(c, &checked);
+    ++configs;
+  }
+  // The backward's bias: random shapes (tails in T and S, S below one
+  // warp's keys), every broadcast, all three types, both step sizes.
+  for (int n = 0; n < 24; ++n) {
+    const int B = uniform(1, 3), N = uniform(1, 3), T = uniform(1, 300), S = uniform(1, 300), broadcast = n % 8;
+    failures += CheckBiasColumns<float, 64>(B, N, T, S, broadcast, &checked);
+    failures += CheckBiasColumns<__nv_bfloat16, 64>(B, N, T, S, broadcast, &checked);
+    failures += CheckBiasColumns<__half, 128>(B, N, T, S, broadcast, &checked);
+    failures += CheckBiasColumns<__nv_bfloat16, 128>(B, N, T, S, broadcast, &checked);
     ++configs;
   }
   std::printf("%ld configurations, %ld pairs checked, %ld failures\n", configs, checked, failures);

@@ -14,7 +14,14 @@
 // replaced in session 19, checked the same way and counted: kLeanDq and, at
 // 64, kDqFirstUniform over 64-query steps, each timed right after the
 // package's on the timed cases (T=4096: documents and a window, causal, at
-// 128 and 64; the soft cap at both).
+// 128 and 64; the soft cap at both). The bias variants (kMasksBias16,
+// kMasksBias: not yet dispatched by the package, launched here through
+// LaunchBiasScheduled at the package's feature schedule and, at 64, over
+// 64-query steps) on bias cases of every broadcast shape, with the masks
+// and tails, against the references with logits + bias; their timing rows
+// (T=4096, [1,N,T,S] and [B,N,T,S] bf16 biases at 128 and 64, one causal)
+// in the same table (no lean-dQ column: the bias variants are dQ-first
+// only).
 //
 //   bash scripts/sm90_bwd_check.sh         # builds and runs this
 //   ./sm90_bwd_check --quick               # skip the 4096-long cases
@@ -513,6 +520,13 @@ using sm90_feature_check::RefFeatures;
 using sm90_feature_check::RefVisible;
 using sm90_feature_check::Segments;
 
+// The bias of pair (query i, key j) of batch b, head h (0 without one):
+// added to the scaled logit after any cap (as sm80; the sm90 bias variants
+// refuse the cap).
+__device__ inline float RefBias(const RefFeatures& f, int b, int h, int i, int j) {
+  return f.bias ? f.bias[b * f.bias_batch + h * f.bias_head + i * f.bias_row + j] : 0.0f;
+}
+
 // The scaled logit of a visible pair, soft-capped; *th gets tanh(x / c) (0
 // without a cap) for the chain rule.
 __device__ inline float RefLogit(float dot, float scale, float softcap, float* th) {
@@ -540,14 +554,15 @@ __global__ void ReferenceForwardFeatures(const Element* q, const Element* k, con
   auto kr = [&](int j) { return k + ((int64_t(b) * S + j) * K + hk) * H; };
   float th, m = -INFINITY;
   for (int j = 0; j < S; ++j)
-    if (RefVisible(f, b, T, S, causal, i, j)) m = fmaxf(m, RefLogit(Dot(qr, kr(j), H), scale, f.softcap, &th));
+    if (RefVisible(f, b, T, S, causal, i, j))
+      m = fmaxf(m, RefLogit(Dot(qr, kr(j), H), scale, f.softcap, &th) + RefBias(f, b, h, i, j));
   float acc[kMaxHead];
   for (int d = 0; d < H; ++d) acc[d] = 0.0f;
   float l = 0.0f;
   if (m > -INFINITY)
     for (int j = 0; j < S; ++j) {
       if (!RefVisible(f, b, T, S, causal, i, j)) continue;
-      const float p = expf(RefLogit(Dot(qr, kr(j), H), scale, f.softcap, &th) - m);
+      const float p = expf(RefLogit(Dot(qr, kr(j), H), scale, f.softcap, &th) + RefBias(f, b, h, i, j) - m);
       l += p;
       const Element* vr = v + ((int64_t(b) * S + j) * K + hk) * H;
       for (int d = 0; d < H; ++d) acc[d] += p * ToFloat(vr[d]);
@@ -575,7 +590,11 @@ __global__ void ReferenceDqFeatures(const Element* q, const Element* k, const El
     if (!RefVisible(f, b, T, S, causal, i, j)) continue;
     const int64_t k_off = ((int64_t(b) * S + j) * K + hk) * H;
     float th;
-    const float p = expf(RefLogit(Dot(q + q_off, k + k_off, H), scale, f.softcap, &th) - row_lse);
+    // A -inf bias hides its pair (no term: expf(-inf - lse) is NaN where
+    // the row's lse is -inf too, every visible logit -inf).
+    const float x = RefLogit(Dot(q + q_off, k + k_off, H), scale, f.softcap, &th) + RefBias(f, b, h, i, j);
+    if (x == -INFINITY) continue;
+    const float p = expf(x - row_lse);
     const float ds = p * (Dot(dout + q_off, v + k_off, H) - row_delta) * (1.0f - th * th);
     for (int d = 0; d < H; ++d) acc[d] += ds * ToFloat(k[k_off + d]);
   }
@@ -602,7 +621,9 @@ __global__ void ReferenceDkvFeatures(const Element* q, const Element* k, const E
       const int64_t q_off = ((int64_t(b) * T + i) * N + h) * H;
       const int64_t row = (int64_t(b) * N + h) * T + i;
       float th;
-      const float p = expf(RefLogit(Dot(q + q_off, k + k_off, H), scale, f.softcap, &th) - lse[row]);
+      const float x = RefLogit(Dot(q + q_off, k + k_off, H), scale, f.softcap, &th) + RefBias(f, b, h, i, j);
+      if (x == -INFINITY) continue;  // a -inf bias hides its pair (as in ReferenceDqFeatures)
+      const float p = expf(x - lse[row]);
       const float ds = p * (Dot(dout + q_off, v + k_off, H) - delta[row]) * (1.0f - th * th);
       for (int d = 0; d < H; ++d) {
         acc_v[d] += p * ToFloat(dout[q_off + d]);
@@ -632,6 +653,19 @@ std::string LaunchFeaturesScheduled(const AttentionParams& p) {
   using jax_flash::cuda::sm90::LaunchBackwardScheduled;
   if (p.features.softcap > 0.0) return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksSoftcap>(p, 0);
   return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasks>(p, 0);
+}
+
+// The bias variants (kMasksBias16 for a bias of the inputs' 16-bit type,
+// kMasksBias for float32) at `kSchedule` (dQ-first ones only): the check
+// program's launch of them, not yet the package's (LaunchBackwardWithFeatures
+// refuses a bias).
+template <typename Element, int kHeadDim, jax_flash::cuda::sm90::BwdSchedule kSchedule>
+std::string LaunchBiasScheduled(const AttentionParams& p) {
+  using jax_flash::cuda::sm90::Features;
+  using jax_flash::cuda::sm90::LaunchBackwardScheduled;
+  if (p.features.bias_type != jax_flash::BiasType::kAccum)
+    return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksBias16>(p, 0);
+  return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksBias>(p, 0);
 }
 
 template <typename Element, int kHeadDim>
@@ -678,6 +712,26 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
   int32_t* d_kv_ids = Upload(kv_ids);
   int32_t* d_q_ranges = Upload(q_ranges);
   int32_t* d_kv_ranges = Upload(kv_ranges);
+  // A bias (c.bias >= 0; the forward check's bits and values, sm90_feature_check.cuh):
+  // [B|1, N|1, T|1, S] contiguous, float32 or (kBias16) the inputs' type, whose
+  // float copy the reference reads rounded to the same values.
+  namespace fc = sm90_feature_check;
+  float* d_bias = nullptr;
+  Element* d_bias16 = nullptr;
+  const bool with_bias = c.bias >= 0;
+  const int64_t bias_b = with_bias && (c.bias & fc::kBiasBatch) ? c.B : 1,
+                bias_n = with_bias && (c.bias & fc::kBiasHeads) ? c.N : 1,
+                bias_t = with_bias && (c.bias & fc::kBiasRows) ? c.T : 1;
+  if (with_bias) {
+    const int64_t n = bias_b * bias_n * bias_t * c.S;
+    CHECK_CUDA(cudaMalloc(&d_bias, n * 4));
+    fc::FillBias<<<1024, 256>>>(d_bias, n, 25, (c.bias & fc::kBiasInf) != 0);
+    if (c.bias & fc::kBias16) {
+      CHECK_CUDA(cudaMalloc(&d_bias16, n * 2));
+      fc::RoundBias<<<1024, 256>>>(d_bias, d_bias16, n);
+    }
+    CHECK_CUDA(cudaGetLastError());
+  }
 
   AttentionParams p;
   p.shape = {c.B, c.T, c.S, c.N, c.K, c.H};
@@ -685,6 +739,19 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
   p.k_stride = ContiguousBtnh(c.S, c.K, c.H);
   p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
   p.dout = dout, p.delta = delta, p.dq = dq, p.dk = dk, p.dv = dv, p.dq_accum = dq_accum;
+  if (with_bias) {
+    // Stride 0 along the size-1 dims (attention.py's broadcast operands); one batch dim.
+    p.features.bias = d_bias16 ? static_cast<const void*>(d_bias16) : d_bias;
+    p.features.bias_type = !d_bias16                                    ? jax_flash::BiasType::kAccum
+                           : std::is_same_v<Element, __nv_bfloat16> ? jax_flash::BiasType::kBFloat16
+                                                                    : jax_flash::BiasType::kFloat16;
+    p.features.num_batch_dims = 1;
+    p.features.batch_dims[0] = c.B;
+    p.features.bias_stride.col = 1;
+    p.features.bias_stride.row = bias_t > 1 ? c.S : 0;
+    p.features.bias_stride.head = bias_n > 1 ? bias_t * c.S : 0;
+    p.features.bias_stride.batch[0] = bias_b > 1 ? bias_n * bias_t * c.S : 0;
+  }
   p.scale = 1.0 / std::sqrt(double(c.H));
   p.is_causal = c.causal;
   p.features.q_seqlens = d_q_lens;
@@ -702,6 +769,9 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
   RefFeatures rf;
   rf.q_lens = d_q_lens, rf.kv_lens = d_kv_lens, rf.offsets = d_offsets, rf.q_ids = d_q_ids, rf.kv_ids = d_kv_ids;
   rf.left = c.left, rf.right = c.right, rf.softcap = float(c.softcap);
+  rf.bias = d_bias;
+  rf.bias_batch = p.features.bias_stride.batch[0], rf.bias_head = p.features.bias_stride.head;
+  rf.bias_row = p.features.bias_stride.row;
   const unsigned q_grid = unsigned((rows + 127) / 128), k_grid = unsigned((int64_t(c.B) * c.K * c.S + 127) / 128);
   ReferenceForwardFeatures<Element><<<q_grid, 128>>>(q, k, v, out, lse, c.B, c.T, c.S, c.N, c.K, c.H, scale,
                                                      c.causal, rf);
@@ -735,12 +805,23 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
   // case, each counted like it: kLeanDq and, at 64, kDqFirstUniform over
   // 64-query steps (at 128 that is the package's).
   using jax_flash::cuda::sm90::BwdSchedule;
-  auto launch90 = [&] { return jax_flash::cuda::sm90::LaunchBackwardWithFeatures<Element, kHeadDim>(p, 0); };
+  // A bias: the bias variants at the package's feature schedule (not yet
+  // dispatched by it: LaunchBiasScheduled) and, at 64, over 64-query
+  // steps; no lean-dQ (the bias variants are dQ-first only).
+  auto launch90 = [&] {
+    if (with_bias) return LaunchBiasScheduled<Element, kHeadDim, jax_flash::cuda::sm90::FeatureBwdSchedule(kHeadDim)>(p);
+    return jax_flash::cuda::sm90::LaunchBackwardWithFeatures<Element, kHeadDim>(p, 0);
+  };
   auto launch90_lean = [&] { return LaunchFeaturesScheduled<Element, kHeadDim, BwdSchedule::kLeanDq>(p); };
   constexpr bool k64 = kHeadDim == 64;
-  auto launch90_dqfu64 = [&] { return LaunchFeaturesScheduled<Element, kHeadDim, BwdSchedule::kDqFirstUniform>(p); };
-  const bool ok = run_and_check("sm90 features (the package's schedule)", launch90);
-  const bool ok_lean = run_and_check("sm90 features lean-dQ (former)", launch90_lean);
+  auto launch90_dqfu64 = [&] {
+    if (with_bias) return LaunchBiasScheduled<Element, kHeadDim, BwdSchedule::kDqFirstUniform>(p);
+    return LaunchFeaturesScheduled<Element, kHeadDim, BwdSchedule::kDqFirstUniform>(p);
+  };
+  const bool ok = run_and_check(with_bias ? "sm90 features with bias (the package's feature schedule)"
+                                          : "sm90 features (the package's schedule)",
+                                launch90);
+  const bool ok_lean = with_bias || run_and_check("sm90 features lean-dQ (former)", launch90_lean);
   const bool ok_dqfu64 = !k64 || run_and_check("sm90 features dQ-first uniform-desc 64-query steps", launch90_dqfu64);
   FeatureTimingRow row;
   double flops = 0;
@@ -786,7 +867,7 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
       std::printf("  time sm90 features %s: %.3f ms, %.1f TFLOP/s (the package's %.3fx of it, timed beside it: %.3f ms)\n",
                   label, ms_cand, *tflops, ms_ref > 0 ? ms_cand / ms_ref : 0.0, ms_ref);
     };
-    time_beside("lean-dQ", ok_lean, launch90_lean, &row.sm90_lean);
+    if (!with_bias) time_beside("lean-dQ", ok_lean, launch90_lean, &row.sm90_lean);
     if (k64) time_beside("dQ-first uniform-desc 64-query steps", ok_dqfu64, launch90_dqfu64, &row.sm90_dqfu64);
   }
 #ifdef JAX_FLASH_CHECK_SM80
@@ -807,7 +888,7 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
 
   for (void* ptr : std::initializer_list<void*>{q, k, v, out, dout, dq, dk, dv, lse, delta, ref_delta, dq_accum,
                                                 ref_dq, ref_dk, ref_dv, d_q_lens, d_kv_lens, d_offsets, d_q_ids,
-                                                d_kv_ids, d_q_ranges, d_kv_ranges})
+                                                d_kv_ids, d_q_ranges, d_kv_ranges, d_bias, d_bias16})
     if (ptr) cudaFree(ptr);
   return ok && ok_lean && ok_dqfu64;
 }
@@ -825,6 +906,16 @@ bool RunBwdFeatureCaseAnyHead(const FeatureCase& c) {
 std::vector<FeatureCase> BackwardFeatureCases(bool quick) {
   std::vector<FeatureCase> cases;
   const Segments kDocs = Segments::kDocuments;
+  // A bias of the shape `bits` give (sm90_feature_check.cuh: kBiasBatch,
+  // kBiasHeads, kBiasRows full, else broadcast; kBias16 in the inputs'
+  // type, else float32; kBiasInf some -inf elements) on case c.
+  using namespace sm90_feature_check;
+  auto biased = [](FeatureCase c, int bits, bool timed = false) {
+    c.bias = bits;
+    c.timed = timed;
+    return c;
+  };
+  const int kBnts = kBiasBatch | kBiasHeads | kBiasRows, kNts = kBiasHeads | kBiasRows;
   for (int H : {64, 128})
     for (int causal : {0, 1}) {
       const bool cz = bool(causal);
@@ -864,6 +955,26 @@ std::vector<FeatureCase> BackwardFeatureCases(bool quick) {
                        {900, 450}, {100, 0}, 300, 0, kDocs, {250, 400}, 5.0});
       // One query row over key lengths.
       cases.push_back({"one query, kv lengths 77/0/300", 3, 1, 300, 2, 1, H, cz, {}, {77, 0, 300}});
+      // A bias (the bias variants: kMasksBias16, kMasksBias for float32):
+      // [B,N,T,S] with GQA and tails; [1,N,T,S] with T != S and tails in
+      // both (the last step's query rows clamped, the last tile's keys past
+      // S not read); [1,1,T,S] under a window; [B,1,1,S] (row stride 0: a
+      // key bias) with kv lengths (a tile without steps); -inf elements (a
+      // bias as a mask); float32; lengths, offsets and documents together;
+      // one query row (a step of 1 query: 63 or 127 rows clamped).
+      cases.push_back(biased({"16-bit bias [B,N,T,S]", 2, 1000, 1000, 4, 2, H, cz}, kBnts | kBias16));
+      cases.push_back(biased({"16-bit bias [1,N,T,S], T != S", 2, 257, 333, 2, 1, H, cz}, kNts | kBias16));
+      cases.push_back(biased({"16-bit bias [1,1,T,S], window (100, 37)", 1, 700, 900, 2, 2, H, cz, {}, {}, {}, 100, 37},
+                             kBiasRows | kBias16));
+      cases.push_back(biased({"16-bit bias [B,1,1,S], kv lengths 1000/37/0/513", 4, 300, 1000, 4, 2, H, cz, {},
+                              {1000, 37, 0, 513}},
+                             kBiasBatch | kBias16));
+      cases.push_back(biased({"16-bit bias [1,N,T,S] with -inf elements", 1, 600, 500, 2, 1, H, cz}, kNts | kBiasInf | kBias16));
+      cases.push_back(biased({"float32 bias [B,N,T,S], T != S", 2, 257, 333, 2, 1, H, cz}, kBnts));
+      cases.push_back(biased({"16-bit bias [1,N,T,S], kv lengths, documents, offsets", 2, 600, 900, 4, 2, H, cz, {},
+                              {900, 450}, {100, 0}, -1, -1, kDocs, {250, 400}},
+                             kNts | kBias16));
+      cases.push_back(biased({"one query, 16-bit bias [B,N,T,S]", 3, 1, 300, 2, 1, H, cz}, kBnts | kBias16));
     }
   // Padded head dims in the 128 kernel (the dispatch takes 72..128).
   for (int H : {72, 96}) {
@@ -872,6 +983,11 @@ std::vector<FeatureCase> BackwardFeatureCases(bool quick) {
     cases.push_back({"soft cap 30, window (100, 37)", 1, 700, 900, 2, 1, H, false, {}, {}, {}, 100, 37,
                      Segments::kNone, {}, 30.0});
   }
+  // The bias at padded head dims: 96 in the 128 kernel (its second
+  // warpgroup's 32 dQ columns), 48 in the 64 one.
+  for (int causal : {0, 1})
+    cases.push_back(biased({"16-bit bias [1,N,T,S], T != S", 2, 257, 333, 2, 1, 96, bool(causal)}, kNts | kBias16));
+  cases.push_back(biased({"16-bit bias [B,N,T,S], T != S", 2, 257, 333, 2, 1, 48, true}, kBnts | kBias16));
   if (!quick) {
     cases.push_back({"T=4096 packed 4 documents, causal", 4, 4096, 4096, 16, 16, 128, true, {}, {}, {}, -1, -1, kDocs,
                      {1024}, 0.0, true});
@@ -888,6 +1004,13 @@ std::vector<FeatureCase> BackwardFeatureCases(bool quick) {
                      Segments::kNone, {}, 30.0, true});
     cases.push_back({"T=4096 H=64 soft cap 30", 4, 4096, 4096, 32, 32, 64, false, {}, {}, {}, -1, -1,
                      Segments::kNone, {}, 30.0, true});
+    // The bias variants (bf16 bias; cuDNN 208 TFLOP/s and sm80 137 at the
+    // first shape, session 19), each shape as the plain table's.
+    cases.push_back(biased({"T=4096 bias [1,N,T,S]", 4, 4096, 4096, 16, 16, 128, false}, kNts | kBias16, true));
+    cases.push_back(biased({"T=4096 bias [B,N,T,S]", 4, 4096, 4096, 16, 16, 128, false}, kBnts | kBias16, true));
+    cases.push_back(biased({"T=4096 bias [1,N,T,S], causal", 4, 4096, 4096, 16, 16, 128, true}, kNts | kBias16, true));
+    cases.push_back(biased({"T=4096 H=64 bias [1,N,T,S]", 4, 4096, 4096, 32, 32, 64, false}, kNts | kBias16, true));
+    cases.push_back(biased({"T=4096 H=64 bias [B,N,T,S]", 4, 4096, 4096, 32, 32, 64, false}, kBnts | kBias16, true));
   }
   return cases;
 }
@@ -926,6 +1049,55 @@ bool FeatureLauncherRejects() {
   p.features.dropout_rate = 0.0;
   p.features.window_left = 16;
   expect_error("plain launcher, a window", false);
+  p.features.window_left = -1;
+  // The bias variants (LaunchBiasScheduled) refuse what they do not serve,
+  // as the forward's: a boolean mask, dropout, the soft cap with a bias, a
+  // bias broadcast along the keys, a float32 bias to the 16-bit variant
+  // (and a 16-bit one to the float32 variant), and a bias-gradient target
+  // (not theirs to write).
+  using jax_flash::BiasType;
+  using jax_flash::cuda::sm90::BwdSchedule;
+  auto expect_bias_error = [&](const char* what) {
+    const std::string err = LaunchBiasScheduled<Element, 128, BwdSchedule::kDqFirstUniform>(p);
+    std::printf("bias variant, %s (%s): %s\n", what, TypeName<Element>(), err.empty() ? "launched: FAIL" : err.c_str());
+    ok &= !err.empty();
+  };
+  auto reset_bias = [&] {
+    p.features = jax_flash::AttentionFeatures{};
+    p.features.bias = buf + (2 << 20);
+    p.features.bias_type = std::is_same_v<Element, __nv_bfloat16> ? BiasType::kBFloat16 : BiasType::kFloat16;
+    p.features.bias_stride.col = 1;
+    p.features.bias_stride.row = 128;
+  };
+  reset_bias();
+  p.features.mask = mask;
+  expect_bias_error("and a boolean mask");
+  reset_bias();
+  p.features.dropout_rate = 0.1;
+  expect_bias_error("and dropout");
+  reset_bias();
+  p.features.softcap = 30.0;
+  expect_bias_error("and the soft cap");
+  reset_bias();
+  p.features.bias_stride.col = 0;
+  expect_bias_error("broadcast along the keys");
+  reset_bias();
+  p.features.dbias = buf + (3 << 20);
+  expect_bias_error("with a dbias target");
+  reset_bias();
+  p.features.bias_type = BiasType::kAccum;
+  p.features.dbias_direct = buf + (3 << 20);
+  expect_bias_error("float32, with a direct dbias target");
+  // A 16-bit bias to the float32 variant (LaunchBiasScheduled picks by
+  // the type, so through the launcher itself).
+  reset_bias();
+  {
+    using jax_flash::cuda::sm90::Features;
+    const std::string err =
+        jax_flash::cuda::sm90::LaunchBackwardScheduled<Element, 128, BwdSchedule::kDqFirstUniform, Features::kMasksBias>(p, 0);
+    std::printf("float32 bias variant, a 16-bit bias (%s): %s\n", TypeName<Element>(), err.empty() ? "launched: FAIL" : err.c_str());
+    ok &= !err.empty();
+  }
   CHECK_CUDA(cudaDeviceSynchronize());
   cudaFree(buf);
   return ok;

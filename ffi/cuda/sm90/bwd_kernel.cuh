@@ -1,6 +1,7 @@
 // FlashAttention backward for Hopper (sm_90a), float16/bfloat16, plain and
 // causal, GQA, and in its feature variants (Features, kernel_traits.cuh)
-// lengths, windows, position offsets, segment ids and the soft cap:
+// lengths, windows, position offsets, segment ids and the soft cap (and,
+// in the check program only, an additive bias):
 // FlashAttention-3's structure (warp specialization, TMA ring,
 // wgmma, S^T = K Q^T so that P^T and dS^T come out as the A operands of dV
 // and dK) in our own code. Runs between sm80's DeltaAndClearKernel (delta =
@@ -56,6 +57,12 @@
 // check) and applied as selects. kMasksSoftcap recomputes the forward's
 // probabilities (the same raw-unit formula and tanh) and multiplies dS by
 // the tanh's derivative, as sm80's backward (LogitFeatures::ChainSoftcap).
+// kMasksBias / kMasksBias16 (the check program's only, not yet dispatched
+// by the package; dQ-first schedules) add a float32 / 16-bit bias as the
+// forward does: bias / scale in S^T's accumulators before S^T = K Q^T adds
+// q.k (BiasColumns, feature_mask.cuh; loaded a step ahead, under the
+// previous step's dK), so P is the forward's and dS is the plain one (the
+// bias gradient is the separate dbias pass's).
 // A tile with no step copies nothing and waits on no barrier: its consumers
 // write dK = dV = 0 (its keys are seen by no query).
 //
@@ -254,12 +261,48 @@ __device__ __forceinline__ void ProduceBackwardTile(const CUtensorMap* q_map, co
   }
 }
 
+// kMasksBias(16): the tile's bias rows of step i (keys n0 .. + kBlockN
+// below seqlen_k, `key_bytes` of them; queries clamped as BiasColumns
+// clamps them) into L2, by the producer warp that stages the row
+// statistics, one lane per row, each 128-byte line of the row and its
+// last byte. The consumers' own loads of a step go out only under the
+// previous step's dK product (BiasColumns: where their registers allow),
+// too short a time for a read from memory; this warp runs one to two
+// steps ahead of them (the Q/dO ring), so those loads find the lines in
+// L2. `keys`: the tile's first key of (b, head 0, query 0).
+template <typename Tr, typename BiasT>
+__device__ __forceinline__ void PrefetchBiasRows(const AttentionParams& p, const BiasT* keys, int key_bytes, int h,
+                                                 int m0, int lane) {
+  const int q_last = int(p.shape.seqlen_q) - 1;
+#pragma unroll
+  for (int r = lane; r < Tr::kBlockM; r += 32) {
+    const char* row = reinterpret_cast<const char*>(keys + int64_t(h) * p.features.bias_stride.head +
+                                                    int64_t(min(m0 + r, q_last)) * p.features.bias_stride.row);
+#pragma unroll
+    for (int offset = 0; offset < Tr::kBlockN * int(sizeof(BiasT)); offset += 128)
+      if (offset < key_bytes) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + offset));
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + key_bytes - 1));
+  }
+}
+
 // Warp 1 of the producer: per step, lse in log2 units (+inf past seqlen_q,
 // so that those queries' P is 0; Log2Lse: also for rows that saw no key)
 // and delta (0 past seqlen_q) of the step's queries, [lse2 x 64][delta x 64].
-template <typename Tr>
-__device__ __forceinline__ void StageRowStats(const BackwardArgs& a, BwdBarriers<Tr> bars, uint32_t smem,
-                                              const BwdTile& tile, const BwdSteps<Tr>& steps, int lane) {
+// kMasksBias(16): then the bias rows of the next step into L2
+// (PrefetchBiasRows).
+template <typename Tr, Features kFeatures = Features::kNone, typename Element = void>
+__device__ __forceinline__ void StageRowStats(const BackwardArgs& a, const AttentionParams& p, BwdBarriers<Tr> bars,
+                                              uint32_t smem, const BwdTile& tile, const BwdSteps<Tr>& steps,
+                                              int lane) {
+  constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
+  using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
+  [[maybe_unused]] const BiasT* bias_keys = nullptr;
+  [[maybe_unused]] int bias_key_bytes = 0;
+  if constexpr (kBias) {
+    const int n0 = tile.n_block * Tr::kBlockN;
+    bias_keys = BiasColumns<BiasT>::For(p, tile.b, n0).keys;
+    bias_key_bytes = min(Tr::kBlockN, a.seqlen_k - n0) * int(sizeof(BiasT));
+  }
   for (int i = 0; i < steps.count; ++i) {
     const int s = i % Tr::kStages;
     const uint32_t parity = (i / Tr::kStages) & 1;
@@ -276,6 +319,10 @@ __device__ __forceinline__ void StageRowStats(const BackwardArgs& a, BwdBarriers
       asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(stats + 4 * (Tr::kBlockM + r)), "f"(delta) : "memory");
     }
     MbarrierArrive(bars.do_full(s));  // release: the stores above are visible to the waiters
+    if constexpr (kBias) {
+      const int next = min(i + 1, steps.count - 1);
+      PrefetchBiasRows<Tr>(p, bias_keys, bias_key_bytes, steps.head(next, tile.hk, a.group), steps.m0(next), lane);
+    }
   }
 }
 
@@ -491,7 +538,12 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   constexpr int kHeadDim = Tr::kHeadDim, kBlockM = Tr::kBlockM;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
   constexpr bool kSoftcap = kFeatures == Features::kMasksSoftcap;
+  constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
+  using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
   constexpr bool kDqFirst = BwdDqFirst(kSchedule);
+  // The bias's loads for step i + 1 go out under step i's dK product, where
+  // nothing else is in flight between steps (kDqFirst's order).
+  static_assert(!kBias || kDqFirst, "the bias variants run the dQ-first schedules only");
   constexpr bool kUniform = BwdUniformDescriptors(kSchedule);
   constexpr bool kDiagonalMasks = BwdDiagonalMasks(kSchedule) && !kAnyFeature;
   constexpr bool kCounters = BwdStepCounters(kSchedule) && !kAnyFeature;
@@ -527,13 +579,28 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = dv[i] = 0.0f;
 
+  // kMasksBias(16): this thread's bias columns (BiasColumns: the batch's
+  // offset once per tile) and the raw values of the next step's pairs,
+  // loaded a step ahead (load_bias, under the previous step's dK).
+  [[maybe_unused]] BiasColumns<BiasT> bias{};
+  [[maybe_unused]] uint32_t bias_raw[kBlockM / 2];
+  if constexpr (kBias) bias = BiasColumns<BiasT>::For(p, tile.b, wg_n0 + row0);
+  [[maybe_unused]] auto load_bias = [&](int i) {
+    if constexpr (kBias)
+      bias.template Load<kBlockM>(bias_raw, p, steps.head(i, tile.hk, a.group), steps.m0(i), t);
+  };
+
   // S^T = K Q^T [64 keys][64 queries] of step i, raw, issued and committed.
+  // kMasksBias(16): added to the step's bias times 1 / scale
+  // (softcap_unscale in these variants, as the forward's), put into st
+  // here from bias_raw: q.k + bias / scale, the forward's logits (BiasColumns).
   float st[kBlockM / 2];
   auto issue_s = [&](int i) {
     const int s = i % Tr::kStages;
     const uint32_t base = Opaque(smem);
     const uint32_t q_tile = base + Tr::kQOffset + s * Tr::kQTileBytes;
     const uint32_t k_rows = base + Tr::kKOffset + warpgroup * 64 * 128;
+    if constexpr (kBias) BiasColumns<BiasT>::template ToLogits<kBlockM>(st, bias_raw, a.softcap_unscale);
     MbarrierWait(bars.q_full(s), (i / Tr::kStages) & 1);
     WgmmaFence();
     if constexpr (kUniform) {
@@ -541,12 +608,12 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk)
         WgmmaSS<Element, kBlockM>(st, k_desc.At(KMajorOffset(Tr::kKvChunkBytes, kk)),
-                                  q_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)), kk > 0 ? 1 : 0);
+                                  q_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)), kBias || kk > 0 ? 1 : 0);
     } else {
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk)
         WgmmaSS<Element, kBlockM>(st, KMajorDescriptor<Tr>(k_rows, Tr::kKvChunkBytes, kk),
-                                  KMajorDescriptor<Tr>(q_tile, Tr::kQChunkBytes, kk), kk > 0 ? 1 : 0);
+                                  KMajorDescriptor<Tr>(q_tile, Tr::kQChunkBytes, kk), kBias || kk > 0 ? 1 : 0);
     }
     WgmmaCommit();
   };
@@ -594,6 +661,9 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       ReduceDqRows<Tr>(a, dq_stage, tile.b, head_of(i), m0, warp, dq_col0, dq_cols);
   };
 
+  // kMasksBias(16): the first step's bias, under the K/V copy.
+  if constexpr (kBias)
+    if (steps.count > 0) load_bias(0);
   // A feature variant's tile without steps: no K/V copy was issued.
   if (!kAnyFeature || steps.count > 0) MbarrierWait(bars.kv_full(), 0);
   // Step i up to its dQ product (done, in dq). kSendPrevious (kEarlyS, all
@@ -815,6 +885,13 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       for (int kk = 0; kk < kBlockM / 16; ++kk) FenceRegisters(p_frag[kk]);
       // Reads no stage: Q and dO stay held only for dK's B operand.
       send_dq(i);
+      // kMasksBias(16): the next step's bias (the last step's again on the
+      // last step: no branch, every read in the bias), its latency under
+      // the rest of dK and the step's end. After the send, whose staging
+      // frees dQ's 32 registers for the raw words (issued before it, the
+      // words beside dQ, dK, dV and dS^T's fragments made ptxas spill).
+      // (The count rebuilt from m_count, as step_count below.)
+      if constexpr (kBias) load_bias(min(i + 1, int(Opaque(uint32_t(steps.m_count))) * a.group - 1));
       WgmmaWait<0>();
       FenceRegisters(dk);
 #pragma unroll
@@ -961,7 +1038,9 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     if (threadIdx.x == 0) {
       if (!kAnyFeature || steps.count > 0)
         ProduceBackwardTile<Tr>(&q_map, &k_map, &v_map, &do_map, a, bars, smem, tile, steps);
-    } else if (threadIdx.x / 32 == 1) StageRowStats<Tr>(a, bars, smem, tile, steps, threadIdx.x % 32);
+    } else if (threadIdx.x / 32 == 1) {
+      StageRowStats<Tr, kFeatures, Element>(a, p, bars, smem, tile, steps, threadIdx.x % 32);
+    }
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
     ConsumeBackwardTile<Element, Tr, kSchedule, kFeatures>(a, p, bars, smem, warpgroup - 1, tile, steps);

@@ -26,17 +26,30 @@ inline std::string DescribeBackward(const AttentionShape& s, int head_dim_padded
 // kFeatures: the kernel variant (kernel_traits.cuh's Features); kNone takes
 // no attention features, kMasks lengths, windows, position offsets and
 // segment ids, kMasksSoftcap those and the soft cap (UnsupportedFeatures).
+// kMasksBias / kMasksBias16 (the masks and a float32 / 16-bit bias, on the
+// dQ-first schedules; check program only: LaunchBackwardWithFeatures does
+// not dispatch them yet) recompute the forward's logits, q.k + bias /
+// scale; the bias gradient is not theirs (the jax_flash_dbias pass).
 template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures = Features::kNone>
 std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t stream) {
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   const auto& s = p.shape;
+  constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
   const std::string what = DescribeBackward(s, kHeadDim) +
-                           (kFeatures == Features::kNone    ? ""
-                            : kFeatures == Features::kMasks ? " with masks"
-                                                            : " with masks and soft cap");
+                           (kFeatures == Features::kNone          ? ""
+                            : kFeatures == Features::kMasks       ? " with masks"
+                            : kFeatures == Features::kMasksBias   ? " with masks and bias"
+                            : kFeatures == Features::kMasksBias16 ? " with masks and 16-bit bias"
+                                                                  : " with masks and soft cap");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
   if (auto why = UnsupportedFeatures(p, kFeatures); !why.empty()) return fail(why);
+  if constexpr (kBias) {
+    if (p.features.dbias || p.features.dbias_direct)
+      return fail("computes no bias gradient (the bias-gradient pass, LaunchBiasGradient, does)");
+    if (!BiasRowsFit(p))  // BiasColumns::Load's 32-bit row offsets
+      return fail("the bias's rows of one batch entry and head must span fewer than 2^32 elements");
+  }
   if (p.deterministic) return fail("no deterministic variant yet (dQ is summed by atomic adds)");
   if (p.dq_accum == nullptr) return fail("needs the float32 dQ accumulator");
   if (!(p.scale > 0.0)) return fail("needs scale > 0");
@@ -121,7 +134,10 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
     args.is_causal = p.is_causal;
     const SoftcapFactors cap = SoftcapFactors::For(p);
     args.softcap_scale = cap.scale_over_cap;
-    args.softcap_unscale = cap.cap_over_scale;
+    // kMasksBias(16) (which refuses the soft cap): 1 / scale, the bias in
+    // S^T's raw units, the very float the forward's launch computes
+    // (launch.cuh), so that both build the same logits (BiasColumns).
+    args.softcap_unscale = kBias ? float(1.0 / p.scale) : cap.cap_over_scale;
 
     auto kernel = BackwardKernel<Element, kHeadDim, kSchedule, kFeatures>;
     if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 backward kernel"); !e.empty())

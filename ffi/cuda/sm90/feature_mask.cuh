@@ -305,6 +305,129 @@ struct BiasRows {
   }
 };
 
+// The additive bias of the sm90 backward's kMasksBias(16) variants
+// (bwd_kernel.cuh), per consumer thread: the forward's BiasRows from the key
+// side. The backward recomputes P from S^T = K Q^T, whose rows are keys, so
+// the logits must be the forward's to the bit for P to match its lse: the
+// same values bias * (1 / scale) (`unscale`, the same float as the
+// forward's) in S^T's accumulators before the product, which then adds
+// q.k from its first k-step (scale-d 1), as BiasRows + the forward's issue.
+//
+// This thread's pairs are keys `key`, `key` + 8 (rows hh) x queries m0 + 8j
+// + 2t + e (columns), s[4j + 2hh + e] (softmax.cuh's layout, transposed).
+// The bias is [query][key] with the keys contiguous, so the thread's two
+// keys of one query are 8 elements apart and its two columns of a pair are
+// two bias rows: no element pair of one word belongs to one thread (the
+// forward's 32-bit pair trick does not apply). Each element is one load;
+// a warp's load of one (j, e, hh) reads 4 rows (t) x 8 consecutive keys
+// (g), 16 bytes of 16-bit bias per row, and the load of the other hh the
+// other half of the same 32-byte sectors (L1 serves it).
+//
+// The loads go to `raw` (the element's bits, zero-extended to 32; float32:
+// its bits) a step ahead, while the previous step's products run; ToLogits
+// turns them into S^T's initial accumulators just before the step's S^T is
+// issued, so that only raw's words (kBlockM / 2, as the forward's
+// one-block prefetch would cost) stay live across the step's end, not
+// floats beside S^T's. Keys past seqlen_k are not read (0: those pairs are
+// hidden by FeatureStepMask anyway); queries past seqlen_q read the last
+// row (their P is 0 by lse2 = +inf, StageRowStats), so every read lies in
+// the bias. A bias broadcast over batch, heads or queries has stride 0
+// there (BroadcastStrides); the batch part of the offset is taken once per
+// tile (For), the head's per step (the steps run over the key head's group).
+// Host-callable for tests/cpp/sm90_feature_mask_test.cu.
+template <typename BiasT = float>
+struct BiasColumns {
+  const BiasT* keys;  // bias (b, head 0, query 0), key `key`
+  bool key_in[2];     // key + 8 hh < seqlen_k
+
+  __host__ __device__ __forceinline__ static BiasColumns For(const AttentionParams& p, int b, int key) {
+    const AttentionFeatures& f = p.features;
+    BiasColumns c;
+    c.keys = static_cast<const BiasT*>(f.bias) + f.BroadcastOffset(f.bias_stride, b, 0) + key;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) c.key_in[hh] = key + 8 * hh < p.shape.seqlen_k;
+    return c;
+  }
+
+  // Step (h, m0)'s values of this thread's pairs into raw (selected on the
+  // raw bits, as BiasRows: the predicated loads write registers preset to
+  // 0 and the conversion in ToLogits is unpredicated). The row and head
+  // strides are read from `p` (the kernel's constant bank) at each use.
+  // The thread's first row (query q0 = m0 + 2t, clamped) is one 64-bit
+  // pointer per step, opaque so that ptxas does not fold it back into
+  // every element's address; each (j, e)'s row is then 8j + e rows on,
+  // clamped to the last (rows >= 0 from there), at a 32-bit offset (the
+  // launch checks that (seqlen_q - 1) * row stride fits: BiasRowsFit): a
+  // min, a multiply and one wide multiply-add per (j, e), and the second
+  // key's load at an immediate offset from the first's. (With 64-bit
+  // element offsets ptxas spent ~10 instructions per (j, e) and held all
+  // 16 addresses at once.)
+  template <int kBlockM>
+  __host__ __device__ __forceinline__ void Load(uint32_t (&raw)[kBlockM / 2], const AttentionParams& p, int h,
+                                                int m0, int t) const {
+    const AttentionFeatures& f = p.features;
+    const uint32_t row_stride = uint32_t(f.bias_stride.row);
+    const int q_last = int(p.shape.seqlen_q) - 1, q0 = std::min(m0 + 2 * t, q_last), rows_left = q_last - q0;
+    const BiasT* first = keys + int64_t(h) * f.bias_stride.head + int64_t(q0) * f.bias_stride.row;
+#ifdef __CUDA_ARCH__
+    asm volatile("" : "+l"(first));
+#endif
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const BiasT* row = first + uint32_t(std::min(8 * j + e, rows_left)) * row_stride;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          uint32_t x = 0;
+          if constexpr (sizeof(BiasT) == 4) {
+            if (key_in[hh]) x = LoadGlobal(reinterpret_cast<const unsigned int*>(row) + 8 * hh);
+          } else {
+            if (key_in[hh]) x = LoadGlobal(reinterpret_cast<const unsigned short*>(row) + 8 * hh);
+          }
+          raw[4 * j + 2 * hh + e] = x;
+        }
+      }
+  }
+
+  // *ptr through the read-only global path (ld.global.nc): the opaque
+  // pointer above is generic to the compiler, which then issued generic
+  // loads (LD); the bias is never written during the kernel.
+  template <typename T>
+  __host__ __device__ __forceinline__ static T LoadGlobal(const T* ptr) {
+#ifdef __CUDA_ARCH__
+    return __ldg(ptr);
+#else
+    return *ptr;
+#endif
+  }
+
+  // raw's values times `unscale` (1 / scale) into s, S^T's accumulators.
+  template <int kBlockM>
+  __host__ __device__ __forceinline__ static void ToLogits(float (&s)[kBlockM / 2],
+                                                           const uint32_t (&raw)[kBlockM / 2], float unscale) {
+#pragma unroll
+    for (int k = 0; k < kBlockM / 2; ++k) s[k] = BitsToFloat(raw[k]) * unscale;
+  }
+
+  // An element's bits (a 16-bit one in the low half) as float.
+  __host__ __device__ __forceinline__ static float BitsToFloat(uint32_t x) {
+    if constexpr (std::is_same_v<BiasT, __nv_bfloat16>) x <<= 16;
+    if constexpr (std::is_same_v<BiasT, __half>) return __half2float(__ushort_as_half(static_cast<unsigned short>(x)));
+    float y;
+    __builtin_memcpy(&y, &x, sizeof(y));
+    return y;
+  }
+};
+
+// Whether BiasColumns::Load's 32-bit row offsets reach every bias row of a
+// (batch, head): (seqlen_q - 1) * row stride < 2^32 elements (a [T, S]
+// slice of up to 4G elements; broadcast rows, stride 0, always).
+inline bool BiasRowsFit(const AttentionParams& p) {
+  const int64_t stride = p.features.bias_stride.row;
+  return stride >= 0 && (p.shape.seqlen_q <= 1 || stride <= int64_t(UINT32_MAX) / (p.shape.seqlen_q - 1));
+}
+
 // The soft cap's factors on raw q.k (LogitFeatures::For's, in the same float
 // arithmetic): x -> cap_over_scale * tanh(scale_over_cap * x).
 struct SoftcapFactors {
