@@ -345,6 +345,10 @@ bool RunFeatureCase(const FeatureCase& c) {
     // Contiguous [bias_b, bias_n, bias_t, S]; stride 0 along the size-1 dims
     // (attention.py's broadcast operands). One batch dim of size B.
     p.features.bias = d_bias16 ? static_cast<const void*>(d_bias16) : d_bias;
+    // As DecodeFeatures types it (kMasksBias16 refuses a bias typed float32).
+    p.features.bias_type = !d_bias16                                  ? jax_flash::BiasType::kAccum
+                           : std::is_same_v<Element, __nv_bfloat16> ? jax_flash::BiasType::kBFloat16
+                                                                    : jax_flash::BiasType::kFloat16;
     p.features.num_batch_dims = 1;
     p.features.batch_dims[0] = c.B;
     p.features.bias_stride.col = 1;
@@ -486,7 +490,7 @@ bool RunFeatureCase(const FeatureCase& c) {
     if (ms_plain > 0) row.sm90_plain = plain_flops / (ms_plain * 1e-3) / 1e12;
 #ifdef JAX_FLASH_CHECK_SM80
     AttentionParams p80 = p;  // sm80 reads a float32 bias: the rounded float copy of a 16-bit one
-    if (d_bias16) p80.features.bias = d_bias;
+    if (d_bias16) p80.features.bias = d_bias, p80.features.bias_type = jax_flash::BiasType::kAccum;
     const float ms80 = TimeLaunches([&] { return jax_flash::cuda::sm80::LaunchForward<Element, kHeadDim>(p80, 0); });
     if (ms80 > 0) row.sm80 = flops / (ms80 * 1e-3) / 1e12;
 #endif
