@@ -300,7 +300,8 @@ def main(argv=None):
     for i, x in enumerate(transfers(hlo)):
         where = ("synchronous" if x["sync"] else
                  f"across {' '.join(x['kernels'])}" if x["kernels"] else "async, no kernel call inside")
-        print(f"  transfer {i}: {x['bytes'] / 2**20:.1f} MiB, {where}")
+        size = f"{x['bytes'] / 2**20:.1f} MiB" if x["bytes"] >= 2**20 else f"{x['bytes'] / 2**10:.1f} KiB"
+        print(f"  transfer {i}: {size}, {where}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "schedule": events, "transfers": transfers(hlo)}, f, indent=1)
