@@ -85,15 +85,30 @@ def flops_forward(batch, seqlen, heads, head_dim, causal=True) -> float:
 
 
 _EVENT = re.compile(r"^\s*(?:ROOT )?%?(\S+) = (.*?) (collective-permute-start|collective-permute-done|"
-                    r"collective-permute|custom-call|conditional)\((.*)$")
+                    r"collective-permute|custom-call|conditional|async-start|async-done)\((.*)$")
 _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128|f8\w*)\[([\d,]*)\]")
 
 
 def _entry_lines(hlo_text: str):
+    """(name, result shape, kind, the rest) of the entry computation's permutes,
+    custom calls and conditionals; a permute XLA wraps in async-start /
+    async-done (calls=%wrapped_collective_permute...) reads as a start / done."""
+    wrapped = set()
     for line in hlo_text[hlo_text.index("ENTRY"):].splitlines():
         m = _EVENT.match(line)
-        if m:
-            yield m.groups()
+        if not m:
+            continue
+        name, shape, kind, rest = m.groups()
+        if kind == "async-start":
+            if not re.search(r"calls=%?\S*collective.permute", rest):
+                continue
+            wrapped.add(name)
+            kind = "collective-permute-start"
+        elif kind == "async-done":
+            if re.match(r"\s*%?([^,\s)]+)", rest).group(1) not in wrapped:
+                continue
+            kind = "collective-permute-done"
+        yield name, shape, kind, rest
 
 
 def _kernel_target(rest: str) -> str | None:
@@ -187,12 +202,16 @@ def ring_variant(name: str):
 
 
 def check_variant(name: str, hlo: str, full_hlo: str) -> None:
-    """The compiled variant is what it claims to be (see the module docstring)."""
+    """The compiled variant is what it claims to be (see the module docstring);
+    the transfer variant's permutes move the full ring's bytes."""
     (kernels, permutes), (full_kernels, full_permutes) = counts(hlo), counts(full_hlo)
     want = {"compute": (full_kernels, 0), "transfer": (0, full_permutes), "base": (0, 0)}[name]
     if (kernels, permutes) != want:
         raise RuntimeError(f"variant {name!r} compiled to {kernels} kernel calls and {permutes} permutes; "
                            f"expected {want} (the full ring: {full_kernels}, {full_permutes})")
+    moved, full_moved = (sum(x["bytes"] for x in transfers(h)) for h in (hlo, full_hlo))
+    if name == "transfer" and moved != full_moved:
+        raise RuntimeError(f"variant 'transfer' moves {moved} bytes; the full ring {full_moved}")
 
 
 def overlap(times: dict) -> dict:

@@ -57,6 +57,8 @@ ENTRY main {
         script.check_variant("compute", full, full)  # the hops were not swapped out
     with pytest.raises(RuntimeError, match="variant 'transfer'"):
         script.check_variant("transfer", full, full)  # the kernels were not swapped out
+    with pytest.raises(RuntimeError, match="variant 'transfer' moves 4 bytes; the full ring 8"):
+        script.check_variant("transfer", no_kernel.replace("f32[2] collective", "f32[1] collective"), full)
     assert script.overlap({"full": 10.0, "compute": 9.0, "transfer": 3.0, "base": 1.0}) == {
         "transfer_ms": 2.0, "exposed_ms": 1.0, "hidden": 0.5}
 
@@ -79,3 +81,14 @@ ENTRY main {
         {"bytes": 16, "kernels": [], "sync": True},
         {"bytes": 48, "kernels": [], "sync": False},
     ]
+    # A permute XLA wraps as an async computation; other async ops are not permutes.
+    wrapped = """HloModule m
+ENTRY main {
+  %s = ((bf16[4]), bf16[4], u32[]) async-start(%x), calls=%wrapped_collective_permute.1
+  %a = (f32[8], u32[]) async-start(%y), calls=%wrapped_all_reduce
+  %k = f32[2] custom-call(%z), custom_call_target="jax_flash_bwd_v5"
+  %b = f32[8] async-done(%a)
+  %d = bf16[4] async-done(%s)
+}"""
+    assert script.schedule_events(wrapped) == ["cp-start", "jax_flash_bwd_v5", "cp-done"]
+    assert script.transfers(wrapped) == [{"bytes": 8, "kernels": ["jax_flash_bwd_v5"], "sync": False}]
