@@ -21,20 +21,25 @@ with none cannot (the last dK/dV hop home has nothing left to hide under).
 
 --overlap times three variants of the ring beside it, built by swapping
 jax_flash.ring's helpers while the variant is traced (the compiled HLO is
-checked to be what each claims: same kernel calls and no permute, or no
-kernel call and the same permutes):
+checked to be what each claims: the same kernel calls and no permute, or no
+kernel call and permutes of the same count and bytes):
   compute:  every hop (lax.ppermute) replaced by the identity: the same
             kernel calls on the local K/V (each step's operands still differ,
             so XLA merges none), the merges, no transfer;
   transfer: every kernel call replaced by a stand-in of its output shapes
             that reads one element of each operand (so every hop stays on the
-            critical path): the hops and the merges, no attention compute;
-  base:     both: the merges and the stand-ins alone.
+            critical path): the hops and the merges (which XLA simplifies
+            around the stand-ins' uniform outputs), no attention compute;
+  base:     both: the stand-ins and their simplified merges alone.
 Transfer time = transfer - base; exposed transfer = full - compute (what the
 transfers add to the real ring, NCCL's share of the SMs while it overlaps a
-kernel included); hidden = 1 - exposed / transfer time, fwd and fwd+bwd. A
-timing, so noise of a few tenths of a ms moves it: with a small transfer
-share the percentage is loose (the ms are printed beside it).
+kernel included); hidden = 1 - exposed / transfer time, fwd and fwd+bwd.
+Where XLA overlaps the stand-ins' hops with their merges, transfer - base
+falls short of the hops' time, so the hidden share is if anything understated.
+A timing, so noise of a few tenths of a ms moves it: with a small transfer
+share the percentage is loose (the ms are printed beside it). A variant that
+does not compile to what it claims is reported and the row keeps no overlap
+numbers; the other measurements stand.
 
 Issue 23 asks for a ring of one within 3% of plain attention on one GPU;
 issue 24 for 2-GPU scaling (fwd+bwd at T = 262144 at least 1.7x one GPU)
@@ -272,7 +277,8 @@ def main(argv=None):
             to_ring = (lambda x: zigzag(x, ring)) if layout == "zigzag" else (lambda x: x)
             shards = tuple(jax.device_put(to_ring(x), sharding) for x in (q, k, v))
             # Compiled once: timed, read (its HLO) and run for the comparison.
-            fwd, all_ = (fn.lower(*shards).compile() for fn in (jax.jit(ring_call(layout)), grad_of(ring_call(layout))))
+            fwd, all_ = (fn.lower(*shards).compile()
+                         for fn in (jax.jit(ring_call(layout)), grad_of(ring_call(layout))))
             r_fwd, r_all = mean_ms(fwd, shards, args.iters), mean_ms(all_, shards, args.iters)
             out = fwd(*shards)
             out = jax.device_put(unzigzag(out, ring) if layout == "zigzag" else out, devices[0])
@@ -296,12 +302,19 @@ def main(argv=None):
                 first_hlo = (layout, hlo["fwd_bwd"])
             if args.overlap and ring > 1:
                 times = {"fwd": {"full": r_fwd}, "fwd_bwd": {"full": r_all}}
-                for name in VARIANTS:
-                    with ring_variant(name):
-                        for part, fn in (("fwd", jax.jit(ring_call(layout))), ("fwd_bwd", grad_of(ring_call(layout)))):
-                            compiled = fn.lower(*shards).compile()  # traced here, with the swap
-                            check_variant(name, compiled.as_text(), hlo[part])
-                            times[part][name] = mean_ms(compiled, shards, args.iters)
+                try:
+                    for name in VARIANTS:
+                        with ring_variant(name):
+                            for part, fn in (("fwd", jax.jit(ring_call(layout))),
+                                             ("fwd_bwd", grad_of(ring_call(layout)))):
+                                compiled = fn.lower(*shards).compile()  # traced here, with the swap
+                                check_variant(name, compiled.as_text(), hlo[part])
+                                times[part][name] = mean_ms(compiled, shards, args.iters)
+                except RuntimeError as e:
+                    print(f"  overlap {layout}: not measured: {e}", flush=True)
+                    row["overlap_error"] = str(e)
+                    rows.append(row)
+                    continue
                 for part, label in (("fwd", "fwd"), ("fwd_bwd", "fwd+bwd")):
                     o = overlap(times[part])
                     row[f"overlap_{part}"] = {**times[part], **o}

@@ -92,3 +92,16 @@ ENTRY main {
 }"""
     assert script.schedule_events(wrapped) == ["cp-start", "jax_flash_bwd_v5", "cp-done"]
     assert script.transfers(wrapped) == [{"bytes": 8, "kernels": ["jax_flash_bwd_v5"], "sync": False}]
+
+
+def test_a_variant_that_fails_its_check_leaves_the_rest(capsys, monkeypatch):
+    script = load_script("ring_timing")
+
+    def refuse(name, hlo, full_hlo):
+        raise RuntimeError(f"variant {name!r} refused")
+
+    monkeypatch.setattr(script, "check_variant", refuse)
+    (row,) = script.main(TINY + ["--layouts", "zigzag", "--overlap"])
+    assert row["overlap_error"] == "variant 'compute' refused" and "overlap_fwd" not in row
+    assert row["max_error"] < 1e-5
+    assert "overlap zigzag: not measured: variant 'compute' refused" in capsys.readouterr().out
