@@ -23,7 +23,7 @@
 # and is skipped when under 30 s are left; STEPS="ring train" runs only those (the install
 # stays on a warm machine: SKIP_BUILD=1 STEPS=suite finishes in a second call). RING_ARGS,
 # SHARDED_ARGS, TRAIN_ARGS (the example's arguments) replace the defaults below.
-# $OUT, as in gpu_check.sh: summary.txt (every step's result lines, printed again last),
+# Last, a line per target of the issue (met / MISSED, from the JSON). $OUT, as in gpu_check.sh: summary.txt (every step's result lines, printed again last),
 # logs.tgz (every log, bundled again after each step) and ring.json, sharded.json, train.json
 # (5 files; the device brings back 8 at most).
 set -uo pipefail
@@ -99,5 +99,33 @@ if want suite; then
   note "suite step $(status $rc) in $(( $(date +%s) - t0 )) s"
   cd /tmp
 fi
+# The issue's targets, one line each, from the steps' JSON (absent: the step did not run or finish).
+note "$(python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    path = os.path.join(out, name)
+    return json.load(open(path)) if os.path.exists(path) else None
+ring, sharded, train = load("ring.json"), load("sharded.json"), load("train.json")
+if ring and ring["rows"]:
+    rows = [r for r in ring["rows"] if r["layout"] == "zigzag"] or ring["rows"]
+    r = max(rows, key=lambda r: r["seqlen"])
+    need = 0.85 * r["devices"]
+    hidden = ", ".join(f"T={x['seqlen']} {x['overlap_fwd_bwd']['hidden']:.0%}" for x in rows if "overlap_fwd_bwd" in x)
+    print(f"target run 1: fwd+bwd {r['speedup_fwd_bwd']:.2f}x one device at T={r['seqlen']} {r['layout']} "
+          f"(>= {need:.2f}x: {'met' if r['speedup_fwd_bwd'] >= need else 'MISSED'}); "
+          f"fwd+bwd transfer hidden: {hidden or 'not measured'}")
+for r in sharded or []:
+    need = 0.95 * r["devices"]
+    clean = not (r["collectives"]["fwd"] or r["collectives"]["fwd_bwd"])
+    print(f"target run 2 {r['split']}: {'no collective' if clean else 'COLLECTIVES'}, fwd+bwd "
+          f"{r['speedup_fwd_bwd']:.2f}x (>= {need:.2f}x: {'met' if r['speedup_fwd_bwd'] >= need else 'MISSED'})")
+if train:
+    print("target run 3: " + "; ".join(
+        f"{r['run']} {r['ratio']:.2f}x tokens/s, curve {'same' if r['ok'] else 'DIFFERENT'}" if "ratio" in r
+        else f"{r['run']} FAILED" for r in train["rows"]))
+PY
+)"
+note "target run 4: $(grep -E "^pytest rc=" "$OUT/summary.txt" | tail -1 || echo "the suite did not finish")"
 bundle
 echo "== summary"; cat "$OUT/summary.txt"

@@ -3,7 +3,8 @@ nvidia-smi and the installed package (SKIP_BUILD=1): its sharded and ring
 steps run the scripts at tiny sizes on two host devices and write their
 result lines, JSON and logs where the device brings them back (at most 8
 files), the NCCL environment it exports leaves NVLink multicast off, and a
-step the budget cannot fit is skipped with a note."""
+step the budget cannot fit is skipped with a note; the last lines give the
+issue's targets as met or missed."""
 
 import os
 import pathlib
@@ -39,6 +40,9 @@ def test_sharded_and_ring_steps(tmp_path):
     assert "heads: sharded over 2 devices" in summary, summary
     assert "ring rc=0" in summary and "scaling zigzag T=128" in summary, summary
     assert summary.count("overlap zigzag") == 2 and "transfer 5: 8.0 KiB" in summary, summary
+    assert "target run 1: fwd+bwd " in summary and "at T=128 zigzag (>= 1.70x: " in summary, summary
+    assert "target run 2 batch: no collective" in summary and "target run 2 heads" in summary, summary
+    assert "target run 3" not in summary and "target run 4: the suite did not finish" in summary, summary
     out = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert out == ["logs.tgz", "ring.json", "sharded.json", "summary.txt"] and len(out) <= 8
     with tarfile.open(tmp_path / "out" / "logs.tgz") as logs:
