@@ -23,9 +23,10 @@
 # and is skipped when under 30 s are left; STEPS="ring train" runs only those (the install
 # stays on a warm machine: SKIP_BUILD=1 STEPS=suite finishes in a second call). RING_ARGS,
 # SHARDED_ARGS, TRAIN_ARGS (the example's arguments) replace the defaults below.
-# Last, a line per target of the issue (met / MISSED, from the JSON). $OUT, as in gpu_check.sh: summary.txt (every step's result lines, printed again last),
-# logs.tgz (every log, bundled again after each step) and ring.json, sharded.json, train.json
-# (5 files; the device brings back 8 at most).
+# Last, a line per target of the issue (met / MISSED, from the steps' JSON). $OUT, as in
+# gpu_check.sh: summary.txt (every step's result lines, printed again last), logs.tgz (every
+# log, bundled again after each step) and ring.json, sharded.json, train.json (5 files; the
+# device brings back 8 at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
