@@ -286,6 +286,8 @@ def main(argv=None):
     schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, args.steps, args.lr / 10)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    if mesh is not None:  # its state too: step 1 returns it replicated, and step 2 would compile again
+        nnx.update(optimizer, jax.device_put(nnx.state(optimizer), NamedSharding(mesh, P())))
     _UPDATE_TAKES_MODEL = "model" in inspect.signature(nnx.Optimizer.update).parameters
 
     def loss_fn(model, x, y):

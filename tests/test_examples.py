@@ -78,6 +78,38 @@ def test_flax_example_on_a_mesh_matches_the_unsharded_run():
         script.parse_mesh("model=2", jax.devices("cpu"))
 
 
+def test_flax_example_on_a_mesh_compiles_its_step_once(monkeypatch):
+    """After step 1 nothing compiles again on a mesh (the optimizer state
+    starts replicated, as step 1 returns it), so tokens/s, counted from step
+    1's log on, is the steps' own speed (issue 24 compares it with one device)."""
+    import logging
+
+    import jax
+
+    script = _load("train_gpt_flax")
+    compiles, marks = [], []
+
+    class Count(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("Compiling "):
+                compiles.append(record.getMessage())
+
+    log_step = script.log_step
+    monkeypatch.setattr(script, "log_step", lambda *a: (marks.append(len(compiles)), log_step(*a)))
+    handler = Count()
+    logging.getLogger("jax").addHandler(handler)
+    try:
+        with jax.log_compiles(True):
+            script.main(["--batch-size", "4", "--seq-len", "32", "--width", "32", "--depth", "1",
+                         "--heads", "2", "--steps", "3", "--warmup", "1", "--log-every", "1",
+                         "--no-progress", "--sample-chars", "0", "--mesh", "data=2,seq=2",
+                         "--host-devices", "4"])
+    finally:
+        logging.getLogger("jax").removeHandler(handler)
+    assert len(marks) == 3 and marks[0] > 0, marks
+    assert compiles[marks[0]:] == [], compiles[marks[0]:]
+
+
 def _rerun_greedy(model, prompt, new_tokens, width):
     """The oracle: greedy decoding by re-running the whole prefix for every
     token (a fixed [1, width] window, right-padded: causal attention makes
