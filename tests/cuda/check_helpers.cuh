@@ -38,7 +38,8 @@ __host__ __device__ Element FromFloat(float x) {
 }
 template <typename Element>
 __host__ __device__ float ToFloat(Element x) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) return __bfloat162float(x);
+  if constexpr (std::is_same_v<Element, float>) return x;  // a float32 result (sm90_bwd_check's dbias)
+  else if constexpr (std::is_same_v<Element, __nv_bfloat16>) return __bfloat162float(x);
   else return __half2float(x);
 }
 

@@ -21,7 +21,11 @@
 // and tails, against the references with logits + bias; their timing rows
 // (T=4096, [1,N,T,S] and [B,N,T,S] bf16 biases at 128 and 64, one causal)
 // in the same table (no lean-dQ column: the bias variants are dQ-first
-// only).
+// only). On every bias case also the sm90 bias-gradient pass
+// (LaunchBiasGradientScheduled: stores for a [B,N,T,S] bias, float32
+// atomics for a broadcast one) against a float reference of the summed dS
+// (CheckBiasGradient), with sm80's LaunchBiasGradient beside it (SM80=1),
+// and its own timing table on the timed bias shapes.
 //
 //   bash scripts/sm90_bwd_check.sh         # builds and runs this
 //   ./sm90_bwd_check --quick               # skip the 4096-long cases
@@ -634,6 +638,143 @@ __global__ void ReferenceDkvFeatures(const Element* q, const Element* k, const E
   for (int d = 0; d < H; ++d) dk[k_off + d] = acc_k[d] * scale, dv[k_off + d] = acc_v[d];
 }
 
+// The bias gradient, one thread per (b, h, query row): dS = P (dP - delta)
+// of every visible pair (the bias variants refuse the soft cap: d(logit) is
+// dS, unscaled, as the bias is added to the scaled logit) added into the
+// float32 `dbias` at the bias's element (strides 0 along its broadcast
+// dims: the sum over them), zeroed by the caller.
+template <typename Element>
+__global__ void ReferenceDbiasFeatures(const Element* q, const Element* k, const Element* v, const Element* dout,
+                                       const float* lse, const float* delta, float* dbias, int B, int T, int S,
+                                       int N, int K, int H, float scale, bool causal, RefFeatures f) {
+  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (idx >= int64_t(B) * N * T) return;
+  const int i = int(idx % T), h = int(idx / T % N), b = int(idx / (int64_t(T) * N));
+  const int hk = h / (N / K);
+  const int64_t q_off = ((int64_t(b) * T + i) * N + h) * H;
+  const float row_lse = lse[(int64_t(b) * N + h) * T + i], row_delta = delta[(int64_t(b) * N + h) * T + i];
+  float* const row = dbias + b * f.bias_batch + h * f.bias_head + i * f.bias_row;
+  for (int j = 0; j < S; ++j) {
+    if (!RefVisible(f, b, T, S, causal, i, j)) continue;
+    const int64_t k_off = ((int64_t(b) * S + j) * K + hk) * H;
+    float th;
+    const float x = RefLogit(Dot(q + q_off, k + k_off, H), scale, f.softcap, &th) + RefBias(f, b, h, i, j);
+    if (x == -INFINITY) continue;  // a -inf bias hides its pair (as in ReferenceDqFeatures)
+    const float ds = expf(x - row_lse) * (Dot(dout + q_off, v + k_off, H) - row_delta);
+    atomicAdd(row + j, ds);
+  }
+}
+
+// The bias-gradient pass's timing rows (the bias cases' timed shapes).
+struct DbiasTimingRow {
+  std::string shape;
+  double sm90 = 0, sm80 = 0;
+};
+std::vector<DbiasTimingRow> dbias_timing_rows;
+
+// The sm90 bias-gradient pass (LaunchBiasGradientScheduled at the bias
+// variants' schedule) on a bias case, set up as BiasGradientImpl
+// (handlers.cu) sets up sm80's: no dq / dk / dv; a [B, N, T, S] bias's
+// gradient stored into dbias_direct in the bias's type, a broadcast one's
+// summed by float32 atomics into dbias (for a 16-bit bias the float32
+// scratch that the handler then rounds with LaunchDbiasConvert: checked here
+// before that rounding, which is not this pass's), the target zeroed first
+// (inside each timed launch too, as the handler's memset). Every element
+// against ReferenceDbiasFeatures by Compare over rows of S keys (the
+// backward's tolerances; the row scale covers causal's first keys, whose
+// dS terms are large). sm80's LaunchBiasGradient beside it (SM80=1) on the
+// same target: the known-good kernel, also timed. `dbias_flops`: 4 H N per
+// visible pair (the forward's two products, as scripts/bias16_check.py
+// counts the dbias pass).
+template <typename Element, int kHeadDim>
+bool CheckBiasGradient(const FeatureCase& c, AttentionParams p, const RefFeatures& rf, const float* ref_delta,
+                       const char* name, int64_t bias_elements, double tol, double dbias_flops) {
+  const int64_t rows = int64_t(c.B) * c.N * c.T;
+  float* ref = nullptr;
+  CHECK_CUDA(cudaMalloc(&ref, bias_elements * 4));
+  CHECK_CUDA(cudaMemset(ref, 0, bias_elements * 4));
+  ReferenceDbiasFeatures<Element><<<unsigned((rows + 127) / 128), 128>>>(
+      static_cast<const Element*>(p.q), static_cast<const Element*>(p.k), static_cast<const Element*>(p.v),
+      static_cast<const Element*>(p.dout), static_cast<const float*>(p.lse), ref_delta, ref,
+      c.B, c.T, c.S, c.N, c.K, c.H, float(p.scale), c.causal, rf);
+  CHECK_CUDA(cudaGetLastError());
+  if (SynchronizeOrDie("the dbias reference", 300.0) != cudaSuccess) std::exit(3);
+  std::vector<float> want(bias_elements);
+  CHECK_CUDA(cudaMemcpy(want.data(), ref, bias_elements * 4, cudaMemcpyDeviceToHost));
+  cudaFree(ref);
+
+  // The handler's choice: one writer per element only for the full shape.
+  const bool full = bias_elements == int64_t(c.B) * c.N * c.T * c.S;
+  const bool bias32 = p.features.bias_type == jax_flash::BiasType::kAccum;
+  const size_t element_bytes = full && !bias32 ? 2 : 4;
+  void* target = nullptr;
+  CHECK_CUDA(cudaMalloc(&target, bias_elements * element_bytes));
+  p.dq = p.dk = p.dv = nullptr;
+  p.dq_accum = nullptr;
+  p.features.dbias = full ? nullptr : static_cast<float*>(target);
+  p.features.dbias_direct = full ? target : nullptr;
+  auto with_clear = [&](auto launch) {
+    return [&, launch] {
+      if (cudaMemsetAsync(target, 0, bias_elements * element_bytes, 0) != cudaSuccess) return std::string("memset failed");
+      return launch();
+    };
+  };
+  auto launch90 = with_clear([&] { return jax_flash::cuda::sm90::LaunchBiasGradientScheduled<Element, kHeadDim>(p, 0); });
+  auto run_and_check = [&](const char* family, auto launch) {
+    char what[480];
+    std::snprintf(what, sizeof what, "%s %s (%s)", family, name,
+                  full ? "stores into dbias_direct" : "float32 atomics into dbias");
+    const std::string err = launch();
+    const cudaError_t sync = SynchronizeOrDie(what);
+    if (!err.empty() || sync != cudaSuccess) {
+      std::printf("%s: FAIL (%s%s)\n", what, err.c_str(), sync != cudaSuccess ? cudaGetErrorString(sync) : "");
+      std::fflush(stdout);
+      if (sync != cudaSuccess) std::exit(3);
+      return false;
+    }
+    std::vector<float> got(bias_elements);
+    if (element_bytes == 4) {
+      CHECK_CUDA(cudaMemcpy(got.data(), target, bias_elements * 4, cudaMemcpyDeviceToHost));
+    } else {
+      std::vector<Element> typed(bias_elements);
+      CHECK_CUDA(cudaMemcpy(typed.data(), target, bias_elements * 2, cudaMemcpyDeviceToHost));
+      for (int64_t x = 0; x < bias_elements; ++x) got[x] = ToFloat(typed[x]);
+    }
+    int64_t bad = 0, first = -1;
+    const double worst = Compare(got, want, c.S, tol, &bad, &first);
+    std::printf("%s: worst err / tol dbias %.2f: %s\n", what, worst, bad ? "FAIL" : "PASS");
+    if (bad)
+      std::printf("  %lld bad dbias elements; first at element %lld (row %lld, key %lld): got %g want %g\n",
+                  (long long)bad, (long long)first, (long long)(first / c.S), (long long)(first % c.S),
+                  double(got[first]), double(want[first]));
+    std::fflush(stdout);
+    return bad == 0;
+  };
+  const bool ok = run_and_check("sm90 bias gradient", launch90);
+  DbiasTimingRow row;
+  row.shape = std::string(TypeName<Element>()) + " " + c.name;
+  if (ok && c.timed) {
+    const float ms = TimeLaunches(launch90);
+    row.sm90 = ms > 0 ? dbias_flops / (ms * 1e-3) / 1e12 : 0.0;
+    std::printf("  time sm90 bias gradient: %.3f ms, %.1f TFLOP/s (4 H N per visible pair)\n", ms, row.sm90);
+  }
+#ifdef JAX_FLASH_CHECK_SM80
+  auto launch80 = with_clear([&] { return jax_flash::cuda::sm80::LaunchBiasGradient<Element, kHeadDim>(p, 0); });
+  if (!c.timed || ok) {
+    run_and_check("sm80 bias gradient (reference kernel, not counted)", launch80);
+    if (c.timed) {
+      const float ms80 = TimeLaunches(launch80);
+      row.sm80 = ms80 > 0 ? dbias_flops / (ms80 * 1e-3) / 1e12 : 0.0;
+      std::printf("  time sm80 bias gradient: %.3f ms, %.1f TFLOP/s (sm90 / sm80 speed: %.2fx)\n", ms80, row.sm80,
+                  row.sm80 > 0 ? row.sm90 / row.sm80 : 0.0);
+    }
+  }
+#endif
+  if (c.timed) dbias_timing_rows.push_back(row);
+  cudaFree(target);
+  return ok;
+}
+
 struct FeatureTimingRow {
   std::string shape;
   double sm90 = 0, sm90_plain = 0, sm80 = 0;
@@ -885,12 +1026,15 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
   }
 #endif
   if (c.timed) feature_timing_rows.push_back(row);
+  // The bias-gradient pass on the same inputs (the reference's lse and delta).
+  const bool ok_dbias = !with_bias || CheckBiasGradient<Element, kHeadDim>(c, p, rf, ref_delta, name,
+                                                                          bias_b * bias_n * bias_t * c.S, tol, flops / 2.5);
 
   for (void* ptr : std::initializer_list<void*>{q, k, v, out, dout, dq, dk, dv, lse, delta, ref_delta, dq_accum,
                                                 ref_dq, ref_dk, ref_dv, d_q_lens, d_kv_lens, d_offsets, d_q_ids,
                                                 d_kv_ids, d_q_ranges, d_kv_ranges, d_bias, d_bias16})
     if (ptr) cudaFree(ptr);
-  return ok && ok_lean && ok_dqfu64;
+  return ok && ok_lean && ok_dqfu64 && ok_dbias;
 }
 
 template <typename Element>
@@ -971,6 +1115,9 @@ std::vector<FeatureCase> BackwardFeatureCases(bool quick) {
                              kBiasBatch | kBias16));
       cases.push_back(biased({"16-bit bias [1,N,T,S] with -inf elements", 1, 600, 500, 2, 1, H, cz}, kNts | kBiasInf | kBias16));
       cases.push_back(biased({"float32 bias [B,N,T,S], T != S", 2, 257, 333, 2, 1, H, cz}, kBnts));
+      // A broadcast float32 bias: its gradient summed into dbias itself (no scratch).
+      cases.push_back(biased({"float32 bias [1,N,T,S], window (64, 0)", 2, 300, 500, 4, 2, H, cz, {}, {}, {}, 64, 0},
+                             kNts));
       cases.push_back(biased({"16-bit bias [1,N,T,S], kv lengths, documents, offsets", 2, 600, 900, 4, 2, H, cz, {},
                               {900, 450}, {100, 0}, -1, -1, kDocs, {250, 400}},
                              kNts | kBias16));
@@ -1098,6 +1245,27 @@ bool FeatureLauncherRejects() {
     std::printf("float32 bias variant, a 16-bit bias (%s): %s\n", TypeName<Element>(), err.empty() ? "launched: FAIL" : err.c_str());
     ok &= !err.empty();
   }
+  // The bias-gradient pass (LaunchBiasGradientScheduled) refuses a call
+  // without a dbias target, with a dk (sm80's contract: its dbias-only mode
+  // is told by a null dk), with both targets, and what the bias variants
+  // refuse (here the soft cap).
+  auto expect_dbias_error = [&](const char* what) {
+    const std::string err = jax_flash::cuda::sm90::LaunchBiasGradientScheduled<Element, 128>(p, 0);
+    std::printf("bias gradient, %s (%s): %s\n", what, TypeName<Element>(), err.empty() ? "launched: FAIL" : err.c_str());
+    ok &= !err.empty();
+  };
+  reset_bias();
+  p.dk = nullptr;
+  expect_dbias_error("no dbias target");
+  p.features.dbias = buf + (3 << 20);
+  p.dk = e;
+  expect_dbias_error("with a dk");
+  p.dk = nullptr;
+  p.features.dbias_direct = buf + (3 << 20);
+  expect_dbias_error("with both targets");
+  p.features.dbias_direct = nullptr;
+  p.features.softcap = 30.0;
+  expect_dbias_error("and the soft cap");
   CHECK_CUDA(cudaDeviceSynchronize());
   cudaFree(buf);
   return ok;
@@ -1193,6 +1361,15 @@ int main(int argc, char** argv) {
     for (const FeatureTimingRow& r : feature_timing_rows)
       std::printf("%-48s %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm90_lean,
                   r.sm90_dqfu64, r.sm90_plain, r.sm80, r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
+  }
+  if (!dbias_timing_rows.empty()) {
+    std::printf("\nbias gradient (the dbias pass alone), TFLOP/s as 4 H N per visible pair (the forward's count, "
+                "scripts/bias16_check.py's for the dbias pass); target memset + delta pass + kernel, no rounding of "
+                "float32 sums (sm90: LaunchBiasGradientScheduled, the bias variants' schedule; sm80: "
+                "LaunchBiasGradient, the package's; [B,N,T,S]: stores, else float32 atomics)\n");
+    std::printf("%-48s %8s %8s %8s\n", "shape", "sm90", "sm80", "ratio");
+    for (const DbiasTimingRow& r : dbias_timing_rows)
+      std::printf("%-48s %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm80, r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
   }
   std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ALL PASS", failures);
   if (failures)

@@ -63,6 +63,13 @@
 // q.k (BiasColumns, feature_mask.cuh; loaded a step ahead, under the
 // previous step's dK), so P is the forward's and dS is the plain one (the
 // bias gradient is the separate dbias pass's).
+// The bias gradient alone (BiasGradientKernel, the bias variants' dbias
+// pass; check program only): the same producer, tiles and steps; per step
+// the consumers run S^T (with the bias) and dP^T, P^T and dS^T, and write
+// dS^T into the bias gradient from registers (StoreBiasGradient: float32
+// atomic adds for a broadcast bias, stores of the bias's type for a full
+// one); no dV, dK, dQ, no named barrier, no dS^T tile, no epilogue. The
+// next step's bias is loaded under S^T and dP^T (no dK to hide it under).
 // A tile with no step copies nothing and waits on no barrier: its consumers
 // write dK = dV = 0 (its keys are seen by no query).
 //
@@ -511,6 +518,56 @@ __device__ __forceinline__ uint32_t DqKCols(uint32_t k_tile, int warpgroup) {
   return k_tile + (Tr::kDqSplitColumns ? warpgroup * Tr::kKvChunkBytes : warpgroup * 64 * 128);
 }
 
+// The bias gradient of one step's pairs of this thread (kBiasGradient):
+// dS^T = P^T (dP^T - delta) in S^T's accumulator layout, ds[4j + 2hh + e]
+// for key `key` + 8hh, query m0 + 8j + 2t + e, written where the bias of
+// (b, h) has the pair, at the bias's own strides (the bias gradient has its
+// shape): float32 atomic adds into p.features.dbias where the bias is
+// broadcast (zeroed first; a zero adds nothing and is skipped, as sm80's
+// AddDbias), a plain store of the bias's type into dbias_direct where each
+// element has one writer ([B, N, T, S]). dS, not scale dS: the bias is added
+// to the scaled logit (sm80's dbias-only mode writes the same d(logit)).
+// Pairs past seqlen_q or seqlen_k are not written (their bias does not
+// exist). A warp's store covers 8 consecutive keys of 4 queries' rows (32
+// bytes per row for the float32 reds, 16 for a 16-bit store). Row offsets in
+// 32 bits, as BiasColumns::Load's (BiasRowsFit).
+template <typename Tr, typename BiasT>
+__device__ __forceinline__ void StoreBiasGradient(const AttentionParams& p, const float (&ds)[Tr::kBlockM / 2], int b,
+                                                  int h, int m0, int key, const bool (&key_in)[2], int t) {
+  const AttentionFeatures& f = p.features;
+  const uint32_t row_stride = uint32_t(f.bias_stride.row);
+  const int q_last = int(p.shape.seqlen_q) - 1, q0 = m0 + 2 * t, rows_left = q_last - q0;
+  // The thread's first pair; its query clamped so that the pointer stays inside.
+  const int64_t first = f.BroadcastOffset(f.bias_stride, b, h) + int64_t(min(q0, q_last)) * f.bias_stride.row + key;
+  if (f.dbias) {
+    float* const sums = f.dbias + first;
+#pragma unroll
+    for (int j = 0; j < Tr::kBlockM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float x = ds[4 * j + 2 * hh + e];
+          if (8 * j + e <= rows_left && key_in[hh] && x != 0.0f)
+            atomicAdd(sums + uint32_t(8 * j + e) * row_stride + 8 * hh, x);
+        }
+  } else {
+    BiasT* const out = static_cast<BiasT*>(f.dbias_direct) + first;
+#pragma unroll
+    for (int j = 0; j < Tr::kBlockM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float x = ds[4 * j + 2 * hh + e];
+          if (8 * j + e <= rows_left && key_in[hh]) {
+            if constexpr (std::is_same_v<BiasT, float>) out[uint32_t(8 * j + e) * row_stride + 8 * hh] = x;
+            else out[uint32_t(8 * j + e) * row_stride + 8 * hh] = FromFloat<BiasT>(x);
+          }
+        }
+  }
+}
+
 // A copy of `x` the compiler cannot see through: addresses derived from it
 // at their use are recomputed there instead of hoisted out of the step
 // loop, where their descriptors (64-bit, one per k step) took the registers
@@ -531,7 +588,10 @@ __device__ __forceinline__ uint32_t Opaque(uint32_t x) {
 // steps that need them only; all with the lean send.
 // Feature variants: `p` for the mask policy's per-step questions (the plain
 // kernel ignores it).
-template <typename Element, typename Tr, BwdSchedule kSchedule, Features kFeatures>
+// kBiasGradient (BiasGradientKernel; the bias variants only): the bias
+// gradient alone, S^T, dP^T, P^T and dS^T per step, dS^T into the bias
+// gradient (StoreBiasGradient); no dV, dK or dQ.
+template <typename Element, typename Tr, BwdSchedule kSchedule, Features kFeatures, bool kBiasGradient = false>
 __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const AttentionParams& p,
                                                     BwdBarriers<Tr> bars, uint32_t smem, int warpgroup_index,
                                                     const BwdTile& tile, const BwdSteps<Tr>& steps) {
@@ -544,6 +604,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   // The bias's loads for step i + 1 go out under step i's dK product, where
   // nothing else is in flight between steps (kDqFirst's order).
   static_assert(!kBias || kDqFirst, "the bias variants run the dQ-first schedules only");
+  static_assert(!kBiasGradient || kBias, "the bias gradient is the bias variants' pass");
   constexpr bool kUniform = BwdUniformDescriptors(kSchedule);
   constexpr bool kDiagonalMasks = BwdDiagonalMasks(kSchedule) && !kAnyFeature;
   constexpr bool kCounters = BwdStepCounters(kSchedule) && !kAnyFeature;
@@ -718,6 +779,10 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
                                   KMajorDescriptor<Tr>(do_tile, Tr::kQChunkBytes, kk), kk > 0 ? 1 : 0);
     }
     WgmmaCommit();
+    // kBiasGradient: the next step's bias (the last step's again on the last
+    // step, as below) under S^T and dP^T: without dK, dV and dQ its 32
+    // words have registers to spare, and no later product would cover them.
+    if constexpr (kBiasGradient) load_bias(min(i + 1, steps.count - 1));
     // kLeanDqEarlyDp: step i - 1's share sent with both S^T and dP^T in flight.
     if constexpr (kSendPrevious && kSendAfterDp) send_dq(i - 1);
 
@@ -800,6 +865,14 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
           dpt[4 * j + 2 * hh + 1] = st[4 * j + 2 * hh + 1] * (dpt[4 * j + 2 * hh + 1] - delta.y);
         }
       }
+    }
+    if constexpr (kBiasGradient) {
+      // Q, dO and the row statistics of stage s are read: released before
+      // the stores, which read registers only.
+      MbarrierArrive(bars.empty(s));  // every thread (BwdBarriers::empty)
+      StoreBiasGradient<Tr, BiasT>(p, dpt, tile.b, steps.head(i, tile.hk, a.group), m0, wg_n0 + row0, bias.key_in,
+                                   t);
+      return;
     }
     uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
     OnlineSoftmax<kBlockM, kHeadDim>::template ToFragments<Element>(st, p_frag);
@@ -994,20 +1067,19 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       send_dq(i);
     }
   }
+  if constexpr (kBiasGradient) return;  // no dQ reduces, no dK, dV
   if (lane == 0) BulkWait<0>();  // the block's shared memory stays until the last reduce has run
 
   StoreKeyGradient<Element, kHeadDim>(a, a.dk, dk, a.scale, wg_n0 + row0, tile.b, tile.hk, t);
   StoreKeyGradient<Element, kHeadDim>(a, a.dv, dv, 1.0f, wg_n0 + row0, tile.b, tile.hk, t);
 }
 
-// grid: key_blocks * num_heads_k * batch blocks, one tile each (BwdTile).
-// `p`: the call's parameters, read by the feature variants' mask policy
-// only (last, so that the plain kernel's argument offsets stay as they were).
-template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures = Features::kNone>
-__global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
-    BackwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                   const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
-                   const BackwardArgs a, const __grid_constant__ AttentionParams p) {
+// One block's tile (BwdTile): the roles of BackwardKernel and
+// BiasGradientKernel, told apart by kBiasGradient (ConsumeBackwardTile).
+template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures, bool kBiasGradient>
+__device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const CUtensorMap* k_map,
+                                                 const CUtensorMap* v_map, const CUtensorMap* do_map,
+                                                 const BackwardArgs& a, const AttentionParams& p) {
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -1037,14 +1109,42 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     // then wait on nothing and write zeros).
     if (threadIdx.x == 0) {
       if (!kAnyFeature || steps.count > 0)
-        ProduceBackwardTile<Tr>(&q_map, &k_map, &v_map, &do_map, a, bars, smem, tile, steps);
+        ProduceBackwardTile<Tr>(q_map, k_map, v_map, do_map, a, bars, smem, tile, steps);
     } else if (threadIdx.x / 32 == 1) {
       StageRowStats<Tr, kFeatures, Element>(a, p, bars, smem, tile, steps, threadIdx.x % 32);
     }
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
-    ConsumeBackwardTile<Element, Tr, kSchedule, kFeatures>(a, p, bars, smem, warpgroup - 1, tile, steps);
+    ConsumeBackwardTile<Element, Tr, kSchedule, kFeatures, kBiasGradient>(a, p, bars, smem, warpgroup - 1, tile,
+                                                                          steps);
   }
+}
+
+// grid: key_blocks * num_heads_k * batch blocks, one tile each (BwdTile).
+// `p`: the call's parameters, read by the feature variants' mask policy
+// only (last, so that the plain kernel's argument offsets stay as they were).
+template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures = Features::kNone>
+__global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
+    BackwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                   const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
+                   const BackwardArgs a, const __grid_constant__ AttentionParams p) {
+  RunBackwardBlock<Element, kHeadDim, kSchedule, kFeatures, false>(&q_map, &k_map, &v_map, &do_map, a, p);
+}
+
+// The bias gradient alone (the dbias pass, bwd_launch.cuh's
+// LaunchBiasGradientScheduled): the bias variants' tiles and steps, the
+// same producer (K, V once; Q, dO, lse, delta and the bias rows per step),
+// the consumers' S^T and dP^T products only (two of the backward's five)
+// and dS^T into the bias gradient (StoreBiasGradient); the dS^T tile and
+// dQ staging of the shared memory go unused. Grid as BackwardKernel's.
+template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures>
+__global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
+    BiasGradientKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                       const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
+                       const BackwardArgs a, const __grid_constant__ AttentionParams p) {
+  static_assert(kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16,
+                "the bias gradient of the bias variants");
+  RunBackwardBlock<Element, kHeadDim, kSchedule, kFeatures, true>(&q_map, &k_map, &v_map, &do_map, a, p);
 }
 
 }  // namespace jax_flash::cuda::sm90

@@ -23,6 +23,65 @@ inline std::string DescribeBackward(const AttentionShape& s, int head_dim_padded
          std::to_string(head_dim_padded) + ")";
 }
 
+// The tensor maps of Q, dO (kBlockM rows), K and V (kBlockN rows) and the
+// kernel's arguments of a checked call: LaunchBackwardScheduled's and
+// LaunchBiasGradientScheduled's. `bias`: a bias variant's (softcap_unscale
+// then 1 / scale, below). A map's encoding error, else "".
+template <typename Element, typename Tr>
+std::string PrepareBackwardCall(const AttentionParams& p, bool bias, CUtensorMap* q_map, CUtensorMap* k_map,
+                                CUtensorMap* v_map, CUtensorMap* do_map, BackwardArgs* out) {
+  const auto& s = p.shape;
+  constexpr CUtensorMapDataType kType = std::is_same_v<Element, __nv_bfloat16>
+                                            ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  // seqlen_q = 0 still needs valid maps; the kernel then loads no Q or dO
+  // (no steps) and writes zero dK, dV.
+  const int64_t seqlen_q_map = s.seqlen_q > 0 ? s.seqlen_q : 1;
+  struct MapSpec {
+    CUtensorMap* map;
+    const void* base;
+    int64_t seq, heads;
+    const Strides& stride;
+    int box_rows;
+    const char* name;
+  };
+  const MapSpec specs[4] = {{q_map, p.q, seqlen_q_map, s.num_heads, p.q_stride, Tr::kBlockM, "q"},
+                            {do_map, p.dout, seqlen_q_map, s.num_heads, p.q_stride, Tr::kBlockM, "dout"},
+                            {k_map, p.k, s.seqlen_k, s.num_heads_k, p.k_stride, Tr::kBlockN, "k"},
+                            {v_map, p.v, s.seqlen_k, s.num_heads_k, p.k_stride, Tr::kBlockN, "v"}};
+  for (const MapSpec& m : specs)
+    if (auto e = EncodeBtnhMap(m.map, kType, m.base, s.batch, m.seq, m.heads, s.head_dim, m.stride, m.box_rows,
+                               m.name);
+        !e.empty())
+      return e;
+
+  BackwardArgs& args = *out;
+  args.dk = p.dk;
+  args.dv = p.dv;
+  args.lse = static_cast<const float*>(p.lse);
+  args.delta = static_cast<const float*>(p.delta);
+  args.dq_accum = p.dq_accum;
+  args.k_stride = p.k_stride;
+  args.batch = int(s.batch);
+  args.seqlen_q = int(s.seqlen_q);
+  args.seqlen_k = int(s.seqlen_k);
+  args.num_heads = int(s.num_heads);
+  args.num_heads_k = int(s.num_heads_k);
+  args.group = int(s.group());
+  args.head_dim = int(s.head_dim);
+  args.key_blocks = int(CeilDiv(s.seqlen_k, Tr::kBlockN));
+  args.scale_log2 = float(p.scale) * kLog2e;
+  args.scale = float(p.scale);
+  args.is_causal = p.is_causal;
+  const SoftcapFactors cap = SoftcapFactors::For(p);
+  args.softcap_scale = cap.scale_over_cap;
+  // kMasksBias(16) (which refuses the soft cap): 1 / scale, the bias in
+  // S^T's raw units, the very float the forward's launch computes
+  // (launch.cuh), so that both build the same logits (BiasColumns).
+  args.softcap_unscale = bias ? float(1.0 / p.scale) : cap.cap_over_scale;
+  return {};
+}
+
 // kFeatures: the kernel variant (kernel_traits.cuh's Features); kNone takes
 // no attention features, kMasks lengths, windows, position offsets and
 // segment ids, kMasksSoftcap those and the soft cap (UnsupportedFeatures).
@@ -46,7 +105,7 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
   if (auto why = UnsupportedFeatures(p, kFeatures); !why.empty()) return fail(why);
   if constexpr (kBias) {
     if (p.features.dbias || p.features.dbias_direct)
-      return fail("computes no bias gradient (the bias-gradient pass, LaunchBiasGradient, does)");
+      return fail("computes no bias gradient (the bias-gradient pass, LaunchBiasGradientScheduled, does)");
     if (!BiasRowsFit(p))  // BiasColumns::Load's 32-bit row offsets
       return fail("the bias's rows of one batch entry and head must span fewer than 2^32 elements");
   }
@@ -89,56 +148,10 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
   }
 
   if (tiles > 0) {
-    constexpr CUtensorMapDataType kType = std::is_same_v<Element, __nv_bfloat16>
-                                              ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    // seqlen_q = 0 still needs valid maps; the kernel then loads no Q or dO
-    // (no steps) and writes zero dK, dV.
-    const int64_t seqlen_q_map = s.seqlen_q > 0 ? s.seqlen_q : 1;
     alignas(64) CUtensorMap q_map, k_map, v_map, do_map;
-    struct MapSpec {
-      CUtensorMap* map;
-      const void* base;
-      int64_t seq, heads;
-      const Strides& stride;
-      int box_rows;
-      const char* name;
-    };
-    const MapSpec specs[4] = {{&q_map, p.q, seqlen_q_map, s.num_heads, p.q_stride, Tr::kBlockM, "q"},
-                              {&do_map, p.dout, seqlen_q_map, s.num_heads, p.q_stride, Tr::kBlockM, "dout"},
-                              {&k_map, p.k, s.seqlen_k, s.num_heads_k, p.k_stride, Tr::kBlockN, "k"},
-                              {&v_map, p.v, s.seqlen_k, s.num_heads_k, p.k_stride, Tr::kBlockN, "v"}};
-    for (const MapSpec& m : specs)
-      if (auto e = EncodeBtnhMap(m.map, kType, m.base, s.batch, m.seq, m.heads, s.head_dim, m.stride, m.box_rows,
-                                 m.name);
-          !e.empty())
-        return e + " (" + what + ")";
-
     BackwardArgs args;
-    args.dk = p.dk;
-    args.dv = p.dv;
-    args.lse = static_cast<const float*>(p.lse);
-    args.delta = static_cast<const float*>(p.delta);
-    args.dq_accum = p.dq_accum;
-    args.k_stride = p.k_stride;
-    args.batch = int(s.batch);
-    args.seqlen_q = int(s.seqlen_q);
-    args.seqlen_k = int(s.seqlen_k);
-    args.num_heads = int(s.num_heads);
-    args.num_heads_k = int(s.num_heads_k);
-    args.group = int(s.group());
-    args.head_dim = int(s.head_dim);
-    args.key_blocks = int(key_blocks);
-    args.scale_log2 = float(p.scale) * kLog2e;
-    args.scale = float(p.scale);
-    args.is_causal = p.is_causal;
-    const SoftcapFactors cap = SoftcapFactors::For(p);
-    args.softcap_scale = cap.scale_over_cap;
-    // kMasksBias(16) (which refuses the soft cap): 1 / scale, the bias in
-    // S^T's raw units, the very float the forward's launch computes
-    // (launch.cuh), so that both build the same logits (BiasColumns).
-    args.softcap_unscale = kBias ? float(1.0 / p.scale) : cap.cap_over_scale;
-
+    if (auto e = PrepareBackwardCall<Element, Tr>(p, kBias, &q_map, &k_map, &v_map, &do_map, &args); !e.empty())
+      return e + " (" + what + ")";
     auto kernel = BackwardKernel<Element, kHeadDim, kSchedule, kFeatures>;
     if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 backward kernel"); !e.empty())
       return e + " (" + what + ")";
@@ -152,6 +165,72 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
     sm80::DqConvertKernel<Element><<<convert_grid, 256, 0, stream>>>(p);
     if (auto e = CheckLaunch("dq convert kernel"); !e.empty()) return e + " (" + what + ")";
   }
+  return {};
+}
+
+// The bias gradient on the sm90 bias variants' tiles (BiasGradientKernel:
+// S^T, dP^T, P^T, dS^T per step, dS^T into p.features.dbias by float32
+// atomic adds where the bias is broadcast, else into dbias_direct by
+// stores of the bias's type; no dV, dK, dQ), after sm80's delta pass (delta
+// only: no dQ accumulator, no conversion). sm80's LaunchBiasGradient's
+// contract: a bias, a dbias target, no dk; the caller zeroes the target
+// first (pairs of blocks no step visits are not written) and rounds float32
+// sums into a 16-bit dbias after (BiasGradientImpl, handlers.cu). kMasksBias16
+// for a bias of the inputs' type, kMasksBias for float32 (as the bias
+// variants pick). The check program's only: not dispatched by the package.
+template <typename Element, int kHeadDim, BwdSchedule kSchedule = FeatureBwdSchedule(kHeadDim)>
+std::string LaunchBiasGradientScheduled(const AttentionParams& p, cudaStream_t stream) {
+  using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
+  static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
+  const auto& s = p.shape;
+  const bool bias16 = p.features.bias_type != BiasType::kAccum;
+  const std::string what = "sm90 bias gradient (B=" + std::to_string(s.batch) + ", Tq=" + std::to_string(s.seqlen_q) +
+                           ", Tk=" + std::to_string(s.seqlen_k) + ", N=" + std::to_string(s.num_heads) +
+                           ", K=" + std::to_string(s.num_heads_k) + ", H=" + std::to_string(s.head_dim) + " in " +
+                           std::to_string(kHeadDim) + (bias16 ? ", 16-bit bias)" : ", float32 bias)");
+  auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
+  if (auto why = UnsupportedFeatures(p, bias16 ? Features::kMasksBias16 : Features::kMasksBias); !why.empty())
+    return fail(why);
+  if (!LogitFeatures::WritesDbias(p) || p.dk != nullptr)
+    return fail("needs a dbias target (dbias or dbias_direct) and no dk");
+  if (p.features.dbias && p.features.dbias_direct) return fail("takes one dbias target, not both");
+  if (!BiasRowsFit(p))  // BiasColumns::Load's and StoreBiasGradient's 32-bit row offsets
+    return fail("the bias's rows of one batch entry and head must span fewer than 2^32 elements");
+  if (!(p.scale > 0.0)) return fail("needs scale > 0");
+  if (s.head_dim < 8 || s.head_dim > kHeadDim || s.head_dim % 8 != 0)
+    return fail("head_dim must be a multiple of 8 in [8, kHeadDim]");
+  if (s.num_heads_k < 1 || s.num_heads % s.num_heads_k != 0) return fail("key heads must divide query heads");
+  if (auto e = CheckGrid(s); !e.empty()) return e;  // sm80's delta grid
+  if (s.seqlen_q > INT32_MAX - 2 * Tr::kBlockM || s.seqlen_k > INT32_MAX - Tr::kBlockN)
+    return fail("seqlen_q and seqlen_k must be below 2^31 - 256");
+  const int64_t key_blocks = CeilDiv(s.seqlen_k, Tr::kBlockN);
+  const int64_t tiles = key_blocks * s.num_heads_k * s.batch;
+  if (tiles >= int64_t(INT32_MAX) || CeilDiv(s.seqlen_q, Tr::kBlockM) * s.group() >= int64_t(INT32_MAX))
+    return fail("fewer than 2^31 tiles (128 keys x key heads x batch) and steps per call");
+  for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out), p.dout})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return fail("q, k, v, out and dout must be 16-byte aligned");
+  auto misaligned = [](int64_t size, int64_t stride) { return size > 1 && (stride * 2) % 16 != 0; };
+  if (misaligned(s.seqlen_q, p.q_stride.row) || misaligned(s.num_heads, p.q_stride.head) ||
+      misaligned(s.batch, p.q_stride.batch) || misaligned(s.seqlen_k, p.k_stride.row) ||
+      misaligned(s.num_heads_k, p.k_stride.head) || misaligned(s.batch, p.k_stride.batch))
+    return fail("strides in bytes must be multiples of 16");
+  if (s.batch == 0 || s.num_heads == 0 || s.seqlen_q == 0 || tiles == 0) return {};  // nothing to add
+
+  const int64_t rows = s.batch * s.num_heads * s.seqlen_q;
+  sm80::DeltaAndClearKernel<Element, kHeadDim>
+      <<<unsigned(CeilDiv(rows, sm80::DeltaLayout<kHeadDim>::kRowsPerBlock)), 256, 0, stream>>>(p, false);
+  if (auto e = CheckLaunch("delta kernel"); !e.empty()) return e + " (" + what + ")";
+
+  alignas(64) CUtensorMap q_map, k_map, v_map, do_map;
+  BackwardArgs args;
+  if (auto e = PrepareBackwardCall<Element, Tr>(p, true, &q_map, &k_map, &v_map, &do_map, &args); !e.empty())
+    return e + " (" + what + ")";
+  auto kernel = bias16 ? BiasGradientKernel<Element, kHeadDim, kSchedule, Features::kMasksBias16>
+                       : BiasGradientKernel<Element, kHeadDim, kSchedule, Features::kMasksBias>;
+  if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 bias gradient kernel"); !e.empty())
+    return e + " (" + what + ")";
+  kernel<<<unsigned(tiles), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, do_map, args, p);
+  if (auto e = CheckLaunch("sm90 bias gradient kernel"); !e.empty()) return e + " (" + what + ")";
   return {};
 }
 
