@@ -44,13 +44,13 @@ nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --expt-relaxed-constex
 echo "built in $(( $(date +%s) - start )) s; registers / spills of the backward kernels:"
 awk '/Compiling entry/ {n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n)}
      /spill stores/ {spill = $5 " B spill stores, " $9 " B loads"}
-     /Used [0-9]+ registers/ && n ~ /BackwardKernel|DkvKernel/ {print "  " n ": " $5 " registers, " spill}' "$out/ptxas.log"
+     /Used [0-9]+ registers/ && n ~ /BackwardKernel|BiasGradientKernel|DkvKernel/ {print "  " n ": " $5 " registers, " spill}' "$out/ptxas.log"
 # The sm90 kernels' few spilled words are the producer warpgroup's (24
 # registers, bwd_kernel_traits.cuh); where cuobjdump is at hand, the local
 # accesses on each side of its setmaxnreg.dec show that the consumers have none.
 if command -v cuobjdump > /dev/null; then
   cuobjdump -sass "$out/sm90_bwd_check" | awk '
-    /Function :/ {name = $3; on = index($0, "BackwardKernel") > 0 && index($0, "sm90") > 0; side = "consumer"; next}
+    /Function :/ {name = $3; on = (index($0, "BackwardKernel") > 0 || index($0, "BiasGradientKernel") > 0) && index($0, "sm90") > 0; side = "consumer"; next}
     on && /USETMAXREG.DEALLOC/ {side = "producer"}
     on && /STL|LDL/ {count[name " " side]++}
     END {for (k in count) print "  local accesses " k ": " count[k]}'

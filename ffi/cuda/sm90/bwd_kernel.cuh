@@ -520,8 +520,8 @@ __device__ __forceinline__ uint32_t DqKCols(uint32_t k_tile, int warpgroup) {
 
 // The bias gradient of one step's pairs of this thread (kBiasGradient):
 // dS^T = P^T (dP^T - delta) in S^T's accumulator layout, ds[4j + 2hh + e]
-// for key `key` + 8hh, query m0 + 8j + 2t + e, written where the bias of
-// (b, h) has the pair, at the bias's own strides (the bias gradient has its
+// for the thread's key (BiasColumns::For's) + 8hh, query m0 + 8j + 2t + e,
+// written where the bias of (b, h) has the pair, at the bias's own strides (the bias gradient has its
 // shape): float32 atomic adds into p.features.dbias where the bias is
 // broadcast (zeroed first; a zero adds nothing and is skipped, as sm80's
 // AddDbias), a plain store of the bias's type into dbias_direct where each
@@ -530,16 +530,37 @@ __device__ __forceinline__ uint32_t DqKCols(uint32_t k_tile, int warpgroup) {
 // Pairs past seqlen_q or seqlen_k are not written (their bias does not
 // exist). A warp's store covers 8 consecutive keys of 4 queries' rows (32
 // bytes per row for the float32 reds, 16 for a 16-bit store). Row offsets in
-// 32 bits, as BiasColumns::Load's (BiasRowsFit).
+// 32 bits, as BiasColumns::Load's (BiasRowsFit). `columns`: the tile's
+// BiasColumns, whose pointer holds the batch's offset (BroadcastOffset's
+// divisions once per tile, not per step).
 template <typename Tr, typename BiasT>
-__device__ __forceinline__ void StoreBiasGradient(const AttentionParams& p, const float (&ds)[Tr::kBlockM / 2], int b,
-                                                  int h, int m0, int key, const bool (&key_in)[2], int t) {
+__device__ __forceinline__ void StoreBiasGradient(const AttentionParams& p, const float (&ds)[Tr::kBlockM / 2],
+                                                  const BiasColumns<BiasT>& columns, int h, int m0, int t) {
   const AttentionFeatures& f = p.features;
   const uint32_t row_stride = uint32_t(f.bias_stride.row);
   const int q_last = int(p.shape.seqlen_q) - 1, q0 = m0 + 2 * t, rows_left = q_last - q0;
-  // The thread's first pair; its query clamped so that the pointer stays inside.
-  const int64_t first = f.BroadcastOffset(f.bias_stride, b, h) + int64_t(min(q0, q_last)) * f.bias_stride.row + key;
-  if (f.dbias) {
+  const bool(&key_in)[2] = columns.key_in;
+  // The thread's first pair (batch, head h, query q0, key): its query
+  // clamped so that the pointer stays inside.
+  const int64_t first = (columns.keys - static_cast<const BiasT*>(f.bias)) + int64_t(h) * f.bias_stride.head +
+                        int64_t(min(q0, q_last)) * f.bias_stride.row;
+  if (f.dbias && row_stride == 0) {
+    // A bias without a query dim ([.., 1, S]: a key bias): every query of
+    // the thread's key row adds into one element. Summed over the thread's
+    // queries, then over the 4 lanes of its key (t), one red per key and
+    // warp row instead of 64 onto the same address.
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < Tr::kBlockM / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) sum += 8 * j + e <= rows_left ? ds[4 * j + 2 * hh + e] : 0.0f;
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (t == 0 && key_in[hh] && sum != 0.0f) atomicAdd(f.dbias + first + 8 * hh, sum);
+    }
+  } else if (f.dbias) {
     float* const sums = f.dbias + first;
 #pragma unroll
     for (int j = 0; j < Tr::kBlockM / 8; ++j)
@@ -870,8 +891,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       // Q, dO and the row statistics of stage s are read: released before
       // the stores, which read registers only.
       MbarrierArrive(bars.empty(s));  // every thread (BwdBarriers::empty)
-      StoreBiasGradient<Tr, BiasT>(p, dpt, tile.b, steps.head(i, tile.hk, a.group), m0, wg_n0 + row0, bias.key_in,
-                                   t);
+      StoreBiasGradient<Tr, BiasT>(p, dpt, bias, steps.head(i, tile.hk, a.group), m0, t);
       return;
     }
     uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
@@ -1074,6 +1094,28 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   StoreKeyGradient<Element, kHeadDim>(a, a.dv, dv, 1.0f, wg_n0 + row0, tile.b, tile.hk, t);
 }
 
+// The bias-gradient pass's tile order: BwdTile's, but where the bias is
+// broadcast along the batch (its batch strides all 0), the batch entries
+// of one (key block, key head) consecutive, so that the blocks summing into
+// the same float32 bias-gradient elements (and reading the same bias rows)
+// run together and find those lines in L2 (BwdTile's order runs each batch
+// entry's whole sweep apart). Returns the BwdTile index of block `block`.
+__device__ __forceinline__ int BiasGradientTileIndex(const BackwardArgs& a, const AttentionParams& p, int block) {
+  const AttentionFeatures& f = p.features;
+  bool batch_broadcast = true;
+  for (int d = 0; d < f.num_batch_dims; ++d) batch_broadcast &= f.bias_stride.batch[d] == 0;
+  if (!batch_broadcast || a.batch == 1) return block;
+  const int b = block % a.batch, rest = block / a.batch;
+  if (a.is_causal) {
+    // BwdTile's causal order: key blocks outermost, then batch, key head.
+    const int n_block = rest / a.num_heads_k, hk = rest % a.num_heads_k;
+    return n_block * (a.num_heads_k * a.batch) + b * a.num_heads_k + hk;
+  }
+  // Otherwise key blocks innermost, then key head, batch.
+  const int n_block = rest % a.key_blocks, hk = rest / a.key_blocks;
+  return n_block + a.key_blocks * (hk + a.num_heads_k * b);
+}
+
 // One block's tile (BwdTile): the roles of BackwardKernel and
 // BiasGradientKernel, told apart by kBiasGradient (ConsumeBackwardTile).
 template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures, bool kBiasGradient>
@@ -1092,7 +1134,7 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
   // Every role derives the same tile and steps, so their phases agree
   // (FeatureQueryBlocks: warp-collective, called by every warp here, before
   // the roles split).
-  const BwdTile tile(a, int(blockIdx.x));
+  const BwdTile tile(a, kBiasGradient ? BiasGradientTileIndex(a, p, int(blockIdx.x)) : int(blockIdx.x));
   const BwdSteps<Tr> steps = [&] {
     if constexpr (kAnyFeature)
       return BwdSteps<Tr>(FeatureQueryBlocks<Tr::kBlockM, Tr::kBlockN>(p, tile.n_block * Tr::kBlockN,
