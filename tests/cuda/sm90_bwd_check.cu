@@ -19,7 +19,7 @@
 // LaunchBiasScheduled at the package's feature schedule and, at 64, over
 // 64-query steps) on bias cases of every broadcast shape, with the masks
 // and tails, against the references with logits + bias; their timing rows
-// (T=4096, [1,N,T,S] and [B,N,T,S] bf16 biases at 128 and 64, one causal)
+// (T=4096, [1,N,T,S] and [B,N,T,S] bf16 biases at 128, [1,N,T,S] at 64, one causal)
 // in the same table (no lean-dQ column: the bias variants are dQ-first
 // only). On every bias case also the sm90 bias-gradient pass
 // (LaunchBiasGradientScheduled: stores for a [B,N,T,S] bias, float32
@@ -1152,12 +1152,13 @@ std::vector<FeatureCase> BackwardFeatureCases(bool quick) {
     cases.push_back({"T=4096 H=64 soft cap 30", 4, 4096, 4096, 32, 32, 64, false, {}, {}, {}, -1, -1,
                      Segments::kNone, {}, 30.0, true});
     // The bias variants (bf16 bias; cuDNN 208 TFLOP/s and sm80 137 at the
-    // first shape, session 19), each shape as the plain table's.
+    // first shape, session 19), each shape as the plain table's. (No H = 64
+    // [B,N,T,S] row: its dbias check alone would compare 2.1e9 elements on
+    // the host, 22 GB.)
     cases.push_back(biased({"T=4096 bias [1,N,T,S]", 4, 4096, 4096, 16, 16, 128, false}, kNts | kBias16, true));
     cases.push_back(biased({"T=4096 bias [B,N,T,S]", 4, 4096, 4096, 16, 16, 128, false}, kBnts | kBias16, true));
     cases.push_back(biased({"T=4096 bias [1,N,T,S], causal", 4, 4096, 4096, 16, 16, 128, true}, kNts | kBias16, true));
     cases.push_back(biased({"T=4096 H=64 bias [1,N,T,S]", 4, 4096, 4096, 32, 32, 64, false}, kNts | kBias16, true));
-    cases.push_back(biased({"T=4096 H=64 bias [B,N,T,S]", 4, 4096, 4096, 32, 32, 64, false}, kBnts | kBias16, true));
   }
   return cases;
 }
