@@ -141,7 +141,8 @@ done
 if wants bias16; then
   export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
   wants suite || python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/bias16_build.log" 2>&1
-  run_check bias16 "${BIAS_LIMIT:-300}" bash -c "cd /tmp && python3 '$root/scripts/bias16_check.py' && \
+  run_check bias16 "${BIAS_LIMIT:-300}" bash -c "cd /tmp && python3 '$root/scripts/bias16_check.py' --quick && \
+    python3 '$root/scripts/bias16_check.py' --timing && \
     python3 -m pytest -q -p no:cacheprovider '$root/tests/test_bias16.py' '$root/tests/test_features.py' -k bias"
 fi
 for pid in "${pids[@]}"; do wait "$pid"; done
