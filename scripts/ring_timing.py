@@ -244,6 +244,8 @@ def main(argv=None):
 
     devices = jax.devices()[: args.devices or None]
     ring = len(devices)
+    if args.devices and ring < args.devices:  # never report a smaller mesh as the one asked for
+        raise SystemExit(f"--devices {args.devices}: only {ring} {jax.default_backend()} device(s) here")
     mesh = Mesh(np.array(devices), ("sp",))
     spec = P(None, "sp")
     sharding = NamedSharding(mesh, spec)

@@ -104,6 +104,8 @@ def main(argv=None):
 
     devices = jax.devices()[: args.devices or None]
     count = len(devices)
+    if args.devices and count < args.devices:  # never report a smaller mesh as the one asked for
+        raise SystemExit(f"--devices {args.devices}: only {count} {jax.default_backend()} device(s) here")
     dtype = jnp.dtype(args.dtype)
     shape = (args.batch, args.seqlen, args.heads, args.head_dim)
     print(f"jax {jax.__version__}, {count} x {devices[0].device_kind}; B, T, N, H = {shape}, {args.dtype}, "

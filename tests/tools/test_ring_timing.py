@@ -7,14 +7,20 @@ the events and transfers they look for."""
 import json
 import re
 
+import jax
 import pytest
 
 from helpers import load_script
+
+# The timed runs need two devices of the default backend: the CPU suite has four host devices
+# (tests/conftest.py); a one-GPU machine has one, and the scripts refuse a smaller mesh.
+two_devices = pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 devices of the default backend")
 
 TINY = ["--devices", "2", "--seqlen", "128", "--heads", "2", "--head-dim", "16", "--dtype", "float32",
         "--iters", "1"]
 
 
+@two_devices
 def test_ring_timing_runs_and_agrees(capsys):
     script = load_script("ring_timing")
     script.main(TINY)
@@ -25,6 +31,7 @@ def test_ring_timing_runs_and_agrees(capsys):
     assert "entry schedule" in out
 
 
+@two_devices
 def test_overlap_variants_and_json(tmp_path, capsys):
     script = load_script("ring_timing")
     path = tmp_path / "ring.json"
@@ -94,6 +101,7 @@ ENTRY main {
     assert script.transfers(wrapped) == [{"bytes": 8, "kernels": ["jax_flash_bwd_v5"], "sync": False}]
 
 
+@two_devices
 def test_a_variant_that_fails_its_check_leaves_the_rest(capsys, monkeypatch):
     script = load_script("ring_timing")
 

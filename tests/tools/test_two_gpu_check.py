@@ -23,7 +23,8 @@ def _run(tmp_path, **env):
     (stub / "nvidia-smi").chmod(0o755)
     path = f"{os.path.dirname(sys.executable)}:{stub}:{os.environ['PATH']}"  # python3: this one
     full = {**os.environ, "PATH": path, "OUT": str(tmp_path / "out"), "LOGS": str(tmp_path / "logs"),
-            "SKIP_BUILD": "1", **env}
+            "SKIP_BUILD": "1",
+            "JAX_PLATFORMS": "cpu", **env}  # the host devices, also on a one-GPU machine
     done = subprocess.run(["bash", str(SCRIPT)], env=full, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return (tmp_path / "out" / "summary.txt").read_text()
