@@ -18,13 +18,13 @@
 # and the soft cap, at head dims 128 and 64) time each of those right after
 # the package's (the lean-dQ and dQFu64 columns), beside the plain sm90
 # backward and sm80's feature backward. The bias variants (kMasksBias16,
-# kMasksBias; the check program's only, not dispatched by the package) run
+# kMasksBias; dispatched since session 20) run
 # on the bias cases and the bias timing rows of --features (no lean-dQ
 # column there); on the same cases the sm90 bias-gradient pass
-# (LaunchBiasGradientScheduled, check program only) against a float
+# (LaunchBiasGradientScheduled, dispatched since session 20) against a float
 # reference of the summed dS, beside sm80's LaunchBiasGradient, and its own
 # TFLOP/s table (4 H N per visible pair). The timed 4096 dbias rows compare
-# 1-4 GiB on the host: give --features CHECK_TIMEOUT=1800.
+# 1-4 GiB on the host (the whole --features run took 123 s in session 20).
 #
 #   bash scripts/sm90_bwd_check.sh             # from the worktree root
 #   SM80=0 bash scripts/sm90_bwd_check.sh      # without the sm80 comparison (faster build)

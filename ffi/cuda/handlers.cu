@@ -129,25 +129,51 @@ bool Sm90ForwardSupports(ffi::DataType dtype, const AttentionParams& p) {
 #endif
 }
 
-// Whether the Hopper backward (sm90/bwd_*) serves this call: as the forward
-// (Sm90ForwardSupports), head dims up to 128 (256 stays on sm80's fused
-// backward), the features its variants take (Sm90TakesFeatures: lengths,
-// windows, position offsets, segment ids, the soft cap; a bias, a boolean
-// mask and dropout stay on sm80's), not deterministic (dQ is summed by
-// atomic adds), with the float32 dQ accumulator. Decided after the
-// features are decoded.
-bool Sm90BackwardSupports(ffi::DataType dtype, const AttentionParams& p) {
+// Whether the Hopper backward's kernels (sm90/bwd_*) run on this device
+// for these inputs: built with sm_90a, a 9.x device with their shared
+// memory, 16-bit, head dim a multiple of 8 up to 128, scale > 0.
+bool Sm90BackwardKernelsServe(ffi::DataType dtype, const AttentionParams& p) {
 #ifdef JAX_FLASH_WITH_SM90
   return (dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16) && p.shape.head_dim % 8 == 0 &&
-         sm90::BackwardCoversHeadDim(p.shape.head_dim) && p.scale > 0 && Sm90TakesFeatures(p) &&
-         !p.deterministic && p.dq_accum != nullptr &&
+         sm90::BackwardCoversHeadDim(p.shape.head_dim) && p.scale > 0 &&
          DeviceAttribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
-         DeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >=
-             sm90::BackwardSmemBytes(p.shape.head_dim);
+         DeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >= sm90::BackwardSmemBytes(p.shape.head_dim);
 #else
   (void)dtype, (void)p;
   return false;
 #endif
+}
+
+// sm90::BackwardTakesBias where the sm90 objects are built.
+bool Sm90BiasVariantsTake(const AttentionParams& p) {
+#ifdef JAX_FLASH_WITH_SM90
+  return sm90::BackwardTakesBias(p);
+#else
+  (void)p;
+  return false;
+#endif
+}
+
+// Whether the Hopper backward (sm90/bwd_*) serves this call: as the forward
+// (Sm90ForwardSupports), head dims up to 128 (256 stays on sm80's fused
+// backward), the features its variants take (Sm90TakesFeatures: lengths,
+// windows, position offsets, segment ids, the soft cap; or a bias with the
+// masks' features, BackwardTakesBias; a boolean mask and dropout stay on
+// sm80's), not deterministic (dQ is summed by
+// atomic adds), with the float32 dQ accumulator. Decided after the
+// features are decoded.
+bool Sm90BackwardSupports(ffi::DataType dtype, const AttentionParams& p) {
+  return Sm90BackwardKernelsServe(dtype, p) &&
+         (Sm90TakesFeatures(p) || (p.features.bias && Sm90BiasVariantsTake(p))) && !p.deterministic &&
+         p.dq_accum != nullptr;
+}
+
+// Whether the Hopper bias-gradient pass (sm90::LaunchBiasGradient) serves
+// this jax_flash_dbias call: the bias variants' calls, deterministic or
+// not (the pass adds no dQ; a broadcast bias's sums are float32 atomics on
+// every family).
+bool Sm90BiasGradientSupports(ffi::DataType dtype, const AttentionParams& p) {
+  return Sm90BackwardKernelsServe(dtype, p) && p.features.bias && Sm90BiasVariantsTake(p);
 }
 
 ffi::Error PoisonAsync(cudaStream_t stream, std::initializer_list<const ffi::AnyBuffer*> bufs) {
@@ -307,14 +333,17 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   // (session 18, H=128 T=4096 bf16, non-causal / causal; kLeanDq 1.34x /
   // 1.27x of sm80's), 474 / 329 TFLOP/s at 64 against sm80's ~312 / ~284.
   // Features (session 19): at 128 1.55-2.27x of sm80's, at 64 (128-query
-  // steps) 1.95-3.19x. Other sm90-forced calls (a bias, boolean mask,
-  // dropout) run sm80's backward, as before: the forward's family does not
-  // bind the backward's.
+  // steps) 1.95-3.19x. A bias (contiguous along the keys, without a boolean
+  // mask, dropout or the soft cap): the bias variants (BackwardTakesBias).
+  // Other sm90-forced calls (a boolean mask, dropout) run sm80's backward,
+  // as before: the forward's family does not bind the backward's.
   const bool sm90_ok = Sm90BackwardSupports(q.element_type(), p);
 #ifdef JAX_FLASH_WITH_SM90
   if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {
     return DispatchTensorCores(q.element_type(), p.shape, [&](auto element, auto head_dim) -> std::string {
       if constexpr (decltype(head_dim)::value <= 128) {
+        if (p.features.bias)
+          return sm90::LaunchBackwardWithBias<decltype(element), decltype(head_dim)::value>(p, stream);
         if (p.features.Any())
           return sm90::LaunchBackwardWithFeatures<decltype(element), decltype(head_dim)::value>(p, stream);
         return sm90::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);
@@ -401,7 +430,26 @@ ffi::Error BiasGradientImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
       Family(family) != Family::kGeneric &&
       Sm80Supports(dtype, s.head_dim,
                    sm80::BackwardSmemBytes(s.head_dim, false, DeviceAttribute(cudaDevAttrComputeCapabilityMajor)));
-  ffi::Error launched = sm80_ok
+  // The Hopper pass (BiasGradientKernel: S^T with the bias, dP^T, dS^T per
+  // step, 2 of the backward's 5 products) where its backward's bias
+  // variants take the call (Sm90BiasGradientSupports), by default and when
+  // sm90 is forced.
+  const bool sm90_ok = (Family(family) == Family::kAuto || Family(family) == Family::kSm90) &&
+                       Sm90BiasGradientSupports(dtype, p);
+  ffi::Error launched = ffi::Error::Success();
+#ifdef JAX_FLASH_WITH_SM90
+  if (sm90_ok) {
+    launched = DispatchTensorCores(dtype, s, [&](auto element, auto head_dim) -> std::string {
+      if constexpr (decltype(head_dim)::value <= 128)
+        return sm90::LaunchBiasGradient<decltype(element), decltype(head_dim)::value>(p, stream);
+      else
+        return "jax_flash: the sm90 bias gradient has no head dim 256 kernel";  // Sm90BackwardSupports excludes it
+    });
+  } else
+#else
+  (void)sm90_ok;
+#endif
+  launched = sm80_ok
       ? DispatchTensorCores(dtype, s, [&](auto element, auto head_dim) {
           return sm80::LaunchBiasGradient<decltype(element), decltype(head_dim)::value>(p, stream);
         })

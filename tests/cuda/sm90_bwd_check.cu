@@ -15,7 +15,7 @@
 // 64, kDqFirstUniform over 64-query steps, each timed right after the
 // package's on the timed cases (T=4096: documents and a window, causal, at
 // 128 and 64; the soft cap at both). The bias variants (kMasksBias16,
-// kMasksBias: not yet dispatched by the package, launched here through
+// kMasksBias: dispatched since session 20, launched here through
 // LaunchBiasScheduled at the package's feature schedule and, at 64, over
 // 64-query steps) on bias cases of every broadcast shape, with the masks
 // and tails, against the references with logits + bias; their timing rows

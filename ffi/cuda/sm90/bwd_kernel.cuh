@@ -1,7 +1,7 @@
 // FlashAttention backward for Hopper (sm_90a), float16/bfloat16, plain and
 // causal, GQA, and in its feature variants (Features, kernel_traits.cuh)
-// lengths, windows, position offsets, segment ids and the soft cap (and,
-// in the check program only, an additive bias):
+// lengths, windows, position offsets, segment ids, the soft cap and an
+// additive bias:
 // FlashAttention-3's structure (warp specialization, TMA ring,
 // wgmma, S^T = K Q^T so that P^T and dS^T come out as the A operands of dV
 // and dK) in our own code. Runs between sm80's DeltaAndClearKernel (delta =
@@ -57,14 +57,14 @@
 // check) and applied as selects. kMasksSoftcap recomputes the forward's
 // probabilities (the same raw-unit formula and tanh) and multiplies dS by
 // the tanh's derivative, as sm80's backward (LogitFeatures::ChainSoftcap).
-// kMasksBias / kMasksBias16 (the check program's only, not yet dispatched
-// by the package; dQ-first schedules) add a float32 / 16-bit bias as the
+// kMasksBias / kMasksBias16 (dispatched since session 20; dQ-first
+// schedules) add a float32 / 16-bit bias as the
 // forward does: bias / scale in S^T's accumulators before S^T = K Q^T adds
 // q.k (BiasColumns, feature_mask.cuh; loaded a step ahead, under the
 // previous step's dK), so P is the forward's and dS is the plain one (the
 // bias gradient is the separate dbias pass's).
 // The bias gradient alone (BiasGradientKernel, the bias variants' dbias
-// pass; check program only): the same producer, tiles and steps; per step
+// pass, dispatched since session 20): the same producer, tiles and steps; per step
 // the consumers run S^T (with the bias) and dP^T, P^T and dS^T, and write
 // dS^T into the bias gradient from registers (StoreBiasGradient: float32
 // atomic adds for a broadcast bias, stores of the bias's type for a full

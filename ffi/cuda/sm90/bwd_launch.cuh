@@ -86,8 +86,8 @@ std::string PrepareBackwardCall(const AttentionParams& p, bool bias, CUtensorMap
 // no attention features, kMasks lengths, windows, position offsets and
 // segment ids, kMasksSoftcap those and the soft cap (UnsupportedFeatures).
 // kMasksBias / kMasksBias16 (the masks and a float32 / 16-bit bias, on the
-// dQ-first schedules; check program only: LaunchBackwardWithFeatures does
-// not dispatch them yet) recompute the forward's logits, q.k + bias /
+// dQ-first schedules; LaunchBackwardWithBias, bwd_launch_bias_*.cu, since
+// session 20) recompute the forward's logits, q.k + bias /
 // scale; the bias gradient is not theirs (the jax_flash_dbias pass).
 template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures = Features::kNone>
 std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t stream) {
@@ -177,7 +177,7 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
 // first (pairs of blocks no step visits are not written) and rounds float32
 // sums into a 16-bit dbias after (BiasGradientImpl, handlers.cu). kMasksBias16
 // for a bias of the inputs' type, kMasksBias for float32 (as the bias
-// variants pick). The check program's only: not dispatched by the package.
+// variants pick). Dispatched through sm90::LaunchBiasGradient (session 20).
 template <typename Element, int kHeadDim, BwdSchedule kSchedule = FeatureBwdSchedule(kHeadDim)>
 std::string LaunchBiasGradientScheduled(const AttentionParams& p, cudaStream_t stream) {
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
@@ -250,6 +250,21 @@ std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t st
   return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasks>(p, stream);
 }
 
+// The bias variants at FeatureBwdSchedule: kMasksBias16 where the bias has
+// the inputs' 16-bit dtype, kMasksBias for a float32 one.
+template <typename Element, int kHeadDim>
+std::string LaunchBackwardWithBias(const AttentionParams& p, cudaStream_t stream) {
+  constexpr BwdSchedule kSchedule = FeatureBwdSchedule(kHeadDim);
+  if (p.features.bias_type != BiasType::kAccum)
+    return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksBias16>(p, stream);
+  return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksBias>(p, stream);
+}
+
+template <typename Element, int kHeadDim>
+std::string LaunchBiasGradient(const AttentionParams& p, cudaStream_t stream) {
+  return LaunchBiasGradientScheduled<Element, kHeadDim>(p, stream);
+}
+
 #define JAX_FLASH_INSTANTIATE_SM90_BWD(Element)                                            \
   template std::string LaunchBackward<Element, 64>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchBackward<Element, 128>(const AttentionParams&, cudaStream_t);
@@ -259,5 +274,11 @@ std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t st
 #define JAX_FLASH_INSTANTIATE_SM90_BWD_FEATURES(Element)                                               \
   template std::string LaunchBackwardWithFeatures<Element, 64>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchBackwardWithFeatures<Element, 128>(const AttentionParams&, cudaStream_t);
+
+#define JAX_FLASH_INSTANTIATE_SM90_BWD_BIAS(Element)                                               \
+  template std::string LaunchBackwardWithBias<Element, 64>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchBackwardWithBias<Element, 128>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchBiasGradient<Element, 64>(const AttentionParams&, cudaStream_t);     \
+  template std::string LaunchBiasGradient<Element, 128>(const AttentionParams&, cudaStream_t);
 
 }  // namespace jax_flash::cuda::sm90

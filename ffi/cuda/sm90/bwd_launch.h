@@ -47,4 +47,25 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t stream);
 
+// Whether the bias variants (kMasksBias16 for a bias of the inputs' 16-bit
+// dtype, kMasksBias for a float32 one) take this call's bias: contiguous
+// along the keys, rows whose offsets fit BiasColumns' 32 bits, with the
+// masks' features but no boolean mask, dropout or soft cap
+// (bwd_launch_bias_bf16.cu).
+bool BackwardTakesBias(const AttentionParams& p);
+
+// The same calls as LaunchBackwardWithFeatures with a bias (BackwardTakesBias)
+// on the dQ-first feature schedules (bwd_launch_bias_<dtype>.cu: their own
+// files, so that CI's two cores compile them beside the others). dbias is
+// not theirs (the jax_flash_dbias call). kHeadDim 64, 128.
+template <typename Element, int kHeadDim>
+std::string LaunchBackwardWithBias(const AttentionParams& p, cudaStream_t stream);
+
+// The bias gradient alone (the jax_flash_dbias call; BackwardTakesBias's
+// calls, p.dk null): BiasGradientKernel at FeatureBwdSchedule, into
+// p.features.dbias_direct (typed stores, a full-shape bias) or
+// p.features.dbias (float32 adds, zeroed by the caller). kHeadDim 64, 128.
+template <typename Element, int kHeadDim>
+std::string LaunchBiasGradient(const AttentionParams& p, cudaStream_t stream);
+
 }  // namespace jax_flash::cuda::sm90

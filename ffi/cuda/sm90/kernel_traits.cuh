@@ -11,8 +11,7 @@ enum class Schedule { kSerial, kOverlap, kPingPong };
 // variant its own instantiation so that the plain kernel carries none of
 // their code: kMasks takes lengths, windows, position offsets and segment
 // ids (the shared MaskPolicy); kMasksSoftcap those and the soft cap;
-// kMasksBias (the forward's; the backward's in its check program only,
-// BiasColumns) the masks and an additive float32 bias
+// kMasksBias (the forward's, and the backward's through BiasColumns) the masks and an additive float32 bias
 // (BiasRows, feature_mask.cuh); kMasksBias16 the same with a bias of the
 // inputs' 16-bit type (half the bias bytes: 1.28x kMasksBias's speed on
 // the H200, session 19); kMasksBoolean (forward) the masks and the boolean
