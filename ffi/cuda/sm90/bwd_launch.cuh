@@ -12,6 +12,7 @@
 #include "cuda/sm90/bwd_kernel.cuh"
 #include "cuda/sm90/bwd_launch.h"
 #include "cuda/sm90/tensor_map.h"
+#include "cuda/sm90/tile_scheduler.cuh"  // SectionHeads
 
 namespace jax_flash::cuda::sm90 {
 
@@ -79,7 +80,27 @@ std::string PrepareBackwardCall(const AttentionParams& p, bool bias, CUtensorMap
   // S^T's raw units, the very float the forward's launch computes
   // (launch.cuh), so that both build the same logits (BiasColumns).
   args.softcap_unscale = bias ? float(1.0 / p.scale) : cap.cap_over_scale;
+  args.causal_section = 0;  // LaunchBackwardScheduled may size it
   return {};
+}
+
+// LaunchBackwardScheduled's `causal_section`: sized by BackwardCausalSection.
+constexpr int kSizedCausalSection = -1;
+
+// (batch, key head) pairs per section of a causal backward's tile order
+// (BwdTile): as many as keep one section's Q, dO and float32 dQ
+// accumulator rows (seqlen_q rows of each of a key head's `group` query
+// heads) within kSectionL2Bytes, the forward's budget for a section's K/V
+// (FlashAttention-3's 32 MiB; the H200 has 60 MiB of L2, and the blocks in
+// flight span one or two sections), a power of two as in SectionHeads; 0
+// (one section of all pairs) when that holds every pair. Non-causal calls
+// ignore it. Examples at bf16: H = 64, T = 4096 -> 16 pairs (2 MiB each);
+// H = 128, T = 4096 -> 8; H = 128, T = 16384 -> 2.
+inline int BackwardCausalSection(const AttentionShape& s, int64_t element_bytes) {
+  const int64_t pairs = s.batch * s.num_heads_k;
+  const int64_t pair_bytes = s.group() * s.seqlen_q * s.head_dim * (2 * element_bytes + 4);
+  const int64_t section = SectionHeads(pair_bytes, 1);
+  return section >= pairs ? 0 : int(section);
 }
 
 // kFeatures: the kernel variant (kernel_traits.cuh's Features); kNone takes
@@ -89,8 +110,13 @@ std::string PrepareBackwardCall(const AttentionParams& p, bool bias, CUtensorMap
 // dQ-first schedules; LaunchBackwardWithBias, bwd_launch_bias_*.cu, since
 // session 20) recompute the forward's logits, q.k + bias /
 // scale; the bias gradient is not theirs (the jax_flash_dbias pass).
+// `causal_section`: BwdTile's pairs per causal section, kSizedCausalSection
+// (BackwardCausalSection) or a count forced by the check program (a count
+// of at least every pair: one section); 0, the default, the order before
+// session 20, which the package's launches keep until the H200 has timed
+// both (tests/cuda/sm90_bwd_check.cu --sections).
 template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures = Features::kNone>
-std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t stream) {
+std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t stream, int causal_section = 0) {
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   const auto& s = p.shape;
@@ -152,6 +178,9 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
     BackwardArgs args;
     if (auto e = PrepareBackwardCall<Element, Tr>(p, kBias, &q_map, &k_map, &v_map, &do_map, &args); !e.empty())
       return e + " (" + what + ")";
+    if (causal_section == kSizedCausalSection) causal_section = BackwardCausalSection(s, sizeof(Element));
+    const int64_t pairs = s.batch * s.num_heads_k;
+    args.causal_section = causal_section > 0 && causal_section < pairs ? causal_section : 0;
     auto kernel = BackwardKernel<Element, kHeadDim, kSchedule, kFeatures>;
     if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 backward kernel"); !e.empty())
       return e + " (" + what + ")";
