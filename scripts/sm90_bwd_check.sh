@@ -30,7 +30,6 @@
 #   SM80=0 bash scripts/sm90_bwd_check.sh      # without the sm80 comparison (faster build)
 #   ARGS=--quick bash scripts/sm90_bwd_check.sh  # skip the 4096-long cases
 #   ARGS=--features bash scripts/sm90_bwd_check.sh  # only the feature variants (--plain: only the plain kernels)
-#   SM80=0 ARGS=--sections bash scripts/sm90_bwd_check.sh  # the causal tile order: sections of heads vs the former order
 #   STEP=build / STEP=run: only the build (nvcc, ptxas summary) / only the run of a built binary
 #   (pending/check_all.sh builds every check side by side, then runs them one at a time)
 # Writes the binary and the log under ${OUT:-build-sm90-bwd-check}.

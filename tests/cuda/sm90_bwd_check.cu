@@ -30,7 +30,6 @@
 //   bash scripts/sm90_bwd_check.sh         # builds and runs this
 //   ./sm90_bwd_check --quick               # skip the 4096-long cases
 //   ./sm90_bwd_check --features            # only the feature cases (--plain: only the plain ones)
-//   ./sm90_bwd_check --sections            # the causal tile order: sized sections against the former order
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -177,17 +176,6 @@ struct TimingRow {
   double sm90_rows128 = 0, sm90_rows128_dqfu = 0, sm90_rows128_counters = 0;
 };
 std::vector<TimingRow> timing_rows;
-
-// --sections (session 20): the causal tile order in sections of (batch, key
-// head) pairs (BwdTile, BackwardCausalSection) against the order before it
-// (one section of all pairs), on the package's default schedule.
-struct SectionRow {
-  std::string shape;
-  int section = 0;              // BackwardCausalSection's pairs per section (0: one section)
-  double former = 0, sized = 0;  // TFLOP/s, medians of the alternating timings
-};
-std::vector<SectionRow> section_rows;
-bool sections_only = false;
 
 // Error of one gradient against its reference: |got - want| <= tol (scale +
 // |want|) + 1e-5. The scale is the larger of the tensor's rms |want| and the
@@ -345,55 +333,6 @@ bool RunCase(const Case& c) {
     return RunAndCheck<Element>(what, launch, dq, dk, dv, want_dq, want_dk, want_dv, {c.B, c.T, c.S, c.N, c.K, c.H},
                                 tol);
   };
-
-  if (sections_only) {
-    // The default schedule in the former order (one section of every
-    // pair), in BackwardCausalSection's sections, and in sections forced to
-    // 1 and 5 pairs (5: a shorter last section wherever the pairs are not a
-    // multiple of it), all checked; the timed cases then time the former
-    // and the sized order alternately, three pairs of timings, medians.
-    using jax_flash::cuda::sm90::BackwardCausalSection;
-    using jax_flash::cuda::sm90::BwdSchedule;
-    using jax_flash::cuda::sm90::DefaultBwdSchedule;
-    using jax_flash::cuda::sm90::kSizedCausalSection;
-    using jax_flash::cuda::sm90::LaunchBackwardScheduled;
-    constexpr BwdSchedule kDefault = DefaultBwdSchedule(kHeadDim);
-    auto order = [&](int section) {
-      return [&p, section] { return LaunchBackwardScheduled<Element, kHeadDim, kDefault>(p, 0, section); };
-    };
-    const int sized = BackwardCausalSection(p.shape, 2);
-    char label[120];
-    std::snprintf(label, sizeof label, "sm90 default, sized sections (%d pairs per section of %d)", sized,
-                  c.B * c.K);
-    bool ok = run_and_check("sm90 default, former order", order(0));
-    ok &= run_and_check(label, order(kSizedCausalSection));
-    ok &= run_and_check("sm90 default, 1 pair per section", order(1));
-    ok &= run_and_check("sm90 default, 5 pairs per section", order(5));
-    if (ok && c.timed) {
-      std::vector<float> former, sized_ms;
-      for (int r = 0; r < 3; ++r) {
-        former.push_back(TimeLaunches(order(0)));
-        sized_ms.push_back(TimeLaunches(order(kSizedCausalSection)));
-      }
-      SectionRow row;
-      char shape[120];
-      std::snprintf(shape, sizeof shape, "%s H=%d B=%d T=S=%d N=%d causal=%d", TypeName<Element>(), c.H, c.B, c.T,
-                    c.N, int(c.causal));
-      row.shape = shape;
-      row.section = c.causal ? sized : 0;
-      const float ms_former = Median(former), ms_sized = Median(sized_ms);
-      row.former = ms_former > 0 ? flops / (ms_former * 1e-3) / 1e12 : 0.0;
-      row.sized = ms_sized > 0 ? flops / (ms_sized * 1e-3) / 1e12 : 0.0;
-      std::printf("  time former order %.3f ms (%.1f TFLOP/s), sized sections %.3f ms (%.1f TFLOP/s): %.3fx\n",
-                  ms_former, row.former, ms_sized, row.sized, ms_sized > 0 ? ms_former / ms_sized : 0.0);
-      section_rows.push_back(row);
-    }
-    for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)out, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
-                      (void*)lse, (void*)delta, (void*)ref_delta, (void*)dq_accum, (void*)ref_dq, (void*)ref_dk,
-                      (void*)ref_dv})
-      cudaFree(ptr);
-    return ok;
-  }
 
   // Every schedule (bwd_kernel_traits.cuh), early-S first: a failure of
   // only one points at its step order. kLeanDq (the default in session
@@ -1342,9 +1281,8 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     else if (std::strcmp(argv[i], "--plain") == 0) features = false;
     else if (std::strcmp(argv[i], "--features") == 0) plain = false;
-    else if (std::strcmp(argv[i], "--sections") == 0) sections_only = true;
     else {
-      std::printf("unknown argument %s (--quick, --plain, --features, --sections)\n", argv[i]);
+      std::printf("unknown argument %s (--quick, --plain, --features)\n", argv[i]);
       return 2;
     }
   }
@@ -1382,31 +1320,8 @@ int main(int argc, char** argv) {
       cases.push_back({4, 4096, 4096, 16, 16, 128, bool(causal), true});
     }
   if (!plain) cases.clear();
-  if (sections_only) {
-    // Pairs enough for several sections (12: forced 5 leaves a last one
-    // of 2; GQA), Tq > Tk and Tq < Tk with tails, non-causal (the order
-    // ignores sections) and the timed shapes: T = 4096 at B = 4 (sized 16
-    // pairs at 64, 8 at 128) and T = 16384 at B = 1 (4 and 2).
-    cases.clear();
-    features = false;
-    for (int H : {64, 128})
-      for (int causal : {0, 1}) {
-        cases.push_back({3, 1000, 1000, 8, 4, H, bool(causal), false});
-        cases.push_back({4, 300, 129, 6, 3, H, bool(causal), false});
-        cases.push_back({6, 129, 300, 2, 2, H, bool(causal), false});
-      }
-    if (!quick)
-      for (int causal : {1, 0}) {
-        cases.push_back({4, 4096, 4096, 32, 32, 64, bool(causal), true});
-        cases.push_back({4, 4096, 4096, 16, 16, 128, bool(causal), true});
-        if (causal) {
-          cases.push_back({1, 16384, 16384, 32, 32, 64, true, true});
-          cases.push_back({1, 16384, 16384, 16, 16, 128, true, true});
-        }
-      }
-  }
   int failures = 0;
-  if (plain && !sections_only) {
+  if (plain) {
     failures += !sm90_bwd_check::CheckBwdBuildingBlocks<__nv_bfloat16, 64>("bf16");
     failures += !sm90_bwd_check::CheckBwdBuildingBlocks<__nv_bfloat16, 128>("bf16");
     failures += !sm90_bwd_check::CheckBwdBuildingBlocks<__half, 128>("f16");
@@ -1436,15 +1351,6 @@ int main(int argc, char** argv) {
                   r.shape.c_str(), r.sm90, r.sm90_serial, r.sm90_lean, r.sm90_lean_dp, r.sm90_dq_first,
                   r.sm90_uniform, r.sm90_dq_first_uniform, r.sm90_diag, r.sm90_counters, r.sm90_rows128,
                   r.sm90_rows128_dqfu, r.sm90_rows128_counters, r.sm80, r.sm80 > 0 ? r.sm90_lean / r.sm80 : 0.0);
-  }
-  if (!section_rows.empty()) {
-    std::printf("\ncausal tile order, TFLOP/s (the default schedule; former: one section of every (batch, key head) "
-                "pair, key blocks outermost; sized: BackwardCausalSection's sections; medians of three alternating "
-                "timings)\n");
-    std::printf("%-40s %8s %8s %8s %8s\n", "shape", "pairs", "former", "sized", "ratio");
-    for (const SectionRow& r : section_rows)
-      std::printf("%-40s %8d %8.1f %8.1f %8.3f\n", r.shape.c_str(), r.section, r.former, r.sized,
-                  r.former > 0 ? r.sized / r.former : 0.0);
   }
   if (!feature_timing_rows.empty()) {
     std::printf("\nfeature backward, TFLOP/s over visible pairs (2.5 x 4 H N per pair; plain: the plain sm90 "

@@ -114,7 +114,7 @@ inline int BackwardCausalSection(const AttentionShape& s, int64_t element_bytes)
 // (BackwardCausalSection) or a count forced by the check program (a count
 // of at least every pair: one section); 0, the default, the order before
 // session 20, which the package's launches keep until the H200 has timed
-// both (tests/cuda/sm90_bwd_check.cu --sections).
+// both (tests/cuda/sm90_bwd_order_check.cu).
 template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures = Features::kNone>
 std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t stream, int causal_section = 0) {
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
