@@ -7,9 +7,10 @@
 Correctness: out, dq and dbias of a bf16 / f16 bias against the float64 CPU
 reference, every element at the tests' dtype-relative tolerance, for the
 broadcast shapes [1,1,T,S], [B,1,T,S], [1,N,T,S], [B,N,T,S], [T,S] with
-causal / window / segment ids / soft cap, on the default dispatch (sm80
-tensor cores for 16-bit head dims that are multiples of 8) and the generic
-kernels; prints PASS / FAIL per case and exits 1 on any FAIL. It also says
+causal / window / segment ids / soft cap, on the default dispatch (the
+tensor-core kernels for 16-bit head dims that are multiples of 8: on Hopper
+the sm90 forward, backward and bias-gradient pass since session 20) and the
+generic kernels; prints PASS / FAIL per case and exits 1 on any FAIL. It also says
 whether the build reads the bias as 16-bit (build_info's cuda_bias_16bit).
 
 Timing (the issue's shape: bf16 B=4 T=S=4096 N=16 H=128, bias [1,N,T,S]
