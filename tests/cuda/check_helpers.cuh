@@ -88,6 +88,17 @@ inline cudaError_t SynchronizeOrDie(const char* what, double seconds = 20.0) {
   return e == cudaSuccess ? cudaDeviceSynchronize() : e;
 }
 
+// Prints device 0 and whether it is a Hopper (compute capability 9.x),
+// which `kernels` (named in the FAIL line) need.
+inline bool DeviceIsHopper(const char* kernels) {
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+  if (prop.major == 9) return true;
+  std::printf("%s need compute capability 9.0: FAIL\n", kernels);
+  return false;
+}
+
 inline float Median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];

@@ -201,13 +201,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
-  if (prop.major != 9) {
-    std::printf("the sm90 backward needs compute capability 9.0: FAIL\n");
-    return 1;
-  }
+  if (!DeviceIsHopper("the sm90 backward kernels")) return 1;
   std::vector<Case> cases;
   for (int H : {64, 128})
     for (int causal : {1, 0}) {

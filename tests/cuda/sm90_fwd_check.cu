@@ -368,13 +368,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--mask") == 0) plain = false, mask_only = true;
     if (std::strcmp(argv[i], "--h64") == 0) h64 = true, features = false;
   }
-  cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
-  if (prop.major != 9) {
-    std::printf("the sm90 forward needs compute capability 9.0: FAIL\n");
-    return 1;
-  }
+  if (!DeviceIsHopper("the sm90 forward kernels")) return 1;
   std::vector<Case> cases;
   for (int H : {64, 128, 256})
     for (int causal : {0, 1}) {
