@@ -154,7 +154,7 @@ constexpr int kStageBarrier = 2;  // + consumer warpgroup
 // (it sees every query block: the heaviest tiles launch first, the light
 // ones fill the end), over sections of a.causal_section consecutive
 // (batch, key head) pairs, flat as b * num_heads_k + hk, one section after
-// the other (FlashAttention-3's L2-aware order for its backward: the ~132
+// the other (the forward's L2-aware sections, tile_scheduler.cuh: the ~132
 // blocks in flight then read the Q, dO and dQ rows of one section's heads,
 // which stay in L2; with one section of all pairs they belong to ~132
 // heads and each block re-reads its rows from HBM: at B = 4, N = 32, H = 64,
