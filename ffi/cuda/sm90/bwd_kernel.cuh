@@ -432,23 +432,29 @@ struct DqUnordered {
 // has seen more, so the count reaches the target exactly when the earlier
 // key blocks are done; each warp then needs no barrier with the others
 // (the warps' rows / columns of a block are disjoint, so only the order of
-// the tiles matters, never that of the warps). BeforeStaging: the previous
-// step's reduces complete (wait_group 0, which also frees the staging: the
-// plain kernel's wait for their reads, now for their writes too, a whole
-// step after their issue, so it rarely waits), then that step's block's
-// counter raised (`previous`: its index, or -1 on the first step): the
-// signal goes out one step late, in exchange for no wait in the step that
-// issued the adds. BeforeReduce: after the staging, right before the
-// reduce, the wait for this step's block (`current`), the latest point
-// (the staging's stores and fences already done under dK's product).
+// the tiles matters, never that of the warps).
+// BeforeStaging (step i's send, under its dK product): step i - 1's
+// reduces complete (wait_group 0 where the plain kernel waits for their
+// reads only; issued a whole step earlier, so it rarely waits), which also
+// frees the staging. Their block's counter is raised later, by Arrive in
+// step i + 1 after its S^T and dP^T are issued (ConsumeBackwardTile), where
+// the warp waits for S^T anyway: the release's gpu-scope fence (a MEMBAR
+// of an L2 round trip or more) then hides under S^T instead of adding to
+// the send's chain under dK (staging, this wait, the reduce). The signal
+// goes out ~1.1 steps after the adds' issue; the next key block's tile,
+// a section's pairs of tiles behind (BwdTile), needs it only then.
+// BeforeReduce: after the staging, right before the reduce, the wait for
+// this step's block (`current`), as late as it can be.
 struct DqOrder {
   int* counters;
-  int current, previous, target;
-  __device__ __forceinline__ void BeforeStaging() const {
-    BulkWait<0>();
-    if (previous >= 0) CounterArriveAfterBulk(counters + previous);
-  }
+  int current, target;
+  __device__ __forceinline__ void BeforeStaging() const { BulkWait<0>(); }
   __device__ __forceinline__ void BeforeReduce() const { CounterWaitAtLeast(counters + current, target); }
+  // Block `index`'s counter raised (its adds complete: BeforeStaging, or
+  // BulkWait<0> after the loop); -1: none.
+  static __device__ __forceinline__ void Arrive(int* counters, int index) {
+    if (index >= 0) CounterArriveAfterBulk(counters + index);
+  }
 };
 
 // kLeanDq's send of a full share (all its kDqRows queries below seqlen_q,
@@ -802,9 +808,11 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     if constexpr (kCounters) return step_h;
     else return steps.head(i, tile.hk, a.group);
   };
-  // kDeterministic: the counter index of the previous step's query block
-  // (DqOrder; -1 before the first send), the one word it keeps across steps.
-  [[maybe_unused]] int dq_previous = -1;
+  // kDeterministic (DqOrder), counter indices kept across steps (-1: none):
+  // dq_previous, the last sent step's block; dq_complete, the block whose
+  // adds the last send's BeforeStaging saw complete, raised in the next
+  // step's S^T window.
+  [[maybe_unused]] int dq_previous = -1, dq_complete = -1;
   auto send_dq = [&](int i) {
     // The share's first query (m0 of the step at 64 queries per step).
     const int m0 = m0_of(i) + dq_row0;
@@ -815,8 +823,9 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       // shared with BwdSteps' it was held across the loop, the word ptxas
       // spilled there at 64, an LDL per step.)
       const int m_blocks = (int(Opaque(uint32_t(a.seqlen_q))) + kBlockM - 1) / kBlockM;
-      order = DqOrder{dq_counters, (tile.b * a.num_heads + head_of(i)) * m_blocks + m0_of(i) / kBlockM, dq_previous,
+      order = DqOrder{dq_counters, (tile.b * a.num_heads + head_of(i)) * m_blocks + m0_of(i) / kBlockM,
                       Tr::kConsumerWarps * tile.n_block};
+      dq_complete = dq_previous;
       dq_previous = order.current;
     }
     // kLeanDq: full shares (a warp-uniform test) take the constant-offset send.
@@ -911,6 +920,12 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     // step, as below) under S^T and dP^T: without dK, dV and dQ its 32
     // words have registers to spare, and no later product would cover them.
     if constexpr (kBiasGradient) load_bias(min(i + 1, steps.count - 1));
+    // kDeterministic: the counter of the block whose adds the previous
+    // step's send saw complete, raised while S^T and dP^T run (DqOrder).
+    if constexpr (kDeterministic) {
+      if (lane == 0) DqOrder::Arrive(dq_counters, dq_complete);
+      dq_complete = -1;
+    }
     // kLeanDqEarlyDp: step i - 1's share sent with both S^T and dP^T in flight.
     if constexpr (kSendPrevious && kSendAfterDp) send_dq(i - 1);
 
@@ -1196,8 +1211,13 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   }
   if constexpr (kBiasGradient) return;  // no dQ reduces, no dK, dV
   if constexpr (kDeterministic) {
-    // The last step's reduces complete, its block's counter raised.
-    if (lane == 0) DqOrder{dq_counters, -1, dq_previous, 0}.BeforeStaging();
+    // The last two steps' blocks: the one seen complete by the last send,
+    // then the last step's own, once its reduces are complete.
+    if (lane == 0) {
+      DqOrder::Arrive(dq_counters, dq_complete);
+      BulkWait<0>();
+      DqOrder::Arrive(dq_counters, dq_previous);
+    }
   } else {
     if (lane == 0) BulkWait<0>();  // the block's shared memory stays until the last reduce has run
   }

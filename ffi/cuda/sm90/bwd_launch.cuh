@@ -283,10 +283,26 @@ int64_t DeterministicCounterCount(const AttentionShape& s) {
 // scratch, zeroed here (cudaMemsetAsync on `stream`) before the kernel.
 // `section`: BwdTile's pairs per section, for non-causal calls too
 // (kSizedCausalSection: BackwardCausalSection's L2-sized count; 0: the
-// plain kernel's orders, a non-causal head's key blocks side by side).
+// plain kernel's orders, a non-causal head's key blocks side by side; a
+// count), or kDeterministicSection: sized non-causal, 0 causal.
+//
+// Why those (a model of the waits, not timed yet: tiles dispatched in
+// index order onto 132 SMs, equal steps, a block's counter raised ~1.1
+// steps after its adds are issued, DqOrder; B = 4, T = 4096 and B = 1,
+// T = 16384 at both head dims): key block n's tile waits unless it reaches
+// each query block that long after key block n - 1's did. Non-causal,
+// every tile starts at query block 0: side by side (section 0) a head's
+// tiles start together and each lags the one before it by ~1.4 steps more
+// (modelled 0.62-0.97x of the unordered kernel), while a section of G
+// pairs starts consecutive key blocks G tiles apart (0.99-1.0x). Causal,
+// key block n starts at query block 2n (n at kBlockM 128), two steps
+// later in the order of query blocks than n - 1 at its own start, so it
+// must start ~3.4 steps after it: the causal order over every pair gives
+// that (0.94-1.0x), the L2-sized sections do not (0.67-0.76x).
+constexpr int kDeterministicSection = -2;
 template <typename Element, int kHeadDim>
 std::string LaunchBackwardDeterministic(const AttentionParams& p, int* counters, cudaStream_t stream,
-                                        int section = kSizedCausalSection) {
+                                        int section = kDeterministicSection) {
   constexpr BwdSchedule kSchedule = DefaultBwdSchedule(kHeadDim);
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
@@ -341,6 +357,7 @@ std::string LaunchBackwardDeterministic(const AttentionParams& p, int* counters,
     BackwardArgs args;
     if (auto e = PrepareBackwardCall<Element, Tr>(p, false, &q_map, &k_map, &v_map, &do_map, &args); !e.empty())
       return e + " (" + what + ")";
+    if (section == kDeterministicSection) section = p.is_causal ? 0 : kSizedCausalSection;
     if (section == kSizedCausalSection) section = BackwardCausalSection(s, sizeof(Element));
     const int64_t pairs = s.batch * s.num_heads_k;
     args.causal_section = section > 0 && section < pairs ? section : 0;
