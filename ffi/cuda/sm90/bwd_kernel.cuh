@@ -443,12 +443,20 @@ struct DqUnordered {
 // the send's chain under dK (staging, this wait, the reduce). The signal
 // goes out ~1.1 steps after the adds' issue; the next key block's tile,
 // a section's pairs of tiles behind (BwdTile), needs it only then.
+// (kArriveAtSend, a candidate: the counter raised right there instead,
+// `complete` its index: the fence then on the chain under dK, but no
+// outstanding reduce at it, while under S^T this step's reduces are in
+// flight, should the fence wait for those too. The check program times
+// both.)
 // BeforeReduce: after the staging, right before the reduce, the wait for
 // this step's block (`current`), as late as it can be.
 struct DqOrder {
   int* counters;
-  int current, target;
-  __device__ __forceinline__ void BeforeStaging() const { BulkWait<0>(); }
+  int current, target, complete;
+  __device__ __forceinline__ void BeforeStaging() const {
+    BulkWait<0>();
+    Arrive(counters, complete);
+  }
   __device__ __forceinline__ void BeforeReduce() const { CounterWaitAtLeast(counters + current, target); }
   // Block `index`'s counter raised (its adds complete: BeforeStaging, or
   // BulkWait<0> after the loop); -1: none.
@@ -693,9 +701,10 @@ __device__ __forceinline__ uint32_t Opaque(uint32_t x) {
 // gradient (StoreBiasGradient); no dV, dK or dQ.
 // kDeterministic (DeterministicBackwardKernel; the plain dQ-first
 // schedules with a dQ split, so that each accumulator element takes one add
-// per tile): each send ordered by DqOrder over `dq_counters`.
+// per tile): each send ordered by DqOrder over `dq_counters`; the counters
+// raised in the next step's S^T window, or (kArriveAtSend) at the next send.
 template <typename Element, typename Tr, BwdSchedule kSchedule, Features kFeatures, bool kBiasGradient = false,
-          bool kDeterministic = false>
+          bool kDeterministic = false, bool kArriveAtSend = false>
 __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const AttentionParams& p,
                                                     BwdBarriers<Tr> bars, uint32_t smem, int warpgroup_index,
                                                     const BwdTile& tile, const BwdSteps<Tr>& steps,
@@ -824,8 +833,8 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       // spilled there at 64, an LDL per step.)
       const int m_blocks = (int(Opaque(uint32_t(a.seqlen_q))) + kBlockM - 1) / kBlockM;
       order = DqOrder{dq_counters, (tile.b * a.num_heads + head_of(i)) * m_blocks + m0_of(i) / kBlockM,
-                      Tr::kConsumerWarps * tile.n_block};
-      dq_complete = dq_previous;
+                      Tr::kConsumerWarps * tile.n_block, kArriveAtSend ? dq_previous : -1};
+      if constexpr (!kArriveAtSend) dq_complete = dq_previous;
       dq_previous = order.current;
     }
     // kLeanDq: full shares (a warp-uniform test) take the constant-offset send.
@@ -922,7 +931,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     if constexpr (kBiasGradient) load_bias(min(i + 1, steps.count - 1));
     // kDeterministic: the counter of the block whose adds the previous
     // step's send saw complete, raised while S^T and dP^T run (DqOrder).
-    if constexpr (kDeterministic) {
+    if constexpr (kDeterministic && !kArriveAtSend) {
       if (lane == 0) DqOrder::Arrive(dq_counters, dq_complete);
       dq_complete = -1;
     }
@@ -1250,9 +1259,9 @@ __device__ __forceinline__ int BiasGradientTileIndex(const BackwardArgs& a, cons
 
 // One block's tile (BwdTile): the roles of BackwardKernel and
 // BiasGradientKernel, told apart by kBiasGradient (ConsumeBackwardTile).
-// kDeterministic: DeterministicBackwardKernel's (`dq_counters`, DqOrder).
+// kDeterministic, kArriveAtSend: DeterministicBackwardKernel's (`dq_counters`, DqOrder).
 template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures, bool kBiasGradient,
-          bool kDeterministic = false>
+          bool kDeterministic = false, bool kArriveAtSend = false>
 __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const CUtensorMap* k_map,
                                                  const CUtensorMap* v_map, const CUtensorMap* do_map,
                                                  const BackwardArgs& a, const AttentionParams& p,
@@ -1293,7 +1302,7 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
     }
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
-    ConsumeBackwardTile<Element, Tr, kSchedule, kFeatures, kBiasGradient, kDeterministic>(
+    ConsumeBackwardTile<Element, Tr, kSchedule, kFeatures, kBiasGradient, kDeterministic, kArriveAtSend>(
         a, p, bars, smem, warpgroup - 1, tile, steps, dq_counters);
   }
 }
@@ -1318,14 +1327,15 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 // non-causal calls too (BwdTile). Its own kernel, so that BackwardKernel's
 // instantiations keep their names and code; the counters a parameter of
 // their own after p, so that BackwardArgs, and with it p's offset in the
-// parameters of every other kernel, stays as it is.
-template <typename Element, int kHeadDim, BwdSchedule kSchedule>
+// parameters of every other kernel, stays as it is. kArriveAtSend: the
+// counters raised at the next send rather than under the next S^T (DqOrder).
+template <typename Element, int kHeadDim, BwdSchedule kSchedule, bool kArriveAtSend = false>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     DeterministicBackwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                                 const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
                                 const BackwardArgs a, const __grid_constant__ AttentionParams p, int* dq_counters) {
-  RunBackwardBlock<Element, kHeadDim, kSchedule, Features::kNone, false, true>(&q_map, &k_map, &v_map, &do_map, a,
-                                                                                p, dq_counters);
+  RunBackwardBlock<Element, kHeadDim, kSchedule, Features::kNone, false, true, kArriveAtSend>(
+      &q_map, &k_map, &v_map, &do_map, a, p, dq_counters);
 }
 
 // The bias gradient alone (the dbias pass, bwd_launch.cuh's
