@@ -3,7 +3,7 @@
 // adds into each query block in ascending key block order, DqOrder in
 // bwd_kernel.cuh) against the package's default backward (LaunchBackward),
 // bf16, head dims 64 and 128, causal and not, GQA, ragged tails, Tq != Tk,
-// many key blocks. Four kernel instantiations besides the default two, so
+// many key blocks. Six kernel instantiations besides the default two, so
 // that it builds in well under a minute.
 //
 // Correctness, per case, every run on poisoned (NaN) outputs:
@@ -46,6 +46,7 @@ using jax_flash::AttentionParams;
 using jax_flash::ContiguousBtnh;
 using jax_flash::cuda::sm90::BackwardCausalSection;
 using jax_flash::cuda::sm90::DeterministicCounterCount;
+using jax_flash::cuda::sm90::DqHandoff;
 using jax_flash::cuda::sm90::kDeterministicSection;
 using jax_flash::cuda::sm90::LaunchBackward;
 using jax_flash::cuda::sm90::LaunchBackwardDeterministic;
@@ -131,13 +132,19 @@ bool RunCase(const Case& c, std::vector<std::string>* table) {
   std::snprintf(name, sizeof name,
                 "bf16 H=%d B=%d T=%d S=%d N=%d K=%d causal=%d (%d key blocks, %d pairs, sized sections of %d)", c.H,
                 c.B, c.T, c.S, c.N, c.K, int(c.causal), key_blocks, pairs, sized);
-  // at_send: the candidate placement of the counters' release (DqOrder's kArriveAtSend).
-  auto deterministic = [&p, counters](int section, bool at_send = false) {
-    return [&p, counters, section, at_send] {
+  // handoff: where the kernel raises and reads its counters (DqHandoff: the default and two candidates).
+  auto deterministic = [&p, counters](int section, DqHandoff handoff = DqHandoff::kUnderS) {
+    return [&p, counters, section, handoff] {
       AttentionParams d = p;
       d.deterministic = true;
-      return at_send ? LaunchBackwardDeterministic<Element, kHeadDim, true>(d, counters, 0, section)
-                     : LaunchBackwardDeterministic<Element, kHeadDim>(d, counters, 0, section);
+      switch (handoff) {
+        case DqHandoff::kAtSend:
+          return LaunchBackwardDeterministic<Element, kHeadDim, DqHandoff::kAtSend>(d, counters, 0, section);
+        case DqHandoff::kUnderSReadAhead:
+          return LaunchBackwardDeterministic<Element, kHeadDim, DqHandoff::kUnderSReadAhead>(d, counters, 0, section);
+        default:
+          return LaunchBackwardDeterministic<Element, kHeadDim>(d, counters, 0, section);
+      }
     };
   };
   auto standard = [&p] {
@@ -166,34 +173,39 @@ bool RunCase(const Case& c, std::vector<std::string>* table) {
   // non-causal sized sections, causal the order over every pair) twice,
   // then on the other (causal sized, non-causal 0; 1 pair where sized is 0).
   const int other = sized == 0 ? 1 : c.causal ? sized : 0;
-  // Then the candidate release placement once (bit for bit too).
-  Grads first, again, reordered, at_send, plain, plain_again;
+  // Then each candidate handoff once (bit for bit too).
+  Grads first, again, reordered, at_send, read_ahead, plain, plain_again;
   bool ok = run(deterministic(kDeterministicSection), "deterministic", &first) &&
             run(deterministic(kDeterministicSection), "deterministic again", &again) &&
             run(deterministic(other), "deterministic, another tile order", &reordered) &&
-            run(deterministic(kDeterministicSection, true), "deterministic, released at the send", &at_send);
+            run(deterministic(kDeterministicSection, DqHandoff::kAtSend), "deterministic, kAtSend", &at_send) &&
+            run(deterministic(kDeterministicSection, DqHandoff::kUnderSReadAhead), "deterministic, kUnderSReadAhead",
+                &read_ahead);
   if (ok) {
     int64_t nan_first = -1;
     for (const auto* g : {&first.dq, &first.dk, &first.dv})
       for (size_t i = 0; i < g->size() && nan_first < 0; ++i)
         if (std::isnan(ToFloat((*g)[i]))) nan_first = int64_t(i);
-    int64_t f[9];
-    const int64_t bad[9] = {Unlike(again.dq, first.dq, true, &f[0]),     Unlike(again.dk, first.dk, true, &f[1]),
-                            Unlike(again.dv, first.dv, true, &f[2]),     Unlike(reordered.dq, first.dq, true, &f[3]),
-                            Unlike(reordered.dk, first.dk, true, &f[4]), Unlike(reordered.dv, first.dv, true, &f[5]),
-                            Unlike(at_send.dq, first.dq, true, &f[6]),   Unlike(at_send.dk, first.dk, true, &f[7]),
-                            Unlike(at_send.dv, first.dv, true, &f[8])};
+    int64_t f[12];
+    const int64_t bad[12] = {
+        Unlike(again.dq, first.dq, true, &f[0]),       Unlike(again.dk, first.dk, true, &f[1]),
+        Unlike(again.dv, first.dv, true, &f[2]),       Unlike(reordered.dq, first.dq, true, &f[3]),
+        Unlike(reordered.dk, first.dk, true, &f[4]),   Unlike(reordered.dv, first.dv, true, &f[5]),
+        Unlike(at_send.dq, first.dq, true, &f[6]),     Unlike(at_send.dk, first.dk, true, &f[7]),
+        Unlike(at_send.dv, first.dv, true, &f[8]),     Unlike(read_ahead.dq, first.dq, true, &f[9]),
+        Unlike(read_ahead.dk, first.dk, true, &f[10]), Unlike(read_ahead.dv, first.dv, true, &f[11])};
     bool passed = nan_first < 0;
     for (int64_t b : bad) passed &= b == 0;
     std::printf("%s %s: deterministic run to run%s; again: dq %s, dk %s, dv %s; sections of %d: dq %s, dk %s, dv %s; "
-                "released at the send: dq %s, dk %s, dv %s\n",
+                "kAtSend: dq %s, dk %s, dv %s; kUnderSReadAhead: dq %s, dk %s, dv %s\n",
                 passed ? "PASS" : "FAIL", name,
                 nan_first >= 0 ? (", NaN left (first at " + std::to_string(nan_first) + ")").c_str() : "",
                 Describe(bad[0], f[0], "bitwise").c_str(), Describe(bad[1], f[1], "bitwise").c_str(),
                 Describe(bad[2], f[2], "bitwise").c_str(), other, Describe(bad[3], f[3], "bitwise").c_str(),
                 Describe(bad[4], f[4], "bitwise").c_str(), Describe(bad[5], f[5], "bitwise").c_str(),
                 Describe(bad[6], f[6], "bitwise").c_str(), Describe(bad[7], f[7], "bitwise").c_str(),
-                Describe(bad[8], f[8], "bitwise").c_str());
+                Describe(bad[8], f[8], "bitwise").c_str(), Describe(bad[9], f[9], "bitwise").c_str(),
+                Describe(bad[10], f[10], "bitwise").c_str(), Describe(bad[11], f[11], "bitwise").c_str());
     ok &= passed;
   }
   // (b) against the default backward, twice (its own run-to-run difference shown).
@@ -216,26 +228,31 @@ bool RunCase(const Case& c, std::vector<std::string>* table) {
   }
   // (c) timing.
   if (ok && c.timed) {
-    std::vector<float> ms_default, ms_det, ms_det_other, ms_det_at_send;
+    std::vector<float> ms_default, ms_det, ms_det_other, ms_det_at_send, ms_det_read_ahead;
     for (int r = 0; r < 3; ++r) {
       ms_default.push_back(TimeLaunches(standard));
       ms_det.push_back(TimeLaunches(deterministic(kDeterministicSection)));
       ms_det_other.push_back(TimeLaunches(deterministic(other)));
-      ms_det_at_send.push_back(TimeLaunches(deterministic(kDeterministicSection, true)));
+      ms_det_at_send.push_back(TimeLaunches(deterministic(kDeterministicSection, DqHandoff::kAtSend)));
+      ms_det_read_ahead.push_back(TimeLaunches(deterministic(kDeterministicSection, DqHandoff::kUnderSReadAhead)));
     }
     double flops = 2.5 * 4.0 * c.B * c.N * double(c.T) * c.S * c.H;
     if (c.causal) flops /= 2.0;
-    const float a = Median(ms_default), b = Median(ms_det), b0 = Median(ms_det_other), b1 = Median(ms_det_at_send);
+    const float a = Median(ms_default), b = Median(ms_det), b0 = Median(ms_det_other), b1 = Median(ms_det_at_send),
+                b2 = Median(ms_det_read_ahead);
     auto tflops = [&](float ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
-    const double ratio = b > 0 ? a / b : 0.0, ratio0 = b0 > 0 ? a / b0 : 0.0, ratio1 = b1 > 0 ? a / b1 : 0.0;
+    const double ratio = b > 0 ? a / b : 0.0, ratio0 = b0 > 0 ? a / b0 : 0.0, ratio1 = b1 > 0 ? a / b1 : 0.0,
+                 ratio2 = b2 > 0 ? a / b2 : 0.0;
     std::printf("  time default %.3f ms (%.1f TFLOP/s), deterministic %.3f ms (%.1f TFLOP/s): %.3fx; "
-                "deterministic on sections of %d %.3f ms: %.3fx; released at the send %.3f ms: %.3fx\n",
-                a, tflops(a), b, tflops(b), ratio, other, b0, ratio0, b1, ratio1);
-    char line[240];
+                "deterministic on sections of %d %.3f ms: %.3fx; kAtSend %.3f ms: %.3fx; kUnderSReadAhead %.3f ms: "
+                "%.3fx\n",
+                a, tflops(a), b, tflops(b), ratio, other, b0, ratio0, b1, ratio1, b2, ratio2);
+    char line[260];
     std::snprintf(line, sizeof line,
-                  "H=%-4d B=%-2d T=S=%-6d N=%-3d causal=%d %7d %6d %8.1f %8.1f %7.3f %8.1f %7.3f %8.1f %7.3f %s", c.H,
-                  c.B, c.T, c.N, int(c.causal), c.causal ? 0 : sized, other, tflops(a), tflops(b), ratio, tflops(b0),
-                  ratio0, tflops(b1), ratio1,
+                  "H=%-4d B=%-2d T=S=%-6d N=%-3d causal=%d %7d %6d %8.1f %8.1f %7.3f %8.1f %7.3f %8.1f %7.3f %8.1f "
+                  "%7.3f %s",
+                  c.H, c.B, c.T, c.N, int(c.causal), c.causal ? 0 : sized, other, tflops(a), tflops(b), ratio,
+                  tflops(b0), ratio0, tflops(b1), ratio1, tflops(b2), ratio2,
                   ratio >= 0.85 ? "" : "(below 0.85x)");
     table->push_back(line);
   }
@@ -286,11 +303,11 @@ int main(int argc, char** argv) {
   if (!table.empty()) {
     std::printf("\nbackward, bf16, TFLOP/s (default: LaunchBackward; determ: LaunchBackwardDeterministic on its "
                 "order, BwdTile's sections of `section` pairs (0: non-causal key blocks side by side, causal the "
-                "order over every pair); other: on sections of `other`; at send: the counters released at the next "
-                "send (DqOrder's candidate); medians of three alternating timings; ratio = default time / "
-                "deterministic time, target >= 0.85)\n");
-    std::printf("%-44s %7s %6s %8s %8s %7s %8s %7s %8s %7s\n", "shape", "section", "other", "default", "determ",
-                "ratio", "other", "ratio", "at send", "ratio");
+                "order over every pair); other: on sections of `other`; at send / read ahead: the candidate "
+                "DqHandoff::kAtSend / kUnderSReadAhead on its order; medians of three alternating timings; ratio = "
+                "default time / deterministic time, target >= 0.85)\n");
+    std::printf("%-44s %7s %6s %8s %8s %7s %8s %7s %8s %7s %8s %7s\n", "shape", "section", "other", "default",
+                "determ", "ratio", "other", "ratio", "at send", "ratio", "r-ahead", "ratio");
     for (const std::string& line : table) std::printf("%s\n", line.c_str());
   }
   std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ALL PASS", failures);

@@ -48,6 +48,14 @@ __device__ __forceinline__ void CounterWaitAtLeast(const int* counter, int targe
   } while (seen < target);
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
+// One acquire load of *counter: whether it has reached `target` (then,
+// as after CounterWaitAtLeast, CounterProxyFence before the adds).
+__device__ __forceinline__ bool CounterReached(const int* counter, int target) {
+  int seen;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+  return seen >= target;
+}
+__device__ __forceinline__ void CounterProxyFence() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 // By the thread that issued the adds, after BulkWait<0>() (its groups
 // complete, not only read): a proxy fence (the async proxy's writes before
 // the generic release), then *counter += 1 with release semantics.

@@ -412,6 +412,14 @@ __device__ __forceinline__ void StageDq(const BackwardArgs& a, const float (&dq)
   }
 }
 
+// Where the deterministic variant raises DqOrder's counters and first
+// reads them (DeterministicBackwardKernel's candidates; the check program
+// times each): kUnderS, a block's counter raised in the S^T window of the
+// step after the send that saw its adds complete (the default); kAtSend,
+// raised at that send, right after the wait; kUnderSReadAhead, kUnderS
+// with the step's own counter read once in the same window (DqOrder::ready).
+enum class DqHandoff { kUnderS, kAtSend, kUnderSReadAhead };
+
 // Lane 0's hooks around a warp's dQ send (SendDqFull, ConsumeBackwardTile's
 // send_dq). DqUnordered, the plain kernels': the staging is free once the
 // previous step's reduces have read it; the reduce goes out at once.
@@ -443,21 +451,27 @@ struct DqUnordered {
 // the send's chain under dK (staging, this wait, the reduce). The signal
 // goes out ~1.1 steps after the adds' issue; the next key block's tile,
 // a section's pairs of tiles behind (BwdTile), needs it only then.
-// (kArriveAtSend, a candidate: the counter raised right there instead,
-// `complete` its index: the fence then on the chain under dK, but no
-// outstanding reduce at it, while under S^T this step's reduces are in
-// flight, should the fence wait for those too. The check program times
-// both.)
+// (DqHandoff::kAtSend, a candidate: the counter raised right there
+// instead, `complete` its index: the fence then on the chain under dK, but
+// no outstanding reduce at it, while under S^T this step's reduces are in
+// flight, should the fence wait for those too.)
 // BeforeReduce: after the staging, right before the reduce, the wait for
-// this step's block (`current`), as late as it can be.
+// this step's block (`current`), as late as it can be; `ready`
+// (DqHandoff::kUnderSReadAhead): an acquire load in the step's S^T window
+// already saw the target, so that the send's chain under dK loses that
+// L2 round trip.
 struct DqOrder {
   int* counters;
   int current, target, complete;
+  bool ready;
   __device__ __forceinline__ void BeforeStaging() const {
     BulkWait<0>();
     Arrive(counters, complete);
   }
-  __device__ __forceinline__ void BeforeReduce() const { CounterWaitAtLeast(counters + current, target); }
+  __device__ __forceinline__ void BeforeReduce() const {
+    if (ready) CounterProxyFence();
+    else CounterWaitAtLeast(counters + current, target);
+  }
   // Block `index`'s counter raised (its adds complete: BeforeStaging, or
   // BulkWait<0> after the loop); -1: none.
   static __device__ __forceinline__ void Arrive(int* counters, int index) {
@@ -702,9 +716,9 @@ __device__ __forceinline__ uint32_t Opaque(uint32_t x) {
 // kDeterministic (DeterministicBackwardKernel; the plain dQ-first
 // schedules with a dQ split, so that each accumulator element takes one add
 // per tile): each send ordered by DqOrder over `dq_counters`; the counters
-// raised in the next step's S^T window, or (kArriveAtSend) at the next send.
+// raised and read where kHandoff says (DqHandoff).
 template <typename Element, typename Tr, BwdSchedule kSchedule, Features kFeatures, bool kBiasGradient = false,
-          bool kDeterministic = false, bool kArriveAtSend = false>
+          bool kDeterministic = false, DqHandoff kHandoff = DqHandoff::kUnderS>
 __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const AttentionParams& p,
                                                     BwdBarriers<Tr> bars, uint32_t smem, int warpgroup_index,
                                                     const BwdTile& tile, const BwdSteps<Tr>& steps,
@@ -737,6 +751,8 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   // step before's), no features.
   static_assert(!kDeterministic || (Tr::kDqReadsBothDs && kDqFirst && !kAnyFeature && !kBiasGradient),
                 "the deterministic variant runs the plain dQ-first schedules with a dQ split");
+  constexpr bool kArriveAtSend = kHandoff == DqHandoff::kAtSend;
+  constexpr bool kReadAhead = kHandoff == DqHandoff::kUnderSReadAhead;
   constexpr bool kSendAfterDp = kSchedule == BwdSchedule::kLeanDqEarlyDp;
   // At 128 dQ's 32 floats beside dK, dV (128), S^T and dP^T (64) in flight
   // leave too few registers: ptxas serializes the wgmma (C7512) and spills.
@@ -821,19 +837,25 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   // dq_previous, the last sent step's block; dq_complete, the block whose
   // adds the last send's BeforeStaging saw complete, raised in the next
   // step's S^T window.
+  // kReadAhead: between step i's S^T window and its send, dq_complete
+  // (raised there, -1) holds -2 where lane 0 saw step i's target in that
+  // window (DqOrder::ready; a word of its own was one ptxas spilled at 128).
   [[maybe_unused]] int dq_previous = -1, dq_complete = -1;
+  // Step i's counter ([B, N, query blocks]). (The query block count rebuilt
+  // per use from an opaque length: shared with BwdSteps' it was held across
+  // the loop, the word ptxas spilled there at 64, an LDL per step.)
+  [[maybe_unused]] auto counter_index = [&](int i) {
+    const int m_blocks = (int(Opaque(uint32_t(a.seqlen_q))) + kBlockM - 1) / kBlockM;
+    return (tile.b * a.num_heads + head_of(i)) * m_blocks + m0_of(i) / kBlockM;
+  };
   auto send_dq = [&](int i) {
     // The share's first query (m0 of the step at 64 queries per step).
     const int m0 = m0_of(i) + dq_row0;
-    // kDeterministic: the step's counter ([B, N, query blocks]) and order.
+    // kDeterministic: the step's order (DqOrder).
     std::conditional_t<kDeterministic, DqOrder, DqUnordered> order{};
     if constexpr (kDeterministic) {
-      // (The query block count rebuilt per send from an opaque length:
-      // shared with BwdSteps' it was held across the loop, the word ptxas
-      // spilled there at 64, an LDL per step.)
-      const int m_blocks = (int(Opaque(uint32_t(a.seqlen_q))) + kBlockM - 1) / kBlockM;
-      order = DqOrder{dq_counters, (tile.b * a.num_heads + head_of(i)) * m_blocks + m0_of(i) / kBlockM,
-                      Tr::kConsumerWarps * tile.n_block, kArriveAtSend ? dq_previous : -1};
+      order = DqOrder{dq_counters, counter_index(i), Tr::kConsumerWarps * tile.n_block,
+                      kArriveAtSend ? dq_previous : -1, kReadAhead && dq_complete == -2};
       if constexpr (!kArriveAtSend) dq_complete = dq_previous;
       dq_previous = order.current;
     }
@@ -934,6 +956,10 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     if constexpr (kDeterministic && !kArriveAtSend) {
       if (lane == 0) DqOrder::Arrive(dq_counters, dq_complete);
       dq_complete = -1;
+      // kReadAhead: this step's counter read once here (DqOrder::ready).
+      if constexpr (kReadAhead)
+        if (lane == 0 && CounterReached(dq_counters + counter_index(i), Tr::kConsumerWarps * tile.n_block))
+          dq_complete = -2;
     }
     // kLeanDqEarlyDp: step i - 1's share sent with both S^T and dP^T in flight.
     if constexpr (kSendPrevious && kSendAfterDp) send_dq(i - 1);
@@ -1186,7 +1212,9 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     // opaque so that it is not hoisted; held across the loop it was the
     // word ptxas spilled there (an LDL per step).
     auto step_count = [&] {
-      if constexpr (Tr::kDqSplitRows) return int(Opaque(uint32_t(steps.m_count))) * a.group;
+      // (kReadAhead at 128 too: its read in the S^T window, at the
+      // registers' peak, made ptxas spill the held count, an LDL per step.)
+      if constexpr (Tr::kDqSplitRows || kReadAhead) return int(Opaque(uint32_t(steps.m_count))) * a.group;
       else return steps.count;
     };
     // No wgmma is in flight between steps here, so the branch between the
@@ -1259,9 +1287,9 @@ __device__ __forceinline__ int BiasGradientTileIndex(const BackwardArgs& a, cons
 
 // One block's tile (BwdTile): the roles of BackwardKernel and
 // BiasGradientKernel, told apart by kBiasGradient (ConsumeBackwardTile).
-// kDeterministic, kArriveAtSend: DeterministicBackwardKernel's (`dq_counters`, DqOrder).
+// kDeterministic, kHandoff: DeterministicBackwardKernel's (`dq_counters`, DqOrder).
 template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures, bool kBiasGradient,
-          bool kDeterministic = false, bool kArriveAtSend = false>
+          bool kDeterministic = false, DqHandoff kHandoff = DqHandoff::kUnderS>
 __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const CUtensorMap* k_map,
                                                  const CUtensorMap* v_map, const CUtensorMap* do_map,
                                                  const BackwardArgs& a, const AttentionParams& p,
@@ -1302,7 +1330,7 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
     }
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
-    ConsumeBackwardTile<Element, Tr, kSchedule, kFeatures, kBiasGradient, kDeterministic, kArriveAtSend>(
+    ConsumeBackwardTile<Element, Tr, kSchedule, kFeatures, kBiasGradient, kDeterministic, kHandoff>(
         a, p, bars, smem, warpgroup - 1, tile, steps, dq_counters);
   }
 }
@@ -1327,14 +1355,14 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 // non-causal calls too (BwdTile). Its own kernel, so that BackwardKernel's
 // instantiations keep their names and code; the counters a parameter of
 // their own after p, so that BackwardArgs, and with it p's offset in the
-// parameters of every other kernel, stays as it is. kArriveAtSend: the
-// counters raised at the next send rather than under the next S^T (DqOrder).
-template <typename Element, int kHeadDim, BwdSchedule kSchedule, bool kArriveAtSend = false>
+// parameters of every other kernel, stays as it is. kHandoff: where the
+// counters are raised and read (DqHandoff; the default and two candidates).
+template <typename Element, int kHeadDim, BwdSchedule kSchedule, DqHandoff kHandoff = DqHandoff::kUnderS>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     DeterministicBackwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                                 const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
                                 const BackwardArgs a, const __grid_constant__ AttentionParams p, int* dq_counters) {
-  RunBackwardBlock<Element, kHeadDim, kSchedule, Features::kNone, false, true, kArriveAtSend>(
+  RunBackwardBlock<Element, kHeadDim, kSchedule, Features::kNone, false, true, kHandoff>(
       &q_map, &k_map, &v_map, &do_map, a, p, dq_counters);
 }
 

@@ -299,10 +299,11 @@ int64_t DeterministicCounterCount(const AttentionShape& s) {
 // later in the order of query blocks than n - 1 at its own start, so it
 // must start ~3.4 steps after it: the causal order over every pair gives
 // that (0.94-1.0x), the L2-sized sections do not (0.67-0.76x).
-// kArriveAtSend: DeterministicBackwardKernel's candidate placement of the
-// counters' release (DqOrder), for the check program's A/B.
+// kHandoff: where DeterministicBackwardKernel raises and reads its counters
+// (DqHandoff: the default, kUnderS, and two candidates for the check
+// program's A/B).
 constexpr int kDeterministicSection = -2;
-template <typename Element, int kHeadDim, bool kArriveAtSend = false>
+template <typename Element, int kHeadDim, DqHandoff kHandoff = DqHandoff::kUnderS>
 std::string LaunchBackwardDeterministic(const AttentionParams& p, int* counters, cudaStream_t stream,
                                         int section = kDeterministicSection) {
   constexpr BwdSchedule kSchedule = DefaultBwdSchedule(kHeadDim);
@@ -363,7 +364,7 @@ std::string LaunchBackwardDeterministic(const AttentionParams& p, int* counters,
     if (section == kSizedCausalSection) section = BackwardCausalSection(s, sizeof(Element));
     const int64_t pairs = s.batch * s.num_heads_k;
     args.causal_section = section > 0 && section < pairs ? section : 0;
-    auto kernel = DeterministicBackwardKernel<Element, kHeadDim, kSchedule, kArriveAtSend>;
+    auto kernel = DeterministicBackwardKernel<Element, kHeadDim, kSchedule, kHandoff>;
     if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 deterministic backward kernel"); !e.empty())
       return e + " (" + what + ")";
     kernel<<<unsigned(tiles), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, do_map, args, p,
