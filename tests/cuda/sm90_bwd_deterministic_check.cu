@@ -7,11 +7,11 @@
 // that it builds in well under a minute.
 //
 // Correctness, per case, every run on poisoned (NaN) outputs:
-//   (a) the deterministic backward twice on the same tile order, and once
+//   (a) the deterministic backward twice on the same tile order, once
 //       more on another (BwdTile's sections: other timings, other blocks
-//       side by side): dq, dk, dv bit for bit the
-//       same each time (the order of dQ's adds is the key blocks', whatever
-//       the tile order), no NaN left;
+//       side by side), and once with each candidate handoff (DqHandoff):
+//       dq, dk, dv bit for bit the same each time (the order of dQ's adds
+//       is the key blocks', whatever the tile order), no NaN left;
 //   (b) against the default backward: dk, dv bit for bit (both write each
 //       key row once, from the same steps), dq within one bf16 rounding
 //       step (the default sums the same shares in the copy engine's order).
@@ -25,7 +25,9 @@
 // delta pass, kernel, dQ conversion; the deterministic one's counter clear
 // too), medians; the deterministic one on its own tile order
 // (kDeterministicSection) and, for the record, on the other (non-causal:
-// key blocks side by side; causal: the L2-sized sections). Target: the
+// key blocks side by side; causal: the L2-sized sections), and the two
+// candidate handoffs (DqHandoff::kAtSend, kUnderSReadAhead: where the
+// counters are raised and first read) on its order. Target: the
 // deterministic backward at least 0.85x the default's speed.
 //
 //   bash scripts/sm90_bwd_deterministic_check.sh          # builds and runs this
