@@ -31,4 +31,37 @@ __device__ __forceinline__ void BulkWait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// The deterministic backward's ordering of the reduce-adds into one
+// accumulator block (bwd_kernel.cuh, DqOrder): an int32 counter in global
+// memory per block, raised by each adder once its adds are complete; an
+// adder issues its own only after the counter reached the arrivals of
+// every adder before it.
+//
+// Spins (one thread) until *counter >= target: acquire loads at gpu scope,
+// then a proxy fence, so that the bulk reduce-adds this thread issues next
+// (async proxy) are ordered after the earlier adders' adds, which the
+// counter's value published.
+__device__ __forceinline__ void CounterWaitAtLeast(const int* counter, int target) {
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+  } while (seen < target);
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+// One acquire load of *counter: whether it has reached `target` (then,
+// as after CounterWaitAtLeast, CounterProxyFence before the adds).
+__device__ __forceinline__ bool CounterReached(const int* counter, int target) {
+  int seen;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+  return seen >= target;
+}
+__device__ __forceinline__ void CounterProxyFence() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+// By the thread that issued the adds, after BulkWait<0>() (its groups
+// complete, not only read): a proxy fence (the async proxy's writes before
+// the generic release), then *counter += 1 with release semantics.
+__device__ __forceinline__ void CounterArriveAfterBulk(int* counter) {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+
 }  // namespace jax_flash::cuda::sm90

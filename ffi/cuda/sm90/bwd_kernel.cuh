@@ -163,12 +163,20 @@ constexpr int kStageBarrier = 2;  // + consumer warpgroup
 // pairs. Otherwise a head's key blocks are consecutive, so blocks running
 // together share its Q, dO and dQ rows in L2. Computed once per block (the
 // grid is one block per tile): plain divisions.
+// kSectionsAlways (the deterministic variant, DeterministicBackwardKernel):
+// the sectioned order for non-causal calls too, where a.causal_section
+// asks for it, so that a head's consecutive key blocks, whose dQ adds into
+// a query block run one after the other (DqOrder), start a section's pairs
+// apart rather than side by side. Every order here has key block n of a
+// (batch, key head) pair at a higher tile index than n - 1: DqOrder's
+// waits are on lower indices only.
 struct BwdTile {
   int n_block, hk, b;
-  __device__ BwdTile(const BackwardArgs& a, int tile) {
+  template <bool kSectionsAlways = false>
+  __device__ BwdTile(const BackwardArgs& a, int tile, std::bool_constant<kSectionsAlways> = {}) {
     int rest;
     const int pairs = a.num_heads_k * a.batch;
-    if (a.is_causal && a.causal_section > 0 && a.causal_section < pairs) {
+    if ((kSectionsAlways || a.is_causal) && a.causal_section > 0 && a.causal_section < pairs) {
       const int first = tile / (a.causal_section * a.key_blocks) * a.causal_section;  // the section's first pair
       const int count = min(a.causal_section, pairs - first);
       const int local = tile - first * a.key_blocks;
@@ -404,6 +412,73 @@ __device__ __forceinline__ void StageDq(const BackwardArgs& a, const float (&dq)
   }
 }
 
+// Where the deterministic variant raises DqOrder's counters and first
+// reads them (DeterministicBackwardKernel's candidates; the check program
+// times each): kUnderS, a block's counter raised in the S^T window of the
+// step after the send that saw its adds complete (the default); kAtSend,
+// raised at that send, right after the wait; kUnderSReadAhead, kUnderS
+// with the step's own counter read once in the same window (DqOrder::ready).
+enum class DqHandoff { kUnderS, kAtSend, kUnderSReadAhead };
+
+// Lane 0's hooks around a warp's dQ send (SendDqFull, ConsumeBackwardTile's
+// send_dq). DqUnordered, the plain kernels': the staging is free once the
+// previous step's reduces have read it; the reduce goes out at once.
+struct DqUnordered {
+  __device__ __forceinline__ void BeforeStaging() const { BulkWaitRead<0>(); }
+  __device__ __forceinline__ void BeforeReduce() const {}
+};
+
+// DqOrder, the deterministic variant's (DeterministicBackwardKernel): the
+// adds into each (batch, query head, query block) in ascending key block
+// order, through one int32 counter per block (`counters`, zeroed before
+// the call: [B, N, ceil(Tq / kBlockM)]). Every consumer warp that visits
+// the block raises it once after its adds there are complete, so key
+// block n's warps wait for kConsumerWarps * n (`target`): the arrivals of
+// key blocks 0 .. n - 1, every one of which visits each query block that
+// n visits (causal: m_first grows with n). No warp of block n arrives
+// before it has seen that count, nor one of a later key block before it
+// has seen more, so the count reaches the target exactly when the earlier
+// key blocks are done; each warp then needs no barrier with the others
+// (the warps' rows / columns of a block are disjoint, so only the order of
+// the tiles matters, never that of the warps).
+// BeforeStaging (step i's send, under its dK product): step i - 1's
+// reduces complete (wait_group 0 where the plain kernel waits for their
+// reads only; issued a whole step earlier, so it rarely waits), which also
+// frees the staging. Their block's counter is raised later, by Arrive in
+// step i + 1 after its S^T and dP^T are issued (ConsumeBackwardTile), where
+// the warp waits for S^T anyway: the release's gpu-scope fence (a MEMBAR
+// of an L2 round trip or more) then hides under S^T instead of adding to
+// the send's chain under dK (staging, this wait, the reduce). The signal
+// goes out ~1.1 steps after the adds' issue; the next key block's tile,
+// a section's pairs of tiles behind (BwdTile), needs it only then.
+// (DqHandoff::kAtSend, a candidate: the counter raised right there
+// instead, `complete` its index: the fence then on the chain under dK, but
+// no outstanding reduce at it, while under S^T this step's reduces are in
+// flight, should the fence wait for those too.)
+// BeforeReduce: after the staging, right before the reduce, the wait for
+// this step's block (`current`), as late as it can be; `ready`
+// (DqHandoff::kUnderSReadAhead): an acquire load in the step's S^T window
+// already saw the target, so that the send's chain under dK loses that
+// L2 round trip.
+struct DqOrder {
+  int* counters;
+  int current, target, complete;
+  bool ready;
+  __device__ __forceinline__ void BeforeStaging() const {
+    BulkWait<0>();
+    Arrive(counters, complete);
+  }
+  __device__ __forceinline__ void BeforeReduce() const {
+    if (ready) CounterProxyFence();
+    else CounterWaitAtLeast(counters + current, target);
+  }
+  // Block `index`'s counter raised (its adds complete: BeforeStaging, or
+  // BulkWait<0> after the loop); -1: none.
+  static __device__ __forceinline__ void Arrive(int* counters, int index) {
+    if (index >= 0) CounterArriveAfterBulk(counters + index);
+  }
+};
+
 // kLeanDq's send of a full share (all its kDqRows queries below seqlen_q,
 // head_dim == kHeadDim, so dq_cols == 64): the same staging order and the
 // same accumulator runs as StageDq + ReduceDqRows take there, with every
@@ -415,13 +490,16 @@ __device__ __forceinline__ void StageDq(const BackwardArgs& a, const float (&dq)
 // 2 KiB runs). The general path spends ~13 instructions per store on its
 // bounds test and address (SASS) and carries the row-tail loops; this one
 // issues 16 st.shared.v2 off one base and one or two reduces.
-template <typename Tr>
+// `order` (lane 0's hooks around the staging and the reduce): DqUnordered,
+// the plain kernels', or DqOrder (the deterministic variant).
+template <typename Tr, typename Order = DqUnordered>
 __device__ __forceinline__ void SendDqFull(const BackwardArgs& a, const float (&dq)[Tr::kDqCols / 2], uint32_t stage,
-                                           int b, int h, int m0, int warp, int lane, int col0) {
+                                           int b, int h, int m0, int warp, int lane, int col0,
+                                           const Order& order = {}) {
   static_assert(Tr::kDqCols == 64 && Tr::kDqRows == 64, "two 8-row groups of 64 columns per warp");
   constexpr int kGroupFloats = 8 * Tr::kDqCols;
   const int g = lane / 4, t = lane % 4;
-  if (lane == 0) BulkWaitRead<0>();  // the previous step's reduces have read the staging
+  if (lane == 0) order.BeforeStaging();  // the previous step's reduces have read the staging
   __syncwarp();
   const uint32_t base = stage + 4 * (warp * 2 * kGroupFloats + g * 8 + 2 * t);
 #pragma unroll
@@ -437,6 +515,7 @@ __device__ __forceinline__ void SendDqFull(const BackwardArgs& a, const float (&
     float* const rows =
         a.dq_accum + ((int64_t(b) * a.num_heads + h) * a.seqlen_q + m0 + 16 * warp) * Tr::kHeadDim + col0 * 8;
     const uint32_t src = stage + 4 * warp * 2 * kGroupFloats;
+    order.BeforeReduce();
     if constexpr (Tr::kDqCols == Tr::kHeadDim) {
       BulkReduceAddF32(rows, src, 2 * kGroupFloats * 4);
     } else {
@@ -634,10 +713,16 @@ __device__ __forceinline__ uint32_t Opaque(uint32_t x) {
 // kBiasGradient (BiasGradientKernel; the bias variants only): the bias
 // gradient alone, S^T, dP^T, P^T and dS^T per step, dS^T into the bias
 // gradient (StoreBiasGradient); no dV, dK or dQ.
-template <typename Element, typename Tr, BwdSchedule kSchedule, Features kFeatures, bool kBiasGradient = false>
+// kDeterministic (DeterministicBackwardKernel; the plain dQ-first
+// schedules with a dQ split, so that each accumulator element takes one add
+// per tile): each send ordered by DqOrder over `dq_counters`; the counters
+// raised and read where kHandoff says (DqHandoff).
+template <typename Element, typename Tr, BwdSchedule kSchedule, Features kFeatures, bool kBiasGradient = false,
+          bool kDeterministic = false, DqHandoff kHandoff = DqHandoff::kUnderS>
 __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const AttentionParams& p,
                                                     BwdBarriers<Tr> bars, uint32_t smem, int warpgroup_index,
-                                                    const BwdTile& tile, const BwdSteps<Tr>& steps) {
+                                                    const BwdTile& tile, const BwdSteps<Tr>& steps,
+                                                    int* dq_counters = nullptr) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockM = Tr::kBlockM;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
   constexpr bool kSoftcap = kFeatures == Features::kMasksSoftcap;
@@ -660,6 +745,14 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   // kVisibleRowBits hh + 2j + e of FeatureStepMask's word (16 at 64 queries
   // per step, 32 of a 64-bit word at 128).
   [[maybe_unused]] constexpr int kVisibleRowBits = kBlockM / 4;
+  // kDeterministic: one add per accumulator element and tile (the column
+  // or row split; the key split adds both warpgroups' shares into every
+  // element), sent inside the step (dQ-first: dq_previous is then the
+  // step before's), no features.
+  static_assert(!kDeterministic || (Tr::kDqReadsBothDs && kDqFirst && !kAnyFeature && !kBiasGradient),
+                "the deterministic variant runs the plain dQ-first schedules with a dQ split");
+  constexpr bool kArriveAtSend = kHandoff == DqHandoff::kAtSend;
+  constexpr bool kReadAhead = kHandoff == DqHandoff::kUnderSReadAhead;
   constexpr bool kSendAfterDp = kSchedule == BwdSchedule::kLeanDqEarlyDp;
   // At 128 dQ's 32 floats beside dK, dV (128), S^T and dP^T (64) in flight
   // leave too few registers: ptxas serializes the wgmma (C7512) and spills.
@@ -740,18 +833,41 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     if constexpr (kCounters) return step_h;
     else return steps.head(i, tile.hk, a.group);
   };
+  // kDeterministic (DqOrder), counter indices kept across steps (-1: none):
+  // dq_previous, the last sent step's block; dq_complete, the block whose
+  // adds the last send's BeforeStaging saw complete, raised in the next
+  // step's S^T window.
+  // kReadAhead: between step i's S^T window and its send, dq_complete
+  // (raised there, -1) holds -2 where lane 0 saw step i's target in that
+  // window (DqOrder::ready; a word of its own was one ptxas spilled at 128).
+  [[maybe_unused]] int dq_previous = -1, dq_complete = -1;
+  // Step i's counter ([B, N, query blocks]). (The query block count rebuilt
+  // per use from an opaque length: shared with BwdSteps' it was held across
+  // the loop, the word ptxas spilled there at 64, an LDL per step.)
+  [[maybe_unused]] auto counter_index = [&](int i) {
+    const int m_blocks = (int(Opaque(uint32_t(a.seqlen_q))) + kBlockM - 1) / kBlockM;
+    return (tile.b * a.num_heads + head_of(i)) * m_blocks + m0_of(i) / kBlockM;
+  };
   auto send_dq = [&](int i) {
     // The share's first query (m0 of the step at 64 queries per step).
     const int m0 = m0_of(i) + dq_row0;
+    // kDeterministic: the step's order (DqOrder).
+    std::conditional_t<kDeterministic, DqOrder, DqUnordered> order{};
+    if constexpr (kDeterministic) {
+      order = DqOrder{dq_counters, counter_index(i), Tr::kConsumerWarps * tile.n_block,
+                      kArriveAtSend ? dq_previous : -1, kReadAhead && dq_complete == -2};
+      if constexpr (!kArriveAtSend) dq_complete = dq_previous;
+      dq_previous = order.current;
+    }
     // kLeanDq: full shares (a warp-uniform test) take the constant-offset send.
     if constexpr (kLeanDq) {
       if (m0 + Tr::kDqRows <= a.seqlen_q && a.head_dim == kHeadDim) {
         SendDqFull<Tr>(a, dq, Opaque(smem) + Tr::kDqStageOffset + warpgroup * Tr::kDqStageBytes, tile.b,
-                       head_of(i), m0, warp, lane, dq_col0);
+                       head_of(i), m0, warp, lane, dq_col0, order);
         return;
       }
     }
-    if (lane == 0) BulkWaitRead<0>();
+    if (lane == 0) order.BeforeStaging();
     __syncwarp();
     const uint32_t dq_stage = Opaque(smem) + Tr::kDqStageOffset + warpgroup * Tr::kDqStageBytes;
     StageDq<Tr>(a, dq, dq_stage, m0, dq_cols, warp, g, t);
@@ -761,8 +877,17 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     // that ptxas does not hold it as a predicate across the loop, whose two
     // step copies left it none and spilled it (one LDL per step at 128).
     const int reduce_lane = kDiagonalMasks ? int(Opaque(uint32_t(lane))) : lane;
-    if (reduce_lane == 0 && dq_cols > 0)
-      ReduceDqRows<Tr>(a, dq_stage, tile.b, head_of(i), m0, warp, dq_col0, dq_cols);
+    if constexpr (kDeterministic) {
+      // Every warp waits (and arrives, DqOrder), whether or not it has rows
+      // or columns to add: the counts per key block stay kConsumerWarps.
+      if (reduce_lane == 0) {
+        order.BeforeReduce();
+        if (dq_cols > 0) ReduceDqRows<Tr>(a, dq_stage, tile.b, head_of(i), m0, warp, dq_col0, dq_cols);
+      }
+    } else {
+      if (reduce_lane == 0 && dq_cols > 0)
+        ReduceDqRows<Tr>(a, dq_stage, tile.b, head_of(i), m0, warp, dq_col0, dq_cols);
+    }
   };
 
   // kMasksBias(16): the first step's bias, under the K/V copy.
@@ -826,6 +951,16 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     // step, as below) under S^T and dP^T: without dK, dV and dQ its 32
     // words have registers to spare, and no later product would cover them.
     if constexpr (kBiasGradient) load_bias(min(i + 1, steps.count - 1));
+    // kDeterministic: the counter of the block whose adds the previous
+    // step's send saw complete, raised while S^T and dP^T run (DqOrder).
+    if constexpr (kDeterministic && !kArriveAtSend) {
+      if (lane == 0) DqOrder::Arrive(dq_counters, dq_complete);
+      dq_complete = -1;
+      // kReadAhead: this step's counter read once here (DqOrder::ready).
+      if constexpr (kReadAhead)
+        if (lane == 0 && CounterReached(dq_counters + counter_index(i), Tr::kConsumerWarps * tile.n_block))
+          dq_complete = -2;
+    }
     // kLeanDqEarlyDp: step i - 1's share sent with both S^T and dP^T in flight.
     if constexpr (kSendPrevious && kSendAfterDp) send_dq(i - 1);
 
@@ -1077,7 +1212,9 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     // opaque so that it is not hoisted; held across the loop it was the
     // word ptxas spilled there (an LDL per step).
     auto step_count = [&] {
-      if constexpr (Tr::kDqSplitRows) return int(Opaque(uint32_t(steps.m_count))) * a.group;
+      // (kReadAhead at 128 too: its read in the S^T window, at the
+      // registers' peak, made ptxas spill the held count, an LDL per step.)
+      if constexpr (Tr::kDqSplitRows || kReadAhead) return int(Opaque(uint32_t(steps.m_count))) * a.group;
       else return steps.count;
     };
     // No wgmma is in flight between steps here, so the branch between the
@@ -1110,7 +1247,17 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     }
   }
   if constexpr (kBiasGradient) return;  // no dQ reduces, no dK, dV
-  if (lane == 0) BulkWait<0>();  // the block's shared memory stays until the last reduce has run
+  if constexpr (kDeterministic) {
+    // The last two steps' blocks: the one seen complete by the last send,
+    // then the last step's own, once its reduces are complete.
+    if (lane == 0) {
+      DqOrder::Arrive(dq_counters, dq_complete);
+      BulkWait<0>();
+      DqOrder::Arrive(dq_counters, dq_previous);
+    }
+  } else {
+    if (lane == 0) BulkWait<0>();  // the block's shared memory stays until the last reduce has run
+  }
 
   StoreKeyGradient<Element, kHeadDim>(a, a.dk, dk, a.scale, wg_n0 + row0, tile.b, tile.hk, t);
   StoreKeyGradient<Element, kHeadDim>(a, a.dv, dv, 1.0f, wg_n0 + row0, tile.b, tile.hk, t);
@@ -1140,10 +1287,13 @@ __device__ __forceinline__ int BiasGradientTileIndex(const BackwardArgs& a, cons
 
 // One block's tile (BwdTile): the roles of BackwardKernel and
 // BiasGradientKernel, told apart by kBiasGradient (ConsumeBackwardTile).
-template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures, bool kBiasGradient>
+// kDeterministic, kHandoff: DeterministicBackwardKernel's (`dq_counters`, DqOrder).
+template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures, bool kBiasGradient,
+          bool kDeterministic = false, DqHandoff kHandoff = DqHandoff::kUnderS>
 __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const CUtensorMap* k_map,
                                                  const CUtensorMap* v_map, const CUtensorMap* do_map,
-                                                 const BackwardArgs& a, const AttentionParams& p) {
+                                                 const BackwardArgs& a, const AttentionParams& p,
+                                                 int* dq_counters = nullptr) {
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -1156,7 +1306,8 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
   // Every role derives the same tile and steps, so their phases agree
   // (FeatureQueryBlocks: warp-collective, called by every warp here, before
   // the roles split).
-  const BwdTile tile(a, kBiasGradient ? BiasGradientTileIndex(a, p, int(blockIdx.x)) : int(blockIdx.x));
+  const BwdTile tile(a, kBiasGradient ? BiasGradientTileIndex(a, p, int(blockIdx.x)) : int(blockIdx.x),
+                     std::bool_constant<kDeterministic>{});
   const BwdSteps<Tr> steps = [&] {
     if constexpr (kAnyFeature)
       return BwdSteps<Tr>(FeatureQueryBlocks<Tr::kBlockM, Tr::kBlockN>(p, tile.n_block * Tr::kBlockN,
@@ -1179,8 +1330,8 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
     }
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
-    ConsumeBackwardTile<Element, Tr, kSchedule, kFeatures, kBiasGradient>(a, p, bars, smem, warpgroup - 1, tile,
-                                                                          steps);
+    ConsumeBackwardTile<Element, Tr, kSchedule, kFeatures, kBiasGradient, kDeterministic, kHandoff>(
+        a, p, bars, smem, warpgroup - 1, tile, steps, dq_counters);
   }
 }
 
@@ -1193,6 +1344,26 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
                    const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
                    const BackwardArgs a, const __grid_constant__ AttentionParams p) {
   RunBackwardBlock<Element, kHeadDim, kSchedule, kFeatures, false>(&q_map, &k_map, &v_map, &do_map, a, p);
+}
+
+// The deterministic variant (bwd_launch.cuh's LaunchBackwardDeterministic;
+// the check program only, not dispatched): BackwardKernel's plain kernel
+// with every dQ add into a query block in ascending key block order
+// (DqOrder over `dq_counters`, int32 [B, N, ceil(Tq / kBlockM)] zeroed
+// before the call), so that dQ is the same bit for bit run to run, and,
+// where a.causal_section asks for it, the sectioned tile order for
+// non-causal calls too (BwdTile). Its own kernel, so that BackwardKernel's
+// instantiations keep their names and code; the counters a parameter of
+// their own after p, so that BackwardArgs, and with it p's offset in the
+// parameters of every other kernel, stays as it is. kHandoff: where the
+// counters are raised and read (DqHandoff; the default and two candidates).
+template <typename Element, int kHeadDim, BwdSchedule kSchedule, DqHandoff kHandoff = DqHandoff::kUnderS>
+__global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
+    DeterministicBackwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
+                                const BackwardArgs a, const __grid_constant__ AttentionParams p, int* dq_counters) {
+  RunBackwardBlock<Element, kHeadDim, kSchedule, Features::kNone, false, true, kHandoff>(
+      &q_map, &k_map, &v_map, &do_map, a, p, dq_counters);
 }
 
 // The bias gradient alone (the dbias pass, bwd_launch.cuh's

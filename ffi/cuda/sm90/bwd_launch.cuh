@@ -263,6 +263,124 @@ std::string LaunchBiasGradientScheduled(const AttentionParams& p, cudaStream_t s
   return {};
 }
 
+// The deterministic variant's counters (DqOrder, bwd_kernel.cuh): one
+// int32 per (batch, query head, query block of the default schedule's
+// kBlockM: 128 at head dim 64, 64 at 128).
+template <int kHeadDim>
+int64_t DeterministicCounterCount(const AttentionShape& s) {
+  using Tr = BwdTraitsFor<kHeadDim, DefaultBwdSchedule(kHeadDim)>;
+  return s.batch * s.num_heads * CeilDiv(s.seqlen_q, Tr::kBlockM);
+}
+
+// The deterministic sm90 backward (issue 21; the check program only, not
+// dispatched: tests/cuda/sm90_bwd_deterministic_check.cu): plain calls
+// (no attention features) at DefaultBwdSchedule, DeterministicBackwardKernel
+// between the same delta pass and dQ conversion as LaunchBackward, dQ's
+// float32 adds into each query block in ascending key block order, so
+// that dq (and dk, dv, which every schedule writes once per element) are
+// the same bit for bit run to run; p.deterministic may be either.
+// `counters`: DeterministicCounterCount<kHeadDim>(p.shape) int32 of device
+// scratch, zeroed here (cudaMemsetAsync on `stream`) before the kernel.
+// `section`: BwdTile's pairs per section, for non-causal calls too
+// (kSizedCausalSection: BackwardCausalSection's L2-sized count; 0: the
+// plain kernel's orders, a non-causal head's key blocks side by side; a
+// count), or kDeterministicSection: sized non-causal, 0 causal.
+//
+// Why those (a model of the waits, not timed yet: tiles dispatched in
+// index order onto 132 SMs, equal steps, a block's counter raised ~1.1
+// steps after its adds are issued, DqOrder; B = 4, T = 4096 and B = 1,
+// T = 16384 at both head dims): key block n's tile waits unless it reaches
+// each query block that long after key block n - 1's did. Non-causal,
+// every tile starts at query block 0: side by side (section 0) a head's
+// tiles start together and each lags the one before it by ~1.4 steps more
+// (modelled 0.62-0.97x of the unordered kernel), while a section of G
+// pairs starts consecutive key blocks G tiles apart (0.99-1.0x). Causal,
+// key block n starts at query block 2n (n at kBlockM 128), two steps
+// later in the order of query blocks than n - 1 at its own start, so it
+// must start ~3.4 steps after it: the causal order over every pair gives
+// that (0.94-1.0x), the L2-sized sections do not (0.67-0.76x).
+// kHandoff: where DeterministicBackwardKernel raises and reads its counters
+// (DqHandoff: the default, kUnderS, and two candidates for the check
+// program's A/B).
+constexpr int kDeterministicSection = -2;
+template <typename Element, int kHeadDim, DqHandoff kHandoff = DqHandoff::kUnderS>
+std::string LaunchBackwardDeterministic(const AttentionParams& p, int* counters, cudaStream_t stream,
+                                        int section = kDeterministicSection) {
+  constexpr BwdSchedule kSchedule = DefaultBwdSchedule(kHeadDim);
+  using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
+  static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
+  const auto& s = p.shape;
+  const std::string what = "deterministic " + DescribeBackward(s, kHeadDim);
+  auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
+  if (auto why = UnsupportedFeatures(p, Features::kNone); !why.empty())
+    return fail(why + " (the deterministic variant takes plain calls only)");
+  if (p.dq_accum == nullptr) return fail("needs the float32 dQ accumulator");
+  if (counters == nullptr || reinterpret_cast<uintptr_t>(counters) % 4 != 0)
+    return fail("needs its int32 counters (DeterministicCounterCount of them), 4-byte aligned");
+  if (!(p.scale > 0.0)) return fail("needs scale > 0");
+  if (s.head_dim < 8 || s.head_dim > kHeadDim || s.head_dim % 8 != 0)
+    return fail("head_dim must be a multiple of 8 in [8, kHeadDim]");
+  if (s.num_heads_k < 1 || s.num_heads % s.num_heads_k != 0) return fail("key heads must divide query heads");
+  if (auto e = CheckGrid(s); !e.empty()) return e;  // sm80's delta and dQ conversion grids
+  if (s.seqlen_q > INT32_MAX - 2 * Tr::kBlockM || s.seqlen_k > INT32_MAX - Tr::kBlockN)
+    return fail("seqlen_q and seqlen_k must be below 2^31 - 256");
+  if (s.seqlen_q * s.head_dim / 8 > int64_t(INT32_MAX) - 256)  // DqConvertKernel's 32-bit index
+    return fail("seqlen_q * head_dim must be below 2^34");
+  const int64_t key_blocks = CeilDiv(s.seqlen_k, Tr::kBlockN);
+  const int64_t tiles = key_blocks * s.num_heads_k * s.batch;
+  if (tiles >= int64_t(INT32_MAX) || CeilDiv(s.seqlen_q, Tr::kBlockM) * s.group() >= int64_t(INT32_MAX))
+    return fail("fewer than 2^31 tiles (128 keys x key heads x batch) and steps per call");
+  const int64_t counter_count = DeterministicCounterCount<kHeadDim>(s);
+  if (counter_count >= int64_t(INT32_MAX) || int64_t(Tr::kConsumerWarps) * key_blocks >= int64_t(INT32_MAX))
+    return fail("fewer than 2^31 counters (batch x heads x query blocks) and key blocks / 8");  // DqOrder's int32
+  for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out), p.dout, static_cast<const void*>(p.dq),
+                          static_cast<const void*>(p.dk), static_cast<const void*>(p.dv),
+                          static_cast<const void*>(p.dq_accum)})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      return fail("q, k, v, out, dout, dq, dk, dv and the dQ accumulator must be 16-byte aligned");
+  auto misaligned = [](int64_t size, int64_t stride) { return size > 1 && (stride * 2) % 16 != 0; };
+  if (misaligned(s.seqlen_q, p.q_stride.row) || misaligned(s.num_heads, p.q_stride.head) ||
+      misaligned(s.batch, p.q_stride.batch) || misaligned(s.seqlen_k, p.k_stride.row) ||
+      misaligned(s.num_heads_k, p.k_stride.head) || misaligned(s.batch, p.k_stride.batch))
+    return fail("strides in bytes must be multiples of 16");
+  if (s.batch == 0 || s.num_heads == 0) return {};  // nothing to write
+
+  const int64_t rows = s.batch * s.num_heads * s.seqlen_q;
+  if (rows > 0) {
+    sm80::DeltaAndClearKernel<Element, kHeadDim>
+        <<<unsigned(CeilDiv(rows, sm80::DeltaLayout<kHeadDim>::kRowsPerBlock)), 256, 0, stream>>>(p, true);
+    if (auto e = CheckLaunch("delta kernel"); !e.empty()) return e + " (" + what + ")";
+  }
+
+  if (tiles > 0) {
+    if (const cudaError_t e = cudaMemsetAsync(counters, 0, size_t(counter_count) * sizeof(int), stream);
+        e != cudaSuccess)
+      return fail(std::string("clearing the counters: ") + cudaGetErrorString(e));
+    alignas(64) CUtensorMap q_map, k_map, v_map, do_map;
+    BackwardArgs args;
+    if (auto e = PrepareBackwardCall<Element, Tr>(p, false, &q_map, &k_map, &v_map, &do_map, &args); !e.empty())
+      return e + " (" + what + ")";
+    if (section == kDeterministicSection) section = p.is_causal ? 0 : kSizedCausalSection;
+    if (section == kSizedCausalSection) section = BackwardCausalSection(s, sizeof(Element));
+    const int64_t pairs = s.batch * s.num_heads_k;
+    args.causal_section = section > 0 && section < pairs ? section : 0;
+    auto kernel = DeterministicBackwardKernel<Element, kHeadDim, kSchedule, kHandoff>;
+    if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 deterministic backward kernel"); !e.empty())
+      return e + " (" + what + ")";
+    kernel<<<unsigned(tiles), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, do_map, args, p,
+                                                                       counters);
+    if (auto e = CheckLaunch("sm90 deterministic backward kernel"); !e.empty()) return e + " (" + what + ")";
+  }
+
+  if (s.seqlen_q > 0) {
+    const dim3 convert_grid(unsigned(CeilDiv(s.seqlen_q * s.head_dim / 8, 256)), unsigned(s.num_heads),
+                            unsigned(s.batch));
+    sm80::DqConvertKernel<Element><<<convert_grid, 256, 0, stream>>>(p);
+    if (auto e = CheckLaunch("dq convert kernel"); !e.empty()) return e + " (" + what + ")";
+  }
+  return {};
+}
+
 template <typename Element, int kHeadDim>
 std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
   return LaunchBackwardScheduled<Element, kHeadDim, DefaultBwdSchedule(kHeadDim)>(p, stream);

@@ -1,0 +1,317 @@
+// The sm90 backward's deterministic variant on a Hopper GPU (issue 21):
+// LaunchBackwardDeterministic (DeterministicBackwardKernel: dQ's float32
+// adds into each query block in ascending key block order, DqOrder in
+// bwd_kernel.cuh) against the package's default backward (LaunchBackward),
+// bf16, head dims 64 and 128, causal and not, GQA, ragged tails, Tq != Tk,
+// many key blocks. Six kernel instantiations besides the default two, so
+// that it builds in well under a minute.
+//
+// Correctness, per case, every run on poisoned (NaN) outputs:
+//   (a) the deterministic backward twice on the same tile order, once
+//       more on another (BwdTile's sections: other timings, other blocks
+//       side by side), and once with each candidate handoff (DqHandoff):
+//       dq, dk, dv bit for bit the same each time (the order of dQ's adds
+//       is the key blocks', whatever the tile order), no NaN left;
+//   (b) against the default backward: dk, dv bit for bit (both write each
+//       key row once, from the same steps), dq within one bf16 rounding
+//       step (the default sums the same shares in the copy engine's order).
+// The default's own run-to-run difference is printed, not checked (it
+// shows that (a) has something to catch).
+// The inputs need not be a real forward's (as sm90_bwd_order_check.cu): out
+// random, lse an estimate of the true one.
+//
+// Timing (the timed shapes): the default and the deterministic backward
+// alternately, three pairs of TimeLaunches (median of 20 x 5 launches:
+// delta pass, kernel, dQ conversion; the deterministic one's counter clear
+// too), medians; the deterministic one on its own tile order
+// (kDeterministicSection) and, for the record, on the other (non-causal:
+// key blocks side by side; causal: the L2-sized sections), and the two
+// candidate handoffs (DqHandoff::kAtSend, kUnderSReadAhead: where the
+// counters are raised and first read) on its order. Target: the
+// deterministic backward at least 0.85x the default's speed.
+//
+//   bash scripts/sm90_bwd_deterministic_check.sh          # builds and runs this
+//   ./sm90_bwd_deterministic_check --quick                # the small cases only
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "check_helpers.cuh"
+#include "cuda/sm90/bwd_launch.cuh"
+
+namespace {
+
+using jax_flash::AttentionParams;
+using jax_flash::ContiguousBtnh;
+using jax_flash::cuda::sm90::BackwardCausalSection;
+using jax_flash::cuda::sm90::DeterministicCounterCount;
+using jax_flash::cuda::sm90::DqHandoff;
+using jax_flash::cuda::sm90::kDeterministicSection;
+using jax_flash::cuda::sm90::LaunchBackward;
+using jax_flash::cuda::sm90::LaunchBackwardDeterministic;
+using namespace gpu_check;
+using Element = __nv_bfloat16;
+
+struct Case {
+  int B, T, S, N, K, H;
+  bool causal, timed;
+};
+
+// lse of row (b, h, i): log(visible keys) + 1/2 (top-left causal: i + 1 keys).
+__global__ void EstimateLse(float* lse, int64_t rows, int T, int S, bool causal) {
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x) {
+    const int i = int(r % T);
+    const int keys = causal ? min(i + 1, S) : S;
+    lse[r] = logf(float(max(keys, 1))) + 0.5f;
+  }
+}
+
+std::vector<Element> Download(const Element* d, int64_t n) {
+  std::vector<Element> h(n);
+  CHECK_CUDA(cudaMemcpy(h.data(), d, n * sizeof(Element), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// Elements of `got` unlike `want`: bit for bit (exact), or beyond one bf16
+// rounding step of the larger magnitude (2^-7 relative, plus 1e-6 of the
+// largest |want| for values near zero). NaN is always unlike.
+int64_t Unlike(const std::vector<Element>& got, const std::vector<Element>& want, bool exact, int64_t* first) {
+  float largest = 0;
+  for (Element w : want) largest = std::fmax(largest, std::fabs(ToFloat(w)));
+  int64_t bad = 0;
+  *first = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float g = ToFloat(got[i]), w = ToFloat(want[i]);
+    bool ok;
+    if (exact) ok = std::memcmp(&got[i], &want[i], sizeof(Element)) == 0 && !std::isnan(g);
+    else ok = std::fabs(g - w) <= 0x1p-7f * std::fmax(std::fabs(g), std::fabs(w)) + 1e-6f * largest;
+    if (!ok && bad++ == 0) *first = int64_t(i);
+  }
+  return bad;
+}
+
+std::string Describe(int64_t bad, int64_t first, const char* good) {
+  return bad ? "unlike at " + std::to_string(bad) + " elements, first " + std::to_string(first) : std::string(good);
+}
+
+template <int kHeadDim>
+bool RunCase(const Case& c, std::vector<std::string>* table) {
+  const int64_t q_elems = int64_t(c.B) * c.T * c.N * c.H, kv_elems = int64_t(c.B) * c.S * c.K * c.H;
+  const int64_t rows = int64_t(c.B) * c.N * c.T;
+  Element *q, *k, *v, *out, *dout, *dq, *dk, *dv;
+  float *lse, *delta, *dq_accum;
+  int* counters;
+  for (Element** p : {&q, &out, &dout, &dq}) CHECK_CUDA(cudaMalloc(p, q_elems * sizeof(Element)));
+  for (Element** p : {&k, &v, &dk, &dv}) CHECK_CUDA(cudaMalloc(p, kv_elems * sizeof(Element)));
+  CHECK_CUDA(cudaMalloc(&lse, rows * 4));
+  CHECK_CUDA(cudaMalloc(&delta, rows * 4));
+  CHECK_CUDA(cudaMalloc(&dq_accum, q_elems * 4));
+  AttentionParams p;
+  p.shape = {c.B, c.T, c.S, c.N, c.K, c.H};
+  const int64_t counter_count = DeterministicCounterCount<kHeadDim>(p.shape);
+  CHECK_CUDA(cudaMalloc(&counters, std::max<int64_t>(counter_count, 1) * sizeof(int)));
+  FillNormal<<<1024, 256>>>(q, q_elems, 1);
+  FillNormal<<<1024, 256>>>(k, kv_elems, 2);
+  FillNormal<<<1024, 256>>>(v, kv_elems, 3);
+  FillNormal<<<1024, 256>>>(dout, q_elems, 4);
+  FillNormal<<<1024, 256>>>(out, q_elems, 5);
+  EstimateLse<<<1024, 256>>>(lse, rows, c.T, c.S, c.causal);
+  CHECK_CUDA(cudaGetLastError());
+
+  p.q_stride = ContiguousBtnh(c.T, c.N, c.H);
+  p.k_stride = ContiguousBtnh(c.S, c.K, c.H);
+  p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
+  p.dout = dout, p.delta = delta, p.dq = dq, p.dk = dk, p.dv = dv, p.dq_accum = dq_accum;
+  p.scale = 1.0 / std::sqrt(double(c.H));
+  p.is_causal = c.causal;
+  p.deterministic = true;  // the deterministic launcher takes it; LaunchBackward refuses it (below: false)
+  const int pairs = c.B * c.K, sized = BackwardCausalSection(p.shape, sizeof(Element));
+  const int key_blocks = (c.S + 127) / 128;
+  char name[200];
+  std::snprintf(name, sizeof name,
+                "bf16 H=%d B=%d T=%d S=%d N=%d K=%d causal=%d (%d key blocks, %d pairs, sized sections of %d)", c.H,
+                c.B, c.T, c.S, c.N, c.K, int(c.causal), key_blocks, pairs, sized);
+  // handoff: where the kernel raises and reads its counters (DqHandoff: the default and two candidates).
+  auto deterministic = [&p, counters](int section, DqHandoff handoff = DqHandoff::kUnderS) {
+    return [&p, counters, section, handoff] {
+      AttentionParams d = p;
+      d.deterministic = true;
+      switch (handoff) {
+        case DqHandoff::kAtSend:
+          return LaunchBackwardDeterministic<Element, kHeadDim, DqHandoff::kAtSend>(d, counters, 0, section);
+        case DqHandoff::kUnderSReadAhead:
+          return LaunchBackwardDeterministic<Element, kHeadDim, DqHandoff::kUnderSReadAhead>(d, counters, 0, section);
+        default:
+          return LaunchBackwardDeterministic<Element, kHeadDim>(d, counters, 0, section);
+      }
+    };
+  };
+  auto standard = [&p] {
+    AttentionParams d = p;
+    d.deterministic = false;
+    return LaunchBackward<Element, kHeadDim>(d, 0);
+  };
+  struct Grads {
+    std::vector<Element> dq, dk, dv;
+  };
+  // One run on poisoned outputs; its dq, dk, dv (false on a launch error).
+  auto run = [&](auto launch, const char* what, Grads* g) {
+    CHECK_CUDA(cudaMemset(dq, 0xff, q_elems * sizeof(Element)));
+    CHECK_CUDA(cudaMemset(dk, 0xff, kv_elems * sizeof(Element)));
+    CHECK_CUDA(cudaMemset(dv, 0xff, kv_elems * sizeof(Element)));
+    const std::string err = launch();
+    if (!err.empty()) {
+      std::printf("FAIL %s: %s: %s\n", name, what, err.c_str());
+      return false;
+    }
+    if (SynchronizeOrDie(what) != cudaSuccess) std::exit(3);
+    *g = {Download(dq, q_elems), Download(dk, kv_elems), Download(dv, kv_elems)};
+    return true;
+  };
+  // (a) the deterministic backward on its own order (kDeterministicSection:
+  // non-causal sized sections, causal the order over every pair) twice,
+  // then on the other (causal sized, non-causal 0; 1 pair where sized is 0).
+  const int other = sized == 0 ? 1 : c.causal ? sized : 0;
+  // Then each candidate handoff once (bit for bit too).
+  Grads first, again, reordered, at_send, read_ahead, plain, plain_again;
+  bool ok = run(deterministic(kDeterministicSection), "deterministic", &first) &&
+            run(deterministic(kDeterministicSection), "deterministic again", &again) &&
+            run(deterministic(other), "deterministic, another tile order", &reordered) &&
+            run(deterministic(kDeterministicSection, DqHandoff::kAtSend), "deterministic, kAtSend", &at_send) &&
+            run(deterministic(kDeterministicSection, DqHandoff::kUnderSReadAhead), "deterministic, kUnderSReadAhead",
+                &read_ahead);
+  if (ok) {
+    int64_t nan_first = -1;
+    for (const auto* g : {&first.dq, &first.dk, &first.dv})
+      for (size_t i = 0; i < g->size() && nan_first < 0; ++i)
+        if (std::isnan(ToFloat((*g)[i]))) nan_first = int64_t(i);
+    int64_t f[12];
+    const int64_t bad[12] = {
+        Unlike(again.dq, first.dq, true, &f[0]),       Unlike(again.dk, first.dk, true, &f[1]),
+        Unlike(again.dv, first.dv, true, &f[2]),       Unlike(reordered.dq, first.dq, true, &f[3]),
+        Unlike(reordered.dk, first.dk, true, &f[4]),   Unlike(reordered.dv, first.dv, true, &f[5]),
+        Unlike(at_send.dq, first.dq, true, &f[6]),     Unlike(at_send.dk, first.dk, true, &f[7]),
+        Unlike(at_send.dv, first.dv, true, &f[8]),     Unlike(read_ahead.dq, first.dq, true, &f[9]),
+        Unlike(read_ahead.dk, first.dk, true, &f[10]), Unlike(read_ahead.dv, first.dv, true, &f[11])};
+    bool passed = nan_first < 0;
+    for (int64_t b : bad) passed &= b == 0;
+    std::printf("%s %s: deterministic run to run%s; again: dq %s, dk %s, dv %s; sections of %d: dq %s, dk %s, dv %s; "
+                "kAtSend: dq %s, dk %s, dv %s; kUnderSReadAhead: dq %s, dk %s, dv %s\n",
+                passed ? "PASS" : "FAIL", name,
+                nan_first >= 0 ? (", NaN left (first at " + std::to_string(nan_first) + ")").c_str() : "",
+                Describe(bad[0], f[0], "bitwise").c_str(), Describe(bad[1], f[1], "bitwise").c_str(),
+                Describe(bad[2], f[2], "bitwise").c_str(), other, Describe(bad[3], f[3], "bitwise").c_str(),
+                Describe(bad[4], f[4], "bitwise").c_str(), Describe(bad[5], f[5], "bitwise").c_str(),
+                Describe(bad[6], f[6], "bitwise").c_str(), Describe(bad[7], f[7], "bitwise").c_str(),
+                Describe(bad[8], f[8], "bitwise").c_str(), Describe(bad[9], f[9], "bitwise").c_str(),
+                Describe(bad[10], f[10], "bitwise").c_str(), Describe(bad[11], f[11], "bitwise").c_str());
+    ok &= passed;
+  }
+  // (b) against the default backward, twice (its own run-to-run difference shown).
+  if (ok) ok = run(standard, "default", &plain) && run(standard, "default again", &plain_again);
+  if (ok) {
+    int64_t f_dq, f_dk, f_dv, f_self;
+    const int64_t bad_dk = Unlike(first.dk, plain.dk, true, &f_dk), bad_dv = Unlike(first.dv, plain.dv, true, &f_dv);
+    const int64_t bad_dq = Unlike(first.dq, plain.dq, false, &f_dq);
+    const int64_t self = Unlike(plain_again.dq, plain.dq, true, &f_self);
+    const bool passed = bad_dk == 0 && bad_dv == 0 && bad_dq == 0;
+    std::printf("%s %s: against the default: dk %s, dv %s, dq %s (the default's dq run to run: %s)\n",
+                passed ? "PASS" : "FAIL", name, Describe(bad_dk, f_dk, "bitwise").c_str(),
+                Describe(bad_dv, f_dv, "bitwise").c_str(),
+                bad_dq ? ("beyond a rounding step at " + std::to_string(bad_dq) + " elements, first " +
+                          std::to_string(f_dq))
+                             .c_str()
+                       : "within a rounding step",
+                self ? (std::to_string(self) + " elements differ").c_str() : "the same");
+    ok &= passed;
+  }
+  // (c) timing.
+  if (ok && c.timed) {
+    std::vector<float> ms_default, ms_det, ms_det_other, ms_det_at_send, ms_det_read_ahead;
+    for (int r = 0; r < 3; ++r) {
+      ms_default.push_back(TimeLaunches(standard));
+      ms_det.push_back(TimeLaunches(deterministic(kDeterministicSection)));
+      ms_det_other.push_back(TimeLaunches(deterministic(other)));
+      ms_det_at_send.push_back(TimeLaunches(deterministic(kDeterministicSection, DqHandoff::kAtSend)));
+      ms_det_read_ahead.push_back(TimeLaunches(deterministic(kDeterministicSection, DqHandoff::kUnderSReadAhead)));
+    }
+    double flops = 2.5 * 4.0 * c.B * c.N * double(c.T) * c.S * c.H;
+    if (c.causal) flops /= 2.0;
+    const float a = Median(ms_default), b = Median(ms_det), b0 = Median(ms_det_other), b1 = Median(ms_det_at_send),
+                b2 = Median(ms_det_read_ahead);
+    auto tflops = [&](float ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
+    const double ratio = b > 0 ? a / b : 0.0, ratio0 = b0 > 0 ? a / b0 : 0.0, ratio1 = b1 > 0 ? a / b1 : 0.0,
+                 ratio2 = b2 > 0 ? a / b2 : 0.0;
+    std::printf("  time default %.3f ms (%.1f TFLOP/s), deterministic %.3f ms (%.1f TFLOP/s): %.3fx; "
+                "deterministic on sections of %d %.3f ms: %.3fx; kAtSend %.3f ms: %.3fx; kUnderSReadAhead %.3f ms: "
+                "%.3fx\n",
+                a, tflops(a), b, tflops(b), ratio, other, b0, ratio0, b1, ratio1, b2, ratio2);
+    char line[260];
+    std::snprintf(line, sizeof line,
+                  "H=%-4d B=%-2d T=S=%-6d N=%-3d causal=%d %7d %6d %8.1f %8.1f %7.3f %8.1f %7.3f %8.1f %7.3f %8.1f "
+                  "%7.3f %s",
+                  c.H, c.B, c.T, c.N, int(c.causal), c.causal ? 0 : sized, other, tflops(a), tflops(b), ratio,
+                  tflops(b0), ratio0, tflops(b1), ratio1, tflops(b2), ratio2,
+                  ratio >= 0.85 ? "" : "(below 0.85x)");
+    table->push_back(line);
+  }
+  for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)out, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
+                    (void*)lse, (void*)delta, (void*)dq_accum, (void*)counters})
+    cudaFree(ptr);
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    else {
+      std::printf("unknown argument %s (--quick)\n", argv[i]);
+      return 2;
+    }
+  }
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+  if (prop.major != 9) {
+    std::printf("the sm90 backward needs compute capability 9.0: FAIL\n");
+    return 1;
+  }
+  std::vector<Case> cases;
+  for (int H : {64, 128})
+    for (int causal : {1, 0}) {
+      cases.push_back({3, 1000, 1000, 8, 4, H, bool(causal), false});  // GQA (2 query heads per key head), tails
+      cases.push_back({4, 300, 129, 6, 3, H, bool(causal), false});    // Tq > Tk, a 1-key tail block
+      cases.push_back({6, 129, 300, 2, 2, H, bool(causal), false});    // Tq < Tk, a 1-query tail block
+      cases.push_back({2, 1500, 4100, 8, 2, H, bool(causal), false});  // 33 key blocks, GQA 4, Tq < Tk
+      cases.push_back({1, 4133, 3900, 4, 4, H, bool(causal), false});  // 31 key blocks, Tq > Tk, both ragged
+    }
+  if (!quick) {
+    for (int causal : {1, 0}) {
+      cases.push_back({4, 4096, 4096, 32, 32, 64, bool(causal), true});
+      cases.push_back({4, 4096, 4096, 16, 16, 128, bool(causal), true});
+      cases.push_back({1, 16384, 16384, 32, 32, 64, bool(causal), true});
+      cases.push_back({1, 16384, 16384, 16, 16, 128, bool(causal), true});
+    }
+  }
+  int failures = 0;
+  std::vector<std::string> table;
+  for (const Case& c : cases) failures += !(c.H <= 64 ? RunCase<64>(c, &table) : RunCase<128>(c, &table));
+  if (!table.empty()) {
+    std::printf("\nbackward, bf16, TFLOP/s (default: LaunchBackward; determ: LaunchBackwardDeterministic on its "
+                "order, BwdTile's sections of `section` pairs (0: non-causal key blocks side by side, causal the "
+                "order over every pair); other: on sections of `other`; at send / read ahead: the candidate "
+                "DqHandoff::kAtSend / kUnderSReadAhead on its order; medians of three alternating timings; ratio = "
+                "default time / deterministic time, target >= 0.85)\n");
+    std::printf("%-44s %7s %6s %8s %8s %7s %8s %7s %8s %7s %8s %7s\n", "shape", "section", "other", "default",
+                "determ", "ratio", "other", "ratio", "at send", "ratio", "r-ahead", "ratio");
+    for (const std::string& line : table) std::printf("%s\n", line.c_str());
+  }
+  std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ALL PASS", failures);
+  return failures ? 1 : 0;
+}
