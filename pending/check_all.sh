@@ -18,11 +18,14 @@
 #   sm90_bwd_features scripts/sm90_bwd_check.sh ARGS=--features on main's tree
 #                    (the backward's feature variants, dispatched since session
 #                    17; sm80's feature backward beside them, SM80=1)
-#   sm90_bwd_order   scripts/sm90_bwd_order_check.sh on main's tree (session 20:
+#   sm90_bwd_order   scripts/sm90_bwd_compare_check.sh order on main's tree (session 20:
 #                    the causal backward's tile order in sections of (batch, key
 #                    head) pairs against the former order, checked and timed;
 #                    ORDER_ARGS=--quick: no timed cases; builds in seconds;
 #                    pending/sm90-bwd-causal-sections.patch dispatches it)
+#   sm90_bwd_det     scripts/sm90_bwd_compare_check.sh deterministic (session 20,
+#                    issue 21: the deterministic sm90 backward, check program
+#                    only; DET_ARGS=--quick: no timed cases)
 #   sm90_fwd_h64     the head-dim-64 cases with two and three consumer warpgroups,
 #                    SM80=0 ARGS=--h64: correctness of both and their timing table
 #   sm90_fwd_bias    scripts/sm90_check.sh ARGS=--bias SM80=1 (issue 19: the
@@ -86,7 +89,7 @@ run_check() {  # name limit command...
 # run alone on the GPU (its timings undisturbed).
 check_dir() {  # name -> the tree its script runs in: main's once its patch landed, "" when the patch did not apply
   case $1 in
-    sm90_bwd|sm90_bwd_features|sm90_bwd_order) echo "$root" ;;
+    sm90_bwd|sm90_bwd_features|sm90_bwd_order|sm90_bwd_det) echo "$root" ;;
     sm90_fwd_h64) if [ ! -f pending/sm90-h64-3wg.patch ]; then echo "$root"; elif [ -d /tmp/pending_h64 ]; then echo /tmp/pending_h64; fi ;;
     sm90_fwd_bias) if [ ! -f pending/sm90-fwd-bias.patch ]; then echo "$root"; elif [ -d /tmp/pending_bias ]; then echo /tmp/pending_bias; fi ;;
     sm90_fwd_mask) if [ ! -f pending/sm90-fwd-mask.patch ]; then echo "$root"; elif [ -d /tmp/pending_mask ]; then echo /tmp/pending_mask; fi ;;
@@ -97,24 +100,26 @@ check_env() {  # name -> the environment of its script
     sm90_bwd) echo "OUT=/tmp/sm90_bwd SM80=${SM80:-0} ARGS=${BWD_ARGS---quick}" ;;
     sm90_bwd_features) echo "OUT=/tmp/sm90_bwd_features SM80=${SM80:-1} ARGS=--features ${BWD_ARGS:-}" ;;
     sm90_bwd_order) echo "OUT=/tmp/sm90_bwd_order SM80=0 ARGS=${ORDER_ARGS:-}" ;;
+    sm90_bwd_det) echo "OUT=/tmp/sm90_bwd_det SM80=0 ARGS=${DET_ARGS:-}" ;;
     sm90_fwd_h64) echo "OUT=/tmp/sm90_h64 SM80=0 ARGS=--h64 ${FWD_ARGS:-}" ;;
     sm90_fwd_bias) echo "OUT=/tmp/sm90_bias SM80=${SM80:-1} ARGS=--bias ${FWD_ARGS:-}" ;;
     sm90_fwd_mask) echo "OUT=/tmp/sm90_mask SM80=${SM80:-1} ARGS=--mask ${FWD_ARGS:-}" ;;
   esac
 }
-check_script() { case $1 in sm90_bwd_order) echo scripts/sm90_bwd_order_check.sh ;; sm90_bwd*) echo scripts/sm90_bwd_check.sh ;;
+check_script() { case $1 in sm90_bwd_order|sm90_bwd_det) echo scripts/sm90_bwd_compare_check.sh ;; sm90_bwd*) echo scripts/sm90_bwd_check.sh ;;
   *) echo scripts/sm90_check.sh ;; esac; }
-check_limit() { case $1 in sm90_bwd|sm90_bwd_order) echo "${BWD_LIMIT:-300}" ;; sm90_bwd_features) echo "${BWD_LIMIT:-420}" ;;
+check_arg() { case $1 in sm90_bwd_order) echo order ;; sm90_bwd_det) echo deterministic ;; esac; }  # the compare script's check
+check_limit() { case $1 in sm90_bwd|sm90_bwd_order|sm90_bwd_det) echo "${BWD_LIMIT:-300}" ;; sm90_bwd_features) echo "${BWD_LIMIT:-420}" ;;
   sm90_fwd_h64) echo "${FWD_LIMIT:-540}" ;; *) echo "${FWD_LIMIT:-480}" ;; esac; }
 programs=()
-for c in sm90_bwd sm90_bwd_features sm90_bwd_order sm90_fwd_h64 sm90_fwd_bias sm90_fwd_mask; do
+for c in sm90_bwd sm90_bwd_features sm90_bwd_order sm90_bwd_det sm90_fwd_h64 sm90_fwd_bias sm90_fwd_mask; do
   wants "$c" && [ -n "$(check_dir "$c")" ] && programs+=("$c")
 done
 build_pids=()
 for c in "${programs[@]}"; do
   # ARGS has spaces: env takes each assignment as one word
   (cd "$(check_dir "$c")" && IFS=' ' read -r o s a <<< "$(check_env "$c")" && \
-   env STEP=build "$o" "$s" "ARGS=${a#ARGS=}" bash "$(check_script "$c")" > "$OUT/$c.log" 2>&1; echo "build rc=$?" >> "$OUT/$c.log") &
+   env STEP=build "$o" "$s" "ARGS=${a#ARGS=}" bash "$(check_script "$c")" $(check_arg "$c") > "$OUT/$c.log" 2>&1; echo "build rc=$?" >> "$OUT/$c.log") &
   build_pids+=($!)
 done
 if wants suite; then
@@ -141,7 +146,7 @@ for c in "${programs[@]}"; do
   if ! grep -q "build rc=0" "$OUT/$c.log"; then note "$c: FAIL (build) $(tail -3 "$OUT/$c.log" | tr '\n' ' ')"; continue; fi
   start=$(date +%s)
   (cd "$(check_dir "$c")" && IFS=' ' read -r o s a <<< "$(check_env "$c")" && \
-   timeout "$(check_limit "$c")" env STEP=run "$o" "$s" "ARGS=${a#ARGS=}" bash "$(check_script "$c")" >> "$OUT/$c.log" 2>&1)
+   timeout "$(check_limit "$c")" env STEP=run "$o" "$s" "ARGS=${a#ARGS=}" bash "$(check_script "$c")" $(check_arg "$c") >> "$OUT/$c.log" 2>&1)
   rc=$?
   note "$c: $([ $rc = 0 ] && echo PASS || echo "FAIL (rc=$rc)") in $(( $(date +%s) - start )) s; $(grep -E "ALL PASS|failure|failed|passed" "$OUT/$c.log" | tail -1)"
 done

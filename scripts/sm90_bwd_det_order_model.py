@@ -21,7 +21,7 @@ query blocks visited in descending order (not implemented in the kernel).
 Not modelled: the deterministic kernel's own per-step cost (its extra
 instructions, the release's fence, the acquire's L2 round trip under dK),
 L2 hit rates of the orders, unequal step times. Its numbers are the waits
-alone; the check program (sm90_bwd_deterministic_check.sh) times the real
+alone; the check program (sm90_bwd_compare_check.sh deterministic) times the real
 thing.
 """
 

@@ -17,8 +17,7 @@
 //       step (the default sums the same shares in the copy engine's order).
 // The default's own run-to-run difference is printed, not checked (it
 // shows that (a) has something to catch).
-// The inputs need not be a real forward's (as sm90_bwd_order_check.cu): out
-// random, lse an estimate of the true one.
+// Inputs and comparisons: bwd_compare.cuh (no forward needed).
 //
 // Timing (the timed shapes): the default and the deterministic backward
 // alternately, three pairs of TimeLaunches (median of 20 x 5 launches:
@@ -30,7 +29,7 @@
 // counters are raised and first read) on its order. Target: the
 // deterministic backward at least 0.85x the default's speed.
 //
-//   bash scripts/sm90_bwd_deterministic_check.sh          # builds and runs this
+//   bash scripts/sm90_bwd_compare_check.sh deterministic  # builds and runs this
 //   ./sm90_bwd_deterministic_check --quick                # the small cases only
 
 #include <cmath>
@@ -39,94 +38,27 @@
 #include <string>
 #include <vector>
 
-#include "check_helpers.cuh"
+#include "bwd_compare.cuh"
 #include "cuda/sm90/bwd_launch.cuh"
 
 namespace {
 
 using jax_flash::AttentionParams;
-using jax_flash::ContiguousBtnh;
 using jax_flash::cuda::sm90::BackwardCausalSection;
 using jax_flash::cuda::sm90::DeterministicCounterCount;
 using jax_flash::cuda::sm90::DqHandoff;
 using jax_flash::cuda::sm90::kDeterministicSection;
 using jax_flash::cuda::sm90::LaunchBackward;
 using jax_flash::cuda::sm90::LaunchBackwardDeterministic;
-using namespace gpu_check;
-using Element = __nv_bfloat16;
-
-struct Case {
-  int B, T, S, N, K, H;
-  bool causal, timed;
-};
-
-// lse of row (b, h, i): log(visible keys) + 1/2 (top-left causal: i + 1 keys).
-__global__ void EstimateLse(float* lse, int64_t rows, int T, int S, bool causal) {
-  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x) {
-    const int i = int(r % T);
-    const int keys = causal ? min(i + 1, S) : S;
-    lse[r] = logf(float(max(keys, 1))) + 0.5f;
-  }
-}
-
-std::vector<Element> Download(const Element* d, int64_t n) {
-  std::vector<Element> h(n);
-  CHECK_CUDA(cudaMemcpy(h.data(), d, n * sizeof(Element), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-// Elements of `got` unlike `want`: bit for bit (exact), or beyond one bf16
-// rounding step of the larger magnitude (2^-7 relative, plus 1e-6 of the
-// largest |want| for values near zero). NaN is always unlike.
-int64_t Unlike(const std::vector<Element>& got, const std::vector<Element>& want, bool exact, int64_t* first) {
-  float largest = 0;
-  for (Element w : want) largest = std::fmax(largest, std::fabs(ToFloat(w)));
-  int64_t bad = 0;
-  *first = -1;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const float g = ToFloat(got[i]), w = ToFloat(want[i]);
-    bool ok;
-    if (exact) ok = std::memcmp(&got[i], &want[i], sizeof(Element)) == 0 && !std::isnan(g);
-    else ok = std::fabs(g - w) <= 0x1p-7f * std::fmax(std::fabs(g), std::fabs(w)) + 1e-6f * largest;
-    if (!ok && bad++ == 0) *first = int64_t(i);
-  }
-  return bad;
-}
-
-std::string Describe(int64_t bad, int64_t first, const char* good) {
-  return bad ? "unlike at " + std::to_string(bad) + " elements, first " + std::to_string(first) : std::string(good);
-}
+using namespace bwd_compare;
 
 template <int kHeadDim>
 bool RunCase(const Case& c, std::vector<std::string>* table) {
-  const int64_t q_elems = int64_t(c.B) * c.T * c.N * c.H, kv_elems = int64_t(c.B) * c.S * c.K * c.H;
-  const int64_t rows = int64_t(c.B) * c.N * c.T;
-  Element *q, *k, *v, *out, *dout, *dq, *dk, *dv;
-  float *lse, *delta, *dq_accum;
+  Buffers buffers(c);
+  AttentionParams& p = buffers.p;
   int* counters;
-  for (Element** p : {&q, &out, &dout, &dq}) CHECK_CUDA(cudaMalloc(p, q_elems * sizeof(Element)));
-  for (Element** p : {&k, &v, &dk, &dv}) CHECK_CUDA(cudaMalloc(p, kv_elems * sizeof(Element)));
-  CHECK_CUDA(cudaMalloc(&lse, rows * 4));
-  CHECK_CUDA(cudaMalloc(&delta, rows * 4));
-  CHECK_CUDA(cudaMalloc(&dq_accum, q_elems * 4));
-  AttentionParams p;
-  p.shape = {c.B, c.T, c.S, c.N, c.K, c.H};
   const int64_t counter_count = DeterministicCounterCount<kHeadDim>(p.shape);
   CHECK_CUDA(cudaMalloc(&counters, std::max<int64_t>(counter_count, 1) * sizeof(int)));
-  FillNormal<<<1024, 256>>>(q, q_elems, 1);
-  FillNormal<<<1024, 256>>>(k, kv_elems, 2);
-  FillNormal<<<1024, 256>>>(v, kv_elems, 3);
-  FillNormal<<<1024, 256>>>(dout, q_elems, 4);
-  FillNormal<<<1024, 256>>>(out, q_elems, 5);
-  EstimateLse<<<1024, 256>>>(lse, rows, c.T, c.S, c.causal);
-  CHECK_CUDA(cudaGetLastError());
-
-  p.q_stride = ContiguousBtnh(c.T, c.N, c.H);
-  p.k_stride = ContiguousBtnh(c.S, c.K, c.H);
-  p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
-  p.dout = dout, p.delta = delta, p.dq = dq, p.dk = dk, p.dv = dv, p.dq_accum = dq_accum;
-  p.scale = 1.0 / std::sqrt(double(c.H));
-  p.is_causal = c.causal;
   p.deterministic = true;  // the deterministic launcher takes it; LaunchBackward refuses it (below: false)
   const int pairs = c.B * c.K, sized = BackwardCausalSection(p.shape, sizeof(Element));
   const int key_blocks = (c.S + 127) / 128;
@@ -154,23 +86,7 @@ bool RunCase(const Case& c, std::vector<std::string>* table) {
     d.deterministic = false;
     return LaunchBackward<Element, kHeadDim>(d, 0);
   };
-  struct Grads {
-    std::vector<Element> dq, dk, dv;
-  };
-  // One run on poisoned outputs; its dq, dk, dv (false on a launch error).
-  auto run = [&](auto launch, const char* what, Grads* g) {
-    CHECK_CUDA(cudaMemset(dq, 0xff, q_elems * sizeof(Element)));
-    CHECK_CUDA(cudaMemset(dk, 0xff, kv_elems * sizeof(Element)));
-    CHECK_CUDA(cudaMemset(dv, 0xff, kv_elems * sizeof(Element)));
-    const std::string err = launch();
-    if (!err.empty()) {
-      std::printf("FAIL %s: %s: %s\n", name, what, err.c_str());
-      return false;
-    }
-    if (SynchronizeOrDie(what) != cudaSuccess) std::exit(3);
-    *g = {Download(dq, q_elems), Download(dk, kv_elems), Download(dv, kv_elems)};
-    return true;
-  };
+  auto run = [&](auto launch, const char* what, Grads* g) { return RunPoisoned(buffers, launch, name, what, g); };
   // (a) the deterministic backward on its own order (kDeterministicSection:
   // non-causal sized sections, causal the order over every pair) twice,
   // then on the other (causal sized, non-causal 0; 1 pair where sized is 0).
@@ -184,10 +100,7 @@ bool RunCase(const Case& c, std::vector<std::string>* table) {
             run(deterministic(kDeterministicSection, DqHandoff::kUnderSReadAhead), "deterministic, kUnderSReadAhead",
                 &read_ahead);
   if (ok) {
-    int64_t nan_first = -1;
-    for (const auto* g : {&first.dq, &first.dk, &first.dv})
-      for (size_t i = 0; i < g->size() && nan_first < 0; ++i)
-        if (std::isnan(ToFloat((*g)[i]))) nan_first = int64_t(i);
+    const int64_t nan_first = FirstNan(first);
     int64_t f[12];
     const int64_t bad[12] = {
         Unlike(again.dq, first.dq, true, &f[0]),       Unlike(again.dk, first.dk, true, &f[1]),
@@ -258,9 +171,7 @@ bool RunCase(const Case& c, std::vector<std::string>* table) {
                   ratio >= 0.85 ? "" : "(below 0.85x)");
     table->push_back(line);
   }
-  for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)out, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
-                    (void*)lse, (void*)delta, (void*)dq_accum, (void*)counters})
-    cudaFree(ptr);
+  cudaFree(counters);
   return ok;
 }
 
@@ -275,13 +186,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
-  if (prop.major != 9) {
-    std::printf("the sm90 backward needs compute capability 9.0: FAIL\n");
-    return 1;
-  }
+  if (!DeviceIsHopper("the sm90 backward kernels")) return 1;
   std::vector<Case> cases;
   for (int H : {64, 128})
     for (int causal : {1, 0}) {
