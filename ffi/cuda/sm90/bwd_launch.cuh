@@ -84,6 +84,50 @@ std::string PrepareBackwardCall(const AttentionParams& p, bool bias, CUtensorMap
   return {};
 }
 
+// The shape, size and alignment checks of every sm90 backward launch
+// (LaunchBackwardScheduled, LaunchBackwardDeterministic,
+// LaunchBiasGradientScheduled), after its own: "" or the error, through the
+// caller's `fail` (its kernel's description in front). `writes_dq`: the
+// call computes dq (dq, dk, dv and the dQ accumulator 16-byte aligned too,
+// seqlen_q * head_dim within the dQ conversion's 32-bit index); else the
+// bias-gradient pass, which reads q, k, v, out and dout only.
+template <typename Tr, typename Fail>
+std::string CheckBackwardCall(const AttentionParams& p, bool writes_dq, const Fail& fail) {
+  const auto& s = p.shape;
+  if (!(p.scale > 0.0)) return fail("needs scale > 0");
+  if (s.head_dim < 8 || s.head_dim > Tr::kHeadDim || s.head_dim % 8 != 0)
+    return fail("head_dim must be a multiple of 8 in [8, kHeadDim]");
+  if (s.num_heads_k < 1 || s.num_heads % s.num_heads_k != 0) return fail("key heads must divide query heads");
+  if (auto e = CheckGrid(s); !e.empty()) return e;  // sm80's delta and dQ conversion grids
+  // Positions, steps and tile indices are int32 inside the kernel.
+  if (s.seqlen_q > INT32_MAX - 2 * Tr::kBlockM || s.seqlen_k > INT32_MAX - Tr::kBlockN)
+    return fail("seqlen_q and seqlen_k must be below 2^31 - 256");
+  if (writes_dq && s.seqlen_q * s.head_dim / 8 > int64_t(INT32_MAX) - 256)  // DqConvertKernel's 32-bit index
+    return fail("seqlen_q * head_dim must be below 2^34");
+  const int64_t tiles = CeilDiv(s.seqlen_k, Tr::kBlockN) * s.num_heads_k * s.batch;
+  if (tiles >= int64_t(INT32_MAX) || CeilDiv(s.seqlen_q, Tr::kBlockM) * s.group() >= int64_t(INT32_MAX))
+    return fail("fewer than 2^31 tiles (128 keys x key heads x batch) and steps per call");
+  if (writes_dq) {
+    for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out), p.dout, static_cast<const void*>(p.dq),
+                            static_cast<const void*>(p.dk), static_cast<const void*>(p.dv),
+                            static_cast<const void*>(p.dq_accum)})
+      if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+        return fail("q, k, v, out, dout, dq, dk, dv and the dQ accumulator must be 16-byte aligned");
+  } else {
+    for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out), p.dout})
+      if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return fail("q, k, v, out and dout must be 16-byte aligned");
+  }
+  // dk, dv take k's strides; the delta pass and the conversion read out,
+  // dout and write dq with q's, in 16-byte accesses (a size-1 dim's stride
+  // only ever multiplies 0).
+  auto misaligned = [](int64_t size, int64_t stride) { return size > 1 && (stride * 2) % 16 != 0; };
+  if (misaligned(s.seqlen_q, p.q_stride.row) || misaligned(s.num_heads, p.q_stride.head) ||
+      misaligned(s.batch, p.q_stride.batch) || misaligned(s.seqlen_k, p.k_stride.row) ||
+      misaligned(s.num_heads_k, p.k_stride.head) || misaligned(s.batch, p.k_stride.batch))
+    return fail("strides in bytes must be multiples of 16");
+  return {};
+}
+
 // LaunchBackwardScheduled's `causal_section`: sized by BackwardCausalSection.
 constexpr int kSizedCausalSection = -1;
 
@@ -137,33 +181,8 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
   }
   if (p.deterministic) return fail("no deterministic variant yet (dQ is summed by atomic adds)");
   if (p.dq_accum == nullptr) return fail("needs the float32 dQ accumulator");
-  if (!(p.scale > 0.0)) return fail("needs scale > 0");
-  if (s.head_dim < 8 || s.head_dim > kHeadDim || s.head_dim % 8 != 0)
-    return fail("head_dim must be a multiple of 8 in [8, kHeadDim]");
-  if (s.num_heads_k < 1 || s.num_heads % s.num_heads_k != 0) return fail("key heads must divide query heads");
-  if (auto e = CheckGrid(s); !e.empty()) return e;  // sm80's delta and dQ conversion grids
-  // Positions, steps and tile indices are int32 inside the kernel.
-  if (s.seqlen_q > INT32_MAX - 2 * Tr::kBlockM || s.seqlen_k > INT32_MAX - Tr::kBlockN)
-    return fail("seqlen_q and seqlen_k must be below 2^31 - 256");
-  if (s.seqlen_q * s.head_dim / 8 > int64_t(INT32_MAX) - 256)  // DqConvertKernel's 32-bit index
-    return fail("seqlen_q * head_dim must be below 2^34");
-  const int64_t key_blocks = CeilDiv(s.seqlen_k, Tr::kBlockN);
-  const int64_t tiles = key_blocks * s.num_heads_k * s.batch;
-  if (tiles >= int64_t(INT32_MAX) || CeilDiv(s.seqlen_q, Tr::kBlockM) * s.group() >= int64_t(INT32_MAX))
-    return fail("fewer than 2^31 tiles (128 keys x key heads x batch) and steps per call");
-  for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out), p.dout, static_cast<const void*>(p.dq),
-                          static_cast<const void*>(p.dk), static_cast<const void*>(p.dv),
-                          static_cast<const void*>(p.dq_accum)})
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
-      return fail("q, k, v, out, dout, dq, dk, dv and the dQ accumulator must be 16-byte aligned");
-  // dk, dv take k's strides; the delta pass and the conversion read out,
-  // dout and write dq with q's, in 16-byte accesses (a size-1 dim's stride
-  // only ever multiplies 0).
-  auto misaligned = [](int64_t size, int64_t stride) { return size > 1 && (stride * 2) % 16 != 0; };
-  if (misaligned(s.seqlen_q, p.q_stride.row) || misaligned(s.num_heads, p.q_stride.head) ||
-      misaligned(s.batch, p.q_stride.batch) || misaligned(s.seqlen_k, p.k_stride.row) ||
-      misaligned(s.num_heads_k, p.k_stride.head) || misaligned(s.batch, p.k_stride.batch))
-    return fail("strides in bytes must be multiples of 16");
+  if (auto e = CheckBackwardCall<Tr>(p, true, fail); !e.empty()) return e;
+  const int64_t tiles = CeilDiv(s.seqlen_k, Tr::kBlockN) * s.num_heads_k * s.batch;
   if (s.batch == 0 || s.num_heads == 0) return {};  // nothing to write
 
   const int64_t rows = s.batch * s.num_heads * s.seqlen_q;
@@ -225,24 +244,8 @@ std::string LaunchBiasGradientScheduled(const AttentionParams& p, cudaStream_t s
   if (p.features.dbias && p.features.dbias_direct) return fail("takes one dbias target, not both");
   if (!BiasRowsFit(p))  // BiasColumns::Load's and StoreBiasGradient's 32-bit row offsets
     return fail("the bias's rows of one batch entry and head must span fewer than 2^32 elements");
-  if (!(p.scale > 0.0)) return fail("needs scale > 0");
-  if (s.head_dim < 8 || s.head_dim > kHeadDim || s.head_dim % 8 != 0)
-    return fail("head_dim must be a multiple of 8 in [8, kHeadDim]");
-  if (s.num_heads_k < 1 || s.num_heads % s.num_heads_k != 0) return fail("key heads must divide query heads");
-  if (auto e = CheckGrid(s); !e.empty()) return e;  // sm80's delta grid
-  if (s.seqlen_q > INT32_MAX - 2 * Tr::kBlockM || s.seqlen_k > INT32_MAX - Tr::kBlockN)
-    return fail("seqlen_q and seqlen_k must be below 2^31 - 256");
-  const int64_t key_blocks = CeilDiv(s.seqlen_k, Tr::kBlockN);
-  const int64_t tiles = key_blocks * s.num_heads_k * s.batch;
-  if (tiles >= int64_t(INT32_MAX) || CeilDiv(s.seqlen_q, Tr::kBlockM) * s.group() >= int64_t(INT32_MAX))
-    return fail("fewer than 2^31 tiles (128 keys x key heads x batch) and steps per call");
-  for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out), p.dout})
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return fail("q, k, v, out and dout must be 16-byte aligned");
-  auto misaligned = [](int64_t size, int64_t stride) { return size > 1 && (stride * 2) % 16 != 0; };
-  if (misaligned(s.seqlen_q, p.q_stride.row) || misaligned(s.num_heads, p.q_stride.head) ||
-      misaligned(s.batch, p.q_stride.batch) || misaligned(s.seqlen_k, p.k_stride.row) ||
-      misaligned(s.num_heads_k, p.k_stride.head) || misaligned(s.batch, p.k_stride.batch))
-    return fail("strides in bytes must be multiples of 16");
+  if (auto e = CheckBackwardCall<Tr>(p, false, fail); !e.empty()) return e;
+  const int64_t tiles = CeilDiv(s.seqlen_k, Tr::kBlockN) * s.num_heads_k * s.batch;
   if (s.batch == 0 || s.num_heads == 0 || s.seqlen_q == 0 || tiles == 0) return {};  // nothing to add
 
   const int64_t rows = s.batch * s.num_heads * s.seqlen_q;
@@ -317,32 +320,12 @@ std::string LaunchBackwardDeterministic(const AttentionParams& p, int* counters,
   if (p.dq_accum == nullptr) return fail("needs the float32 dQ accumulator");
   if (counters == nullptr || reinterpret_cast<uintptr_t>(counters) % 4 != 0)
     return fail("needs its int32 counters (DeterministicCounterCount of them), 4-byte aligned");
-  if (!(p.scale > 0.0)) return fail("needs scale > 0");
-  if (s.head_dim < 8 || s.head_dim > kHeadDim || s.head_dim % 8 != 0)
-    return fail("head_dim must be a multiple of 8 in [8, kHeadDim]");
-  if (s.num_heads_k < 1 || s.num_heads % s.num_heads_k != 0) return fail("key heads must divide query heads");
-  if (auto e = CheckGrid(s); !e.empty()) return e;  // sm80's delta and dQ conversion grids
-  if (s.seqlen_q > INT32_MAX - 2 * Tr::kBlockM || s.seqlen_k > INT32_MAX - Tr::kBlockN)
-    return fail("seqlen_q and seqlen_k must be below 2^31 - 256");
-  if (s.seqlen_q * s.head_dim / 8 > int64_t(INT32_MAX) - 256)  // DqConvertKernel's 32-bit index
-    return fail("seqlen_q * head_dim must be below 2^34");
+  if (auto e = CheckBackwardCall<Tr>(p, true, fail); !e.empty()) return e;
   const int64_t key_blocks = CeilDiv(s.seqlen_k, Tr::kBlockN);
   const int64_t tiles = key_blocks * s.num_heads_k * s.batch;
-  if (tiles >= int64_t(INT32_MAX) || CeilDiv(s.seqlen_q, Tr::kBlockM) * s.group() >= int64_t(INT32_MAX))
-    return fail("fewer than 2^31 tiles (128 keys x key heads x batch) and steps per call");
   const int64_t counter_count = DeterministicCounterCount<kHeadDim>(s);
   if (counter_count >= int64_t(INT32_MAX) || int64_t(Tr::kConsumerWarps) * key_blocks >= int64_t(INT32_MAX))
     return fail("fewer than 2^31 counters (batch x heads x query blocks) and key blocks / 8");  // DqOrder's int32
-  for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out), p.dout, static_cast<const void*>(p.dq),
-                          static_cast<const void*>(p.dk), static_cast<const void*>(p.dv),
-                          static_cast<const void*>(p.dq_accum)})
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
-      return fail("q, k, v, out, dout, dq, dk, dv and the dQ accumulator must be 16-byte aligned");
-  auto misaligned = [](int64_t size, int64_t stride) { return size > 1 && (stride * 2) % 16 != 0; };
-  if (misaligned(s.seqlen_q, p.q_stride.row) || misaligned(s.num_heads, p.q_stride.head) ||
-      misaligned(s.batch, p.q_stride.batch) || misaligned(s.seqlen_k, p.k_stride.row) ||
-      misaligned(s.num_heads_k, p.k_stride.head) || misaligned(s.batch, p.k_stride.batch))
-    return fail("strides in bytes must be multiples of 16");
   if (s.batch == 0 || s.num_heads == 0) return {};  // nothing to write
 
   const int64_t rows = s.batch * s.num_heads * s.seqlen_q;
