@@ -142,4 +142,29 @@ inline std::string Describe(int64_t bad, int64_t first, const char* good) {
   return bad ? "unlike at " + std::to_string(bad) + " elements, first " + std::to_string(first) : std::string(good);
 }
 
+// The checks' command line: --quick (the small cases only). False, after
+// naming it, on any other argument.
+inline bool ParseQuick(int argc, char** argv, bool* quick) {
+  *quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") != 0) {
+      std::printf("unknown argument %s (--quick)\n", argv[i]);
+      return false;
+    }
+    *quick = true;
+  }
+  return true;
+}
+
+// The end of a check: its timing table where it has rows (the caller's
+// title and column header printed first), then the verdict; the exit code.
+inline int Report(int failures, const std::vector<std::string>& table, const char* title, const char* header) {
+  if (!table.empty()) {
+    std::printf("\n%s\n%s\n", title, header);
+    for (const std::string& line : table) std::printf("%s\n", line.c_str());
+  }
+  std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ALL PASS", failures);
+  return failures ? 1 : 0;
+}
+
 }  // namespace bwd_compare

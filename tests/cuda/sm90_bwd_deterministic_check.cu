@@ -178,14 +178,8 @@ bool RunCase(const Case& c, std::vector<std::string>* table) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
-    else {
-      std::printf("unknown argument %s (--quick)\n", argv[i]);
-      return 2;
-    }
-  }
+  bool quick;
+  if (!ParseQuick(argc, argv, &quick)) return 2;
   if (!DeviceIsHopper("the sm90 backward kernels")) return 1;
   std::vector<Case> cases;
   for (int H : {64, 128})
@@ -207,16 +201,14 @@ int main(int argc, char** argv) {
   int failures = 0;
   std::vector<std::string> table;
   for (const Case& c : cases) failures += !(c.H <= 64 ? RunCase<64>(c, &table) : RunCase<128>(c, &table));
-  if (!table.empty()) {
-    std::printf("\nbackward, bf16, TFLOP/s (default: LaunchBackward; determ: LaunchBackwardDeterministic on its "
+  char header[200];
+  std::snprintf(header, sizeof header, "%-44s %7s %6s %8s %8s %7s %8s %7s %8s %7s %8s %7s", "shape", "section",
+                "other", "default", "determ", "ratio", "other", "ratio", "at send", "ratio", "r-ahead", "ratio");
+  return Report(failures, table,
+                "backward, bf16, TFLOP/s (default: LaunchBackward; determ: LaunchBackwardDeterministic on its "
                 "order, BwdTile's sections of `section` pairs (0: non-causal key blocks side by side, causal the "
                 "order over every pair); other: on sections of `other`; at send / read ahead: the candidate "
                 "DqHandoff::kAtSend / kUnderSReadAhead on its order; medians of three alternating timings; ratio = "
-                "default time / deterministic time, target >= 0.85)\n");
-    std::printf("%-44s %7s %6s %8s %8s %7s %8s %7s %8s %7s %8s %7s\n", "shape", "section", "other", "default",
-                "determ", "ratio", "other", "ratio", "at send", "ratio", "r-ahead", "ratio");
-    for (const std::string& line : table) std::printf("%s\n", line.c_str());
-  }
-  std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ALL PASS", failures);
-  return failures ? 1 : 0;
+                "default time / deterministic time, target >= 0.85)",
+                header);
 }

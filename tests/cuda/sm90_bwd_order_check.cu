@@ -101,14 +101,8 @@ bool RunCase(const Case& c, std::vector<std::string>* table) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
-    else {
-      std::printf("unknown argument %s (--quick)\n", argv[i]);
-      return 2;
-    }
-  }
+  bool quick;
+  if (!ParseQuick(argc, argv, &quick)) return 2;
   if (!DeviceIsHopper("the sm90 backward kernels")) return 1;
   std::vector<Case> cases;
   for (int H : {64, 128})
@@ -129,13 +123,11 @@ int main(int argc, char** argv) {
   int failures = 0;
   std::vector<std::string> table;
   for (const Case& c : cases) failures += !(c.H <= 64 ? RunCase<64>(c, &table) : RunCase<128>(c, &table));
-  if (!table.empty()) {
-    std::printf("\ncausal backward, bf16, the default schedule, TFLOP/s (former: key blocks outermost over every "
+  char header[120];
+  std::snprintf(header, sizeof header, "%-32s %6s %8s %8s %8s", "shape", "pairs", "former", "sized", "ratio");
+  return Report(failures, table,
+                "causal backward, bf16, the default schedule, TFLOP/s (former: key blocks outermost over every "
                 "(batch, key head) pair; sized: BackwardCausalSection's sections of `pairs`; medians of three "
-                "alternating timings)\n");
-    std::printf("%-32s %6s %8s %8s %8s\n", "shape", "pairs", "former", "sized", "ratio");
-    for (const std::string& line : table) std::printf("%s\n", line.c_str());
-  }
-  std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ALL PASS", failures);
-  return failures ? 1 : 0;
+                "alternating timings)",
+                header);
 }
