@@ -172,13 +172,14 @@ constexpr int kStageBarrier = 2;  // + consumer warpgroup
 // waits are on lower indices only.
 struct BwdTile {
   int n_block, hk, b;
+  // (__host__ too: tests/cpp/sm90_bwd_tile_test.cu checks the orders on the host.)
   template <bool kSectionsAlways = false>
-  __device__ BwdTile(const BackwardArgs& a, int tile, std::bool_constant<kSectionsAlways> = {}) {
+  __host__ __device__ BwdTile(const BackwardArgs& a, int tile, std::bool_constant<kSectionsAlways> = {}) {
     int rest;
     const int pairs = a.num_heads_k * a.batch;
     if ((kSectionsAlways || a.is_causal) && a.causal_section > 0 && a.causal_section < pairs) {
       const int first = tile / (a.causal_section * a.key_blocks) * a.causal_section;  // the section's first pair
-      const int count = min(a.causal_section, pairs - first);
+      const int count = a.causal_section < pairs - first ? a.causal_section : pairs - first;
       const int local = tile - first * a.key_blocks;
       n_block = local / count;
       rest = first + local % count;

@@ -1,0 +1,114 @@
+// Host check of the sm90 backward's tile orders (bwd_kernel.cuh's BwdTile):
+// for many (batch, key heads, key blocks) and section sizes, causal and
+// not, with and without kSectionsAlways (the deterministic variant's
+// sectioned non-causal order):
+//   - every tile index names a distinct (key block, key head, batch), so the
+//     grid covers each exactly once;
+//   - a section of 0 or of at least every pair is the former order,
+//     formula for formula (causal: key blocks outermost over all pairs;
+//     otherwise a pair's key blocks consecutive);
+//   - within each (batch, key head) pair the tile index grows with the key
+//     block (the deterministic variant waits only on lower indices: no
+//     deadlock), and, causal, key blocks outermost within each section:
+//     its tiles contiguous, in non-decreasing key block order;
+// then BackwardCausalSection (bwd_launch.cuh) at the shapes its comment
+// names. Exit status 0 = all hold.
+#include <cstdio>
+#include <vector>
+
+#include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90/bwd_launch.cuh"  // BackwardCausalSection
+
+using jax_flash::AttentionShape;
+using namespace jax_flash::cuda::sm90;
+
+namespace {
+
+int failures = 0;
+
+void Expect(bool ok, const char* what, int B, int K, int key_blocks, int section, bool causal, bool always) {
+  if (ok) return;
+  if (++failures <= 20)
+    std::printf("FAIL %s: B=%d K=%d key_blocks=%d section=%d causal=%d sections_always=%d\n", what, B, K, key_blocks,
+                section, int(causal), int(always));
+}
+
+template <bool kAlways>
+void CheckOrder(int B, int K, int key_blocks, int section, bool causal) {
+  BackwardArgs a{};
+  a.batch = B, a.num_heads_k = K, a.key_blocks = key_blocks, a.is_causal = causal, a.causal_section = section;
+  const int pairs = B * K, tiles = pairs * key_blocks;
+  const bool sectioned = (kAlways || causal) && section > 0 && section < pairs;
+  std::vector<int> seen(tiles, 0), last_tile(pairs, -1), last_block(pairs, -1);
+  bool bijective = true, former = true, ascending = true, outermost = true;
+  int section_of_previous = -1, block_of_previous = -1;
+  for (int t = 0; t < tiles; ++t) {
+    const BwdTile tile(a, t, std::bool_constant<kAlways>{});
+    const int pair = tile.b * K + tile.hk;
+    if (tile.n_block < 0 || tile.n_block >= key_blocks || tile.hk < 0 || tile.hk >= K || tile.b < 0 || tile.b >= B) {
+      bijective = false;
+      continue;
+    }
+    seen[pair * key_blocks + tile.n_block] += 1;
+    if (!sectioned) {
+      const int n = causal ? t / pairs : t % key_blocks, p = causal ? t % pairs : t / key_blocks;
+      former &= tile.n_block == n && pair == p;
+    }
+    // Within a pair: key blocks in increasing tile order.
+    ascending &= tile.n_block > last_block[pair] && t > last_tile[pair];
+    last_block[pair] = tile.n_block, last_tile[pair] = t;
+    if (sectioned && causal) {
+      const int s = pair / section;  // sections of `section` consecutive pairs
+      if (s == section_of_previous) outermost &= tile.n_block >= block_of_previous;
+      else outermost &= s > section_of_previous;  // each section's tiles contiguous, in order
+      section_of_previous = s, block_of_previous = tile.n_block;
+    }
+  }
+  for (int x : seen) bijective &= x == 1;
+  Expect(bijective, "every (key block, key head, batch) exactly once", B, K, key_blocks, section, causal, kAlways);
+  Expect(former, "the former order without sections", B, K, key_blocks, section, causal, kAlways);
+  Expect(ascending, "key blocks of a pair in increasing tile order", B, K, key_blocks, section, causal, kAlways);
+  Expect(outermost, "causal: key blocks outermost within contiguous sections", B, K, key_blocks, section, causal,
+         kAlways);
+}
+
+}  // namespace
+
+int main() {
+  int cases = 0;
+  for (int B : {1, 2, 3, 4})
+    for (int K : {1, 2, 3, 8})
+      for (int key_blocks : {1, 2, 7, 32})
+        for (int section : {0, 1, 2, 3, 5, 16, 1000})
+          for (bool causal : {false, true}) {
+            CheckOrder<false>(B, K, key_blocks, section, causal);
+            CheckOrder<true>(B, K, key_blocks, section, causal);
+            cases += 2;
+          }
+  // BackwardCausalSection: pairs whose Q, dO and float32 dQ rows fit 32 MiB,
+  // a power of two; 0 when that holds every pair.
+  struct Sized {
+    AttentionShape shape;
+    int want;
+  };
+  const Sized sized[] = {
+      {{4, 4096, 4096, 32, 32, 64}, 16},    // 2 MiB per pair
+      {{4, 4096, 4096, 16, 16, 128}, 8},    // 4 MiB
+      {{1, 16384, 16384, 32, 32, 64}, 4},   // 8 MiB
+      {{1, 16384, 16384, 16, 16, 128}, 2},  // 16 MiB
+      {{4, 4096, 4096, 16, 4, 128}, 2},     // GQA 4: 16 MiB per key head
+      {{1, 1024, 1024, 8, 8, 64}, 0},       // 8 pairs of 0.5 MiB: one section
+  };
+  for (const Sized& c : sized) {
+    const int got = BackwardCausalSection(c.shape, 2);
+    if (got != c.want) {
+      ++failures;
+      std::printf("FAIL BackwardCausalSection(B=%lld T=%lld N=%lld K=%lld H=%lld): %d, want %d\n",
+                  (long long)c.shape.batch, (long long)c.shape.seqlen_q, (long long)c.shape.num_heads,
+                  (long long)c.shape.num_heads_k, (long long)c.shape.head_dim, got, c.want);
+    }
+  }
+  std::printf("%d tile orders and %d section sizes checked: %d failures\n", cases, int(sizeof sized / sizeof *sized),
+              failures);
+  return failures ? 1 : 0;
+}
