@@ -62,6 +62,11 @@ NB_MODULE(_ffi, m) {
     // The CUDA kernels read a 16-bit bias as such and write dbias in its
     // dtype (jax_flash/_kernel_call.py then skips its float32 up-cast).
     d["cuda_bias_16bit"] = true;
+#ifdef JAX_FLASH_WITH_SM90
+    // The deterministic sm90 backward is built: deterministic plain calls
+    // get its scratch (the dQ accumulator and counters, _kernel_call.py).
+    d["cuda_sm90_deterministic_backward"] = true;
+#endif
 #else
     d["cuda"] = false;
     d["cuda_archs"] = std::string();

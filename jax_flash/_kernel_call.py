@@ -208,6 +208,64 @@ def _uses_dq_accumulator(q, static) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=None)
+def _gpu_has_sm90_deterministic_backward() -> bool:
+    """Whether this build's CUDA kernels include the deterministic sm90
+    backward (build_info's flag: a CUDA build with sm_90a since session 21)."""
+    return bool(_registration.build_info().get("cuda_sm90_deterministic_backward", False))
+
+
+def _takes_sm90_deterministic_scratch(q, static) -> bool:
+    """Whether a deterministic backward gets the deterministic sm90
+    backward's scratch (deterministic_scratch_floats).
+
+    Mirrors ffi/cuda/handlers.cu's Sm90DeterministicScratch at trace time,
+    without a GPU: a build with those kernels, "auto" or "sm90", 16-bit
+    inputs, a head dim that is a multiple of 8 up to 128, a positive scale,
+    and a plain call (no bias, mask, lengths, segments, window, position
+    offsets, soft cap or dropout; causal or not). The device is not known
+    here: where it is not a 9.x GPU the handler ignores the scratch and runs
+    the two-pass backward, as it does for every other deterministic call.
+    """
+    head_dim = q.shape[-1]
+    return (
+        static.deterministic
+        and static.implementation in (0, 3)  # "auto" (None), "sm90"
+        and q.dtype in (jnp.float16, jnp.bfloat16)
+        and head_dim % 8 == 0
+        and head_dim <= 128
+        and static.scale > 0
+        and static.features == 0
+        and static.window_left < 0
+        and static.window_right < 0
+        and not static.softcap > 0
+        and not static.dropout_rate > 0
+        and _gpu_has_sm90_deterministic_backward()
+    )
+
+
+# Fewest query rows per counter of the deterministic sm90 backward
+# (DeterministicCounterCount, ffi/cuda/sm90/bwd_launch.cuh: its schedule's
+# kBlockM, 128 at head dim 64 and 64 at 128; no schedule has fewer than 64).
+_DETERMINISTIC_COUNTER_ROWS = 64
+
+
+def deterministic_scratch_floats(q_shape) -> int:
+    """Float32 elements of the deterministic sm90 backward's scratch, the
+    backward's dq_accum result: the dQ accumulator (batch x heads x seqlen_q
+    x head_dim floats, as the default backward's), rounded up to 16 bytes,
+    then one int32 counter per (batch, head, 64 query rows), at least the
+    handler's sm90::DeterministicCounters. Linear in the batch, so that
+    vmap's stacked copies of it (broadcast_all: a leading dim on every
+    result) hold the folded batch's. Cost beyond the two-pass backward: the
+    accumulator, 4 B x H per query row and head (twice q's bytes in 16 bits;
+    where the device is not Hopper it goes unused), plus 4 B per 64 rows."""
+    *batch, t, n, h = q_shape
+    rows = math.prod(batch) * n
+    accum = -(-(rows * t * h) // 4) * 4
+    return accum + rows * -(-t // _DETERMINISTIC_COUNTER_ROWS)
+
+
 def _backward_call(q, k, v, out, lse, dout, feature_ops, static):
     """dq, dk, dv: one backward call (partitioned like _forward_call)."""
     return _BACKWARD(static, q, k, v, out, lse, dout, *feature_ops)
@@ -227,6 +285,12 @@ def _ffi_backward(q, k, v, out, lse, dout, feature_ops, static):
         return dq, dk, dv
 
     cpu = lambda: call(k, v, (0,), feature_ops)  # noqa: E731
+    if _takes_sm90_deterministic_scratch(q, static):
+        # Plain 16-bit calls (no feature operands to up-cast): one flat
+        # float32 buffer on the GPU, none on the CPU. No key head copies:
+        # their dk, dv sums would be one more reduction to keep in order.
+        scratch = (deterministic_scratch_floats(q.shape),)
+        return jax.lax.platform_dependent(cpu=cpu, default=lambda: call(k, v, scratch, feature_ops))
     if not _uses_dq_accumulator(q, static):
         return _per_platform(
             cpu,

@@ -109,10 +109,12 @@ def attention(
         is not broadcast along the keys and comes without a soft cap, only at
         head dims up to 128), and the sm90 backward for calls at head dims from 72 to
         128 (and plain calls at 64) that are not
-        ``deterministic``, without a bias, boolean mask or dropout. ``"sm90"`` forces the Hopper (wgmma / TMA) forward (compute
+        ``deterministic``, without a bias, boolean mask or dropout (and its
+        deterministic variant for ``deterministic`` plain calls up to head
+        dim 128). ``"sm90"`` forces the Hopper (wgmma / TMA) forward (compute
         capability 9.x, 16-bit, head dim a multiple of 8, those features)
         and, where it covers the call (no bias, boolean mask or dropout, head
-        dim <= 128, not deterministic), the Hopper backward (sm80's
+        dim <= 128; deterministic: plain calls only), the Hopper backward (sm80's
         otherwise); ``"sm80"`` forces the mma.sync tensor-core
         kernels (float16/bfloat16, head dim a multiple of 8, compute capability
         >= 8.0; an error otherwise), ``"generic"`` the exact SIMT kernels that
@@ -122,7 +124,9 @@ def attention(
       deterministic: bitwise-reproducible gradients. The default CUDA
         tensor-core backward adds each key block's share of dQ into a float32
         buffer with atomics (fastest; the summation order varies run to run);
-        ``True`` computes dQ in a separate pass instead. The CPU backward is
+        ``True`` computes dQ in a separate pass instead (on Hopper, plain
+        16-bit calls up to head dim 128: the sm90 backward with dQ's adds
+        in a fixed order, which takes the default's float32 scratch). The CPU backward is
         always deterministic; on the GPU the gradient of a broadcast ``bias``
         is summed with atomics either way.
 

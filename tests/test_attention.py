@@ -275,6 +275,95 @@ def test_backward_long_rows(rng, head_dim, causal, deterministic):
             assert np.array_equal(np.asarray(g), np.asarray(h)), f"{name} changed between runs"
 
 
+@pytest.mark.skipif(not ON_HOPPER, reason="the sm90 family needs a compute capability 9.x GPU")
+@pytest.mark.parametrize("implementation", [None, "sm90"], ids=["auto", "sm90"])
+@pytest.mark.parametrize("lengths", [(333, 517), (130, 97)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_sm90_deterministic_backward(rng, dtype, head_dim, causal, lengths, implementation):
+    """deterministic=True on a plain 16-bit call: the sm90 deterministic
+    backward (dQ added in key block order), GQA with tails in both lengths.
+    Bit for bit run to run (and under vmap, whose folded batch sizes the
+    scratch), within rounding of the default (atomic dQ) backward and of the
+    reference, and not sm80's two-pass result (which runs when the handler
+    finds no scratch for the sm90 one: their dQ sums differ in order)."""
+    tq, tk = lengths
+    q, k, v = random_qkv(rng, 2, tq, tk, 4, 2, head_dim, dtype)
+    dout = jnp.asarray(rng.standard_normal(q.shape), dtype)
+
+    def grads_of(deterministic, impl=implementation):
+        def loss(q, k, v):
+            out = jax_flash.attention(q, k, v, is_causal=causal, deterministic=deterministic, implementation=impl)
+            return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
+
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+    det = grads_of(True)
+    grads = det(q, k, v)
+    for name, g, h in zip(("dq", "dk", "dv"), grads, det(q, k, v)):
+        assert np.array_equal(np.asarray(g), np.asarray(h)), f"{name} changed between runs"
+    for name, g, d in zip(("dq", "dk", "dv"), grads, grads_of(False)(q, k, v)):
+        assert_close(name, g, d, dtype, GRAD_FACTOR)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, reference_grads_f64(q, k, v, dout, is_causal=causal)):
+        assert_close(name, g, r, dtype, GRAD_FACTOR)
+    two_pass = grads_of(True, "sm80")(q, k, v)
+    assert not np.array_equal(np.asarray(grads[0]), np.asarray(two_pass[0])), "dq is sm80's two-pass result"
+
+    stacked = [jnp.stack([x, x[::-1]]) for x in (q, k, v)]
+    batched = jax.jit(jax.vmap(det))
+    first, again = batched(*stacked), batched(*stacked)
+    for name, g, h, one in zip(("dq", "dk", "dv"), first, again, grads):
+        assert np.array_equal(np.asarray(g), np.asarray(h)), f"vmapped {name} changed between runs"
+        assert_close(f"vmapped {name}", g[0], one, dtype, GRAD_FACTOR)
+
+
+def _backward_scratch_type(q, k, v, platform, **kwargs):
+    """The dq_accum result type (its MLIR tensor type) of the backward call
+    in grad(attention) lowered for `platform` (no device needed)."""
+
+    def loss(q, k, v):
+        return jnp.sum(jax_flash.attention(q, k, v, **kwargs).astype(jnp.float32))
+
+    exp = jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=(platform,),
+                            disabled_checks=jax_flash.export_safety_checks())(q, k, v)
+    calls = [line for line in exp.mlir_module().splitlines() if "@jax_flash_bwd_" in line]
+    assert len(calls) == 1, calls
+    return re.findall(r"tensor<[^>]*>", calls[0].split("->")[-1])[-1]
+
+
+@pytest.mark.skipif(not jax_flash.build_info().get("cuda_sm90_deterministic_backward", False),
+                    reason="a build without the deterministic sm90 backward")
+@pytest.mark.parametrize(
+    "head_dim, dtype, kwargs, sm90",
+    [
+        (64, "bfloat16", {}, True),
+        (128, "float16", dict(is_causal=True, implementation="sm90"), True),
+        (80, "bfloat16", {}, True),
+        (256, "bfloat16", {}, False),  # the sm90 backward stops at 128
+        (64, "float32", {}, False),
+        (64, "bfloat16", dict(implementation="sm80"), False),
+        (64, "bfloat16", dict(implementation="generic"), False),
+        (64, "bfloat16", dict(local_window_size=(16, 0)), False),
+        (64, "bfloat16", dict(logits_soft_cap=30.0), False),
+    ],
+    ids=["h64", "h128_causal_sm90", "h80", "h256", "f32", "sm80", "generic", "window", "softcap"],
+)
+def test_deterministic_scratch_at_trace_time(rng, head_dim, dtype, kwargs, sm90):
+    """deterministic=True lowered for CUDA without a GPU: plain 16-bit calls
+    up to head dim 128 ("auto" or "sm90") get the deterministic sm90
+    backward's flat scratch (the dQ accumulator, then its counters), every
+    other call the empty one of before; the CPU's lowering keeps it empty."""
+    q, k, v = random_qkv(rng, 2, 200, 150, 4, 2, head_dim, dtype)
+    floats = 2 * 4 * 200 * head_dim + 2 * 4 * -(-200 // 64)
+    want = f"tensor<{floats}xf32>" if sm90 else "tensor<0xf32>"
+    assert _backward_scratch_type(q, k, v, "cuda", deterministic=True, **kwargs) == want
+    assert _backward_scratch_type(q, k, v, "cpu", deterministic=True, **kwargs) == "tensor<0xf32>"
+    if sm90 and "implementation" not in kwargs:  # the default backward's accumulator, as before
+        got = _backward_scratch_type(q, k, v, "cuda", **kwargs)
+        assert got == f"tensor<2x4x200x{head_dim}xf32>"
+
+
 def test_negative_scale(rng):
     """A negative scale is valid (it flips the softmax); the fast path must not assume scale > 0."""
     q, k, v = random_qkv(rng, 1, 70, 90, 2, 2, 64, "bfloat16")

@@ -3,8 +3,8 @@ the host: every (key block, key head, batch) exactly once, the former order
 without sections, a pair's key blocks in increasing tile order (the
 deterministic variant's waits go to lower indices only: no deadlock), causal
 key blocks outermost within contiguous sections; and BackwardCausalSection's
-sizes. nvcc builds tests/cpp/sm90_bwd_tile_test.cu as a plain program;
-skipped without nvcc."""
+and L2SizedSection's sizes. nvcc builds tests/cpp/sm90_bwd_tile_test.cu as a
+plain program; skipped without nvcc."""
 
 import shutil
 

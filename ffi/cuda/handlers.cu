@@ -160,13 +160,39 @@ bool Sm90BiasVariantsTake(const AttentionParams& p) {
 // windows, position offsets, segment ids, the soft cap; or a bias with the
 // masks' features, BackwardTakesBias; a boolean mask and dropout stay on
 // sm80's), not deterministic (dQ is summed by
-// atomic adds), with the float32 dQ accumulator. Decided after the
-// features are decoded.
+// atomic adds; deterministic plain calls: Sm90DeterministicScratch), with
+// the float32 dQ accumulator. Decided after the features are decoded.
 bool Sm90BackwardSupports(ffi::DataType dtype, const AttentionParams& p) {
   return Sm90BackwardKernelsServe(dtype, p) &&
          (Sm90TakesFeatures(p) || (p.features.bias && Sm90BiasVariantsTake(p))) && !p.deterministic &&
          p.dq_accum != nullptr;
 }
+
+// The deterministic Hopper backward's scratch (sm90::
+// LaunchBackwardDeterministicDefault) where it serves this call, else
+// null: a deterministic plain call (no attention features; the two-pass
+// sm80 or generic backward keeps every other) that the sm90 kernels serve
+// (Sm90BackwardKernelsServe), with work to do (batch, heads and seqlen_q
+// above 0), whose dq_accum result (jax_flash/_kernel_call.py's
+// deterministic_scratch_floats) holds the float32 dQ accumulator, [batch,
+// heads, seqlen_q, head_dim], then, from the next 16-byte boundary,
+// sm90::DeterministicCounters int32 counters. Sets p->dq_accum; returns the
+// counters. A smaller buffer (a module exported before session 21: an
+// empty one) keeps the two-pass backward.
+#ifdef JAX_FLASH_WITH_SM90
+int* Sm90DeterministicScratch(ffi::DataType dtype, ffi::AnyBuffer& scratch, AttentionParams* p) {
+  const AttentionShape& s = p->shape;
+  if (p->features.Any() || !Sm90BackwardKernelsServe(dtype, *p) || s.batch <= 0 || s.num_heads <= 0 ||
+      s.seqlen_q <= 0 || scratch.element_type() != ffi::DataType::F32)
+    return nullptr;
+  const size_t accum_bytes = sizeof(float) * size_t(s.batch * s.num_heads * s.seqlen_q * s.head_dim);
+  const size_t counters_at = (accum_bytes + 15) / 16 * 16;
+  if (scratch.size_bytes() < counters_at + sizeof(int) * size_t(sm90::DeterministicCounters(s))) return nullptr;
+  char* base = static_cast<char*>(scratch.untyped_data());
+  p->dq_accum = reinterpret_cast<float*>(base);
+  return reinterpret_cast<int*>(base + counters_at);
+}
+#endif
 
 // Whether the Hopper bias-gradient pass (sm90::LaunchBiasGradient) serves
 // this jax_flash_dbias call: the bias variants' calls, deterministic or
@@ -315,8 +341,9 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   }
   // The fused backward adds dQ into a float32 accumulator that the caller
   // allocates (an extra, discarded result; empty when the Python side
-  // foresees no use for it, e.g. deterministic=True). Without one, the
-  // deterministic two-pass backward runs.
+  // foresees no use for it). Without one, or with deterministic=True, the
+  // deterministic two-pass backward runs (deterministic plain calls on
+  // Hopper: the sm90 deterministic backward, below, in the same result).
   const size_t accum_bytes = sizeof(float) * size_t(p.shape.batch * p.shape.num_heads *
                                                     p.shape.seqlen_q * p.shape.head_dim);
   p.deterministic = deterministic != 0 || dq_accum->element_type() != ffi::DataType::F32 ||
@@ -339,6 +366,20 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   // as before: the forward's family does not bind the backward's.
   const bool sm90_ok = Sm90BackwardSupports(q.element_type(), p);
 #ifdef JAX_FLASH_WITH_SM90
+  // deterministic=True on plain calls (issue 21; session 21): the sm90
+  // backward with dQ's adds in key block order (DqOrder counters), by
+  // default and when sm90 is forced, where Python gave it the scratch.
+  if (deterministic != 0 && (Family(family) == Family::kAuto || Family(family) == Family::kSm90)) {
+    if (int* counters = Sm90DeterministicScratch(q.element_type(), *dq_accum, &p)) {
+      return DispatchTensorCores(q.element_type(), p.shape, [&](auto element, auto head_dim) -> std::string {
+        if constexpr (decltype(head_dim)::value <= 128)
+          return sm90::LaunchBackwardDeterministicDefault<decltype(element), decltype(head_dim)::value>(p, counters,
+                                                                                                        stream);
+        else
+          return "jax_flash: the sm90 backward has no head dim 256 kernel";  // Sm90BackwardKernelsServe excludes it
+      });
+    }
+  }
   if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {
     return DispatchTensorCores(q.element_type(), p.shape, [&](auto element, auto head_dim) -> std::string {
       if constexpr (decltype(head_dim)::value <= 128) {

@@ -8,16 +8,17 @@
 //     formula for formula (causal: key blocks outermost over all pairs;
 //     otherwise a pair's key blocks consecutive);
 //   - within each (batch, key head) pair the tile index grows with the key
-//     block (the deterministic variant waits only on lower indices: no
-//     deadlock), and, causal, key blocks outermost within each section:
-//     its tiles contiguous, in non-decreasing key block order;
-// then BackwardCausalSection (bwd_launch.cuh) at the shapes its comment
-// names. Exit status 0 = all hold.
+//     block, or falls with it under keys_descending (the deterministic
+//     variant waits only on lower indices: no deadlock), and, causal, key
+//     blocks outermost within each section: its tiles contiguous, in
+//     non-decreasing (descending: non-increasing) key block order;
+// then BackwardCausalSection and L2SizedSection (bwd_launch.cuh) at the
+// shapes their comments name. Exit status 0 = all hold.
 #include <cstdio>
 #include <vector>
 
 #include "cuda/sm90/bwd_kernel.cuh"
-#include "cuda/sm90/bwd_launch.cuh"  // BackwardCausalSection
+#include "cuda/sm90/bwd_launch.cuh"  // BackwardCausalSection, L2SizedSection
 
 using jax_flash::AttentionShape;
 using namespace jax_flash::cuda::sm90;
@@ -33,13 +34,18 @@ void Expect(bool ok, const char* what, int B, int K, int key_blocks, int section
                 section, int(causal), int(always));
 }
 
+// descending: a.keys_descending (the deterministic variant's causal order
+// since session 21; BwdTile takes it with kAlways only): each pair's key
+// blocks in decreasing tile order, the former order's mirror within each pair.
 template <bool kAlways>
-void CheckOrder(int B, int K, int key_blocks, int section, bool causal) {
+void CheckOrder(int B, int K, int key_blocks, int section, bool causal, bool descending = false) {
   BackwardArgs a{};
   a.batch = B, a.num_heads_k = K, a.key_blocks = key_blocks, a.is_causal = causal, a.causal_section = section;
+  a.keys_descending = descending;
+  const bool flips = kAlways && descending;  // BwdTile's mirror of n_block
   const int pairs = B * K, tiles = pairs * key_blocks;
   const bool sectioned = (kAlways || causal) && section > 0 && section < pairs;
-  std::vector<int> seen(tiles, 0), last_tile(pairs, -1), last_block(pairs, -1);
+  std::vector<int> seen(tiles, 0), last_tile(pairs, -1), last_block(pairs, flips ? key_blocks : -1);
   bool bijective = true, former = true, ascending = true, outermost = true;
   int section_of_previous = -1, block_of_previous = -1;
   for (int t = 0; t < tiles; ++t) {
@@ -52,14 +58,15 @@ void CheckOrder(int B, int K, int key_blocks, int section, bool causal) {
     seen[pair * key_blocks + tile.n_block] += 1;
     if (!sectioned) {
       const int n = causal ? t / pairs : t % key_blocks, p = causal ? t % pairs : t / key_blocks;
-      former &= tile.n_block == n && pair == p;
+      former &= (flips ? key_blocks - 1 - tile.n_block : tile.n_block) == n && pair == p;
     }
-    // Within a pair: key blocks in increasing tile order.
-    ascending &= tile.n_block > last_block[pair] && t > last_tile[pair];
+    // Within a pair: key blocks in increasing (flips: decreasing) tile order.
+    ascending &= (flips ? tile.n_block < last_block[pair] : tile.n_block > last_block[pair]) && t > last_tile[pair];
     last_block[pair] = tile.n_block, last_tile[pair] = t;
     if (sectioned && causal) {
       const int s = pair / section;  // sections of `section` consecutive pairs
-      if (s == section_of_previous) outermost &= tile.n_block >= block_of_previous;
+      if (s == section_of_previous)
+        outermost &= flips ? tile.n_block <= block_of_previous : tile.n_block >= block_of_previous;
       else outermost &= s > section_of_previous;  // each section's tiles contiguous, in order
       section_of_previous = s, block_of_previous = tile.n_block;
     }
@@ -67,7 +74,9 @@ void CheckOrder(int B, int K, int key_blocks, int section, bool causal) {
   for (int x : seen) bijective &= x == 1;
   Expect(bijective, "every (key block, key head, batch) exactly once", B, K, key_blocks, section, causal, kAlways);
   Expect(former, "the former order without sections", B, K, key_blocks, section, causal, kAlways);
-  Expect(ascending, "key blocks of a pair in increasing tile order", B, K, key_blocks, section, causal, kAlways);
+  Expect(ascending,
+         flips ? "key blocks of a pair in decreasing tile order" : "key blocks of a pair in increasing tile order", B,
+         K, key_blocks, section, causal, kAlways);
   Expect(outermost, "causal: key blocks outermost within contiguous sections", B, K, key_blocks, section, causal,
          kAlways);
 }
@@ -83,29 +92,40 @@ int main() {
           for (bool causal : {false, true}) {
             CheckOrder<false>(B, K, key_blocks, section, causal);
             CheckOrder<true>(B, K, key_blocks, section, causal);
-            cases += 2;
+            CheckOrder<true>(B, K, key_blocks, section, causal, true);
+            CheckOrder<false>(B, K, key_blocks, section, causal, true);  // the plain kernels ignore it
+            cases += 4;
           }
-  // BackwardCausalSection: pairs whose Q, dO and float32 dQ rows fit 32 MiB,
-  // a power of two; 0 when that holds every pair.
+  // BackwardCausalSection (the causal sections, since session 21): the
+  // smallest power of two of pairs whose section holds CausalSectionTiles
+  // tiles (128 keys each); 0 when that takes every pair. L2SizedSection
+  // (the deterministic variant's non-causal sections): pairs whose Q, dO and
+  // float32 dQ rows fit 32 MiB, a power of two; 0 when that holds every pair.
   struct Sized {
     AttentionShape shape;
-    int want;
+    int causal, l2;
   };
   const Sized sized[] = {
-      {{4, 4096, 4096, 32, 32, 64}, 16},    // 2 MiB per pair
-      {{4, 4096, 4096, 16, 16, 128}, 8},    // 4 MiB
-      {{1, 16384, 16384, 32, 32, 64}, 4},   // 8 MiB
-      {{1, 16384, 16384, 16, 16, 128}, 2},  // 16 MiB
-      {{4, 4096, 4096, 16, 4, 128}, 2},     // GQA 4: 16 MiB per key head
-      {{1, 1024, 1024, 8, 8, 64}, 0},       // 8 pairs of 0.5 MiB: one section
+      {{4, 4096, 4096, 32, 32, 64}, 8, 16},   // 32 key blocks, 256 tiles at 64; 2 MiB per pair
+      {{4, 4096, 4096, 16, 16, 128}, 4, 8},   // 128 tiles at 128; 4 MiB
+      {{1, 16384, 16384, 32, 32, 64}, 2, 4},  // 128 key blocks; 8 MiB
+      {{1, 16384, 16384, 16, 16, 128}, 1, 2}, // 16 MiB
+      {{4, 4096, 4096, 16, 4, 128}, 4, 2},    // GQA 4: 16 MiB per key head
+      {{16, 1024, 1024, 16, 16, 128}, 16, 32}, // 8 key blocks; 256 pairs of 1 MiB: 32 fit
+      {{1, 1024, 1024, 8, 8, 64}, 0, 0},      // 8 pairs x 8 key blocks < 256 tiles; 8 pairs of 0.5 MiB fit
+      {{2, 1000, 1000, 3, 3, 128}, 0, 0},     // 6 pairs x 8 key blocks < 128 tiles (a tail key block)
   };
   for (const Sized& c : sized) {
-    const int got = BackwardCausalSection(c.shape, 2);
-    if (got != c.want) {
+    const int64_t key_blocks = (c.shape.seqlen_k + 127) / 128;
+    const int padded = c.shape.head_dim <= 64 ? 64 : 128;
+    const int got = BackwardCausalSection(c.shape, key_blocks, CausalSectionTiles(padded));
+    const int got_l2 = L2SizedSection(c.shape, 2);
+    if (got != c.causal || got_l2 != c.l2) {
       ++failures;
-      std::printf("FAIL BackwardCausalSection(B=%lld T=%lld N=%lld K=%lld H=%lld): %d, want %d\n",
+      std::printf("FAIL sections of B=%lld T=%lld N=%lld K=%lld H=%lld: BackwardCausalSection %d (want %d), "
+                  "L2SizedSection %d (want %d)\n",
                   (long long)c.shape.batch, (long long)c.shape.seqlen_q, (long long)c.shape.num_heads,
-                  (long long)c.shape.num_heads_k, (long long)c.shape.head_dim, got, c.want);
+                  (long long)c.shape.num_heads_k, (long long)c.shape.head_dim, got, c.causal, got_l2, c.l2);
     }
   }
   std::printf("%d tile orders and %d section sizes checked: %d failures\n", cases, int(sizeof sized / sizeof *sized),

@@ -142,16 +142,21 @@ inline std::string Describe(int64_t bad, int64_t first, const char* good) {
   return bad ? "unlike at " + std::to_string(bad) + " elements, first " + std::to_string(first) : std::string(good);
 }
 
-// The checks' command line: --quick (the small cases only). False, after
-// naming it, on any other argument.
-inline bool ParseQuick(int argc, char** argv, bool* quick) {
+// The checks' command line: --quick (the small cases only), and --causal
+// (causal cases only) where the caller takes it (causal != nullptr). False,
+// after naming them, on any other argument.
+inline bool ParseQuick(int argc, char** argv, bool* quick, bool* causal = nullptr) {
   *quick = false;
+  if (causal != nullptr) *causal = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") != 0) {
-      std::printf("unknown argument %s (--quick)\n", argv[i]);
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      *quick = true;
+    } else if (causal != nullptr && std::strcmp(argv[i], "--causal") == 0) {
+      *causal = true;
+    } else {
+      std::printf("unknown argument %s (--quick%s)\n", argv[i], causal != nullptr ? ", --causal" : "");
       return false;
     }
-    *quick = true;
   }
   return true;
 }

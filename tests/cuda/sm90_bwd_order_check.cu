@@ -14,10 +14,10 @@
 // order; a missed or repeated tile moves it by a whole key block's share).
 // Inputs and comparisons: bwd_compare.cuh (no forward needed).
 //
-// Timing: the former and the sized order alternately, three pairs of
-// TimeLaunches (median of 20 x 5 launches: delta pass, kernel, dQ
-// conversion), medians; TFLOP/s as sm90_bwd_check's (2.5 x 4 B N T S H,
-// halved causal).
+// Timing: the former order and sections of half, once and twice the sized
+// count (session 21), each in turn, three rounds of TimeLaunches (median of 20 x 5 launches:
+// delta pass, kernel, dQ conversion), medians; TFLOP/s as sm90_bwd_check's
+// (2.5 x 4 B N T S H, halved causal).
 //
 //   bash scripts/sm90_bwd_compare_check.sh order     # builds and runs this
 //   ./sm90_bwd_order_check --quick                   # the small cases only
@@ -34,6 +34,7 @@
 namespace {
 
 using jax_flash::cuda::sm90::BackwardCausalSection;
+using jax_flash::cuda::sm90::CausalSectionTiles;
 using jax_flash::cuda::sm90::DefaultBwdSchedule;
 using jax_flash::cuda::sm90::kSizedCausalSection;
 using jax_flash::cuda::sm90::LaunchBackwardScheduled;
@@ -44,15 +45,16 @@ bool RunCase(const Case& c, std::vector<std::string>* table) {
   constexpr auto kSchedule = DefaultBwdSchedule(kHeadDim);
   const Buffers buffers(c);
   const jax_flash::AttentionParams& p = buffers.p;
-  const int pairs = c.B * c.K, sized = BackwardCausalSection(p.shape, sizeof(Element));
+  const int key_blocks = (c.S + 127) / 128;  // kBlockN 128 at both head dims
+  const int pairs = c.B * c.K, sized = BackwardCausalSection(p.shape, key_blocks, CausalSectionTiles(kHeadDim));
   char name[160];
   std::snprintf(name, sizeof name, "bf16 H=%d B=%d T=%d S=%d N=%d K=%d causal=%d (%d pairs, sized sections of %d)",
                 c.H, c.B, c.T, c.S, c.N, c.K, int(c.causal), pairs, sized);
-  auto order = [&p](int section) {
+  auto launch = [&p](int section) {
     return [&p, section] { return LaunchBackwardScheduled<Element, kHeadDim, kSchedule>(p, 0, section); };
   };
   Grads former;
-  bool ok = RunPoisoned(buffers, order(0), name, "the former order", &former);
+  bool ok = RunPoisoned(buffers, launch(0), name, "the former order", &former);
   if (ok) {
     // The former order itself must write every element (poison left = a bug in it or in this harness).
     const int64_t nan_first = FirstNan(former);
@@ -62,11 +64,10 @@ bool RunCase(const Case& c, std::vector<std::string>* table) {
   for (int section : {kSizedCausalSection, 1, 5}) {
     if (!ok) break;
     if (section == kSizedCausalSection && (sized == 0 || !c.causal)) continue;  // the former order again
-    const int shown = section == kSizedCausalSection ? sized : section;
     char what[60];
-    std::snprintf(what, sizeof what, "sections of %d pairs", shown);
+    std::snprintf(what, sizeof what, "sections of %d pairs", section == kSizedCausalSection ? sized : section);
     Grads g;
-    if (!RunPoisoned(buffers, order(section), name, what, &g)) {
+    if (!RunPoisoned(buffers, launch(section), name, what, &g)) {
       ok = false;
       break;
     }
@@ -79,21 +80,30 @@ bool RunCase(const Case& c, std::vector<std::string>* table) {
                 Describe(bad_dq, f_dq, "within a rounding step").c_str());
     ok &= passed;
   }
-  if (ok && c.timed && c.causal && sized > 0) {
-    std::vector<float> ms_former, ms_sized;
-    for (int r = 0; r < 3; ++r) {
-      ms_former.push_back(TimeLaunches(order(0)));
-      ms_sized.push_back(TimeLaunches(order(kSizedCausalSection)));
-    }
+  if (ok && c.timed && c.causal) {
+    // The former order, then sections of sized / 2, sized and 2 sized pairs
+    // (those below every pair; 1, 2, 4 where sized is 0), timed in turn,
+    // three rounds, medians.
+    std::vector<int> orders = {0};
+    for (int x : sized > 0 ? std::vector<int>{sized / 2, sized, 2 * sized} : std::vector<int>{1, 2, 4})
+      if (x >= 1 && x < pairs) orders.push_back(x);
+    std::vector<std::vector<float>> ms(orders.size());
+    for (int r = 0; r < 3; ++r)
+      for (size_t i = 0; i < orders.size(); ++i) ms[i].push_back(TimeLaunches(launch(orders[i])));
     const double flops = 2.5 * 4.0 * c.B * c.N * double(c.T) * c.S * c.H / 2.0;
-    const float a = Median(ms_former), b = Median(ms_sized);
-    const double ta = a > 0 ? flops / (a * 1e-3) / 1e12 : 0, tb = b > 0 ? flops / (b * 1e-3) / 1e12 : 0;
-    std::printf("  time former %.3f ms (%.1f TFLOP/s), sized %.3f ms (%.1f TFLOP/s): %.3fx\n", a, ta, b, tb,
-                b > 0 ? a / b : 0.0);
-    char line[200];
-    std::snprintf(line, sizeof line, "H=%-4d B=%-2d T=S=%-6d N=%-3d %6d %8.1f %8.1f %8.3f", c.H, c.B, c.T, c.N,
-                  sized, ta, tb, ta > 0 ? tb / ta : 0.0);
-    table->push_back(line);
+    auto tflops = [&](size_t i) {
+      const float m = Median(ms[i]);
+      return m > 0 ? flops / (m * 1e-3) / 1e12 : 0.0;
+    };
+    const double base = tflops(0);
+    for (size_t i = 0; i < orders.size(); ++i) {
+      char line[200];
+      std::snprintf(line, sizeof line, "H=%-4d B=%-2d T=S=%-6d N=%-3d K=%-3d %6d %7d %5d %8.1f %7.3f%s", c.H, c.B, c.T,
+                    c.N, c.K, pairs, orders[i], orders[i] == 0 ? 0 : orders[i] * key_blocks, tflops(i),
+                    base > 0 ? tflops(i) / base : 0.0, orders[i] == sized ? "  (sized)" : "");
+      std::printf("  time %s\n", line);
+      table->push_back(line);
+    }
   }
   return ok;
 }
@@ -119,15 +129,23 @@ int main(int argc, char** argv) {
     cases.push_back({1, 16384, 16384, 32, 32, 64, true, true});
     cases.push_back({1, 16384, 16384, 16, 16, 128, true, true});
     cases.push_back({4, 4096, 4096, 16, 4, 128, true, true});
+    // Session 21: more GQA, short and mid sequences.
+    cases.push_back({4, 4096, 4096, 32, 8, 64, true, true});     // GQA 4, 32 pairs
+    cases.push_back({1, 16384, 16384, 32, 8, 128, true, true});  // GQA 4, 8 pairs
+    cases.push_back({16, 1024, 1024, 16, 16, 128, true, true});  // 256 pairs of 8 key blocks
+    cases.push_back({8, 2048, 2048, 32, 32, 64, true, true});    // 256 pairs of 16
+    cases.push_back({2, 8192, 8192, 16, 16, 128, true, true});   // 32 pairs of 64
   }
   int failures = 0;
   std::vector<std::string> table;
   for (const Case& c : cases) failures += !(c.H <= 64 ? RunCase<64>(c, &table) : RunCase<128>(c, &table));
-  char header[120];
-  std::snprintf(header, sizeof header, "%-32s %6s %8s %8s %8s", "shape", "pairs", "former", "sized", "ratio");
+  char header[160];
+  std::snprintf(header, sizeof header, "%-40s %6s %7s %5s %8s %7s", "shape", "pairs", "section", "tiles", "TFLOP/s",
+                "ratio");
   return Report(failures, table,
-                "causal backward, bf16, the default schedule, TFLOP/s (former: key blocks outermost over every "
-                "(batch, key head) pair; sized: BackwardCausalSection's sections of `pairs`; medians of three "
-                "alternating timings)",
+                "causal backward, bf16, the default schedule (section 0: the former order, key blocks outermost over "
+                "every (batch, key head) pair; else BwdTile's sections of `section` pairs, `tiles` tiles each; "
+                "(sized): BackwardCausalSection's; medians of three rounds timing each in turn; ratio against the "
+                "former order)",
                 header);
 }

@@ -145,6 +145,10 @@ struct BackwardArgs {
   // caller forces it; the bias-gradient pass keeps 0 (BiasGradientTileIndex
   // permutes that order).
   int causal_section;
+  // The deterministic variant's causal calls (session 21): dQ's adds into
+  // each query block, and each pair's tiles in BwdTile's order, in
+  // descending key block order (DqOrder); false elsewhere.
+  bool keys_descending;
 };
 
 constexpr int kDsBarrier = 1;
@@ -168,7 +172,9 @@ constexpr int kStageBarrier = 2;  // + consumer warpgroup
 // asks for it, so that a head's consecutive key blocks, whose dQ adds into
 // a query block run one after the other (DqOrder), start a section's pairs
 // apart rather than side by side. Every order here has key block n of a
-// (batch, key head) pair at a higher tile index than n - 1: DqOrder's
+// (batch, key head) pair at a higher tile index than n - 1, or, with
+// a.keys_descending (kSectionsAlways only), at a lower one than n - 1 (each
+// section's key blocks then run from the last, light first): DqOrder's
 // waits are on lower indices only.
 struct BwdTile {
   int n_block, hk, b;
@@ -192,6 +198,7 @@ struct BwdTile {
     }
     hk = rest % a.num_heads_k;
     b = rest / a.num_heads_k;
+    if (kSectionsAlways && a.keys_descending) n_block = a.key_blocks - 1 - n_block;
   }
 };
 
@@ -416,8 +423,9 @@ __device__ __forceinline__ void StageDq(const BackwardArgs& a, const float (&dq)
 // Where the deterministic variant raises DqOrder's counters and first
 // reads them (DeterministicBackwardKernel's candidates; the check program
 // times each): kUnderS, a block's counter raised in the S^T window of the
-// step after the send that saw its adds complete (the default); kAtSend,
-// raised at that send, right after the wait; kUnderSReadAhead, kUnderS
+// step after the send that saw its adds complete (the template default);
+// kAtSend, raised at that send, right after the wait (the package's since
+// session 21, the faster at 7 of 8 timed shapes); kUnderSReadAhead, kUnderS
 // with the step's own counter read once in the same window (DqOrder::ready).
 enum class DqHandoff { kUnderS, kAtSend, kUnderSReadAhead };
 
@@ -436,7 +444,10 @@ struct DqUnordered {
 // the block raises it once after its adds there are complete, so key
 // block n's warps wait for kConsumerWarps * n (`target`): the arrivals of
 // key blocks 0 .. n - 1, every one of which visits each query block that
-// n visits (causal: m_first grows with n). No warp of block n arrives
+// n visits (causal: m_first grows with n). (Descending, the causal
+// deterministic calls' since session 21, a.keys_descending: the arrivals
+// of n + 1 .. the block's last visitor, ConsumeBackwardTile's dq_earlier;
+// the same argument with the order reversed.) No warp of block n arrives
 // before it has seen that count, nor one of a later key block before it
 // has seen more, so the count reaches the target exactly when the earlier
 // key blocks are done; each warp then needs no barrier with the others
@@ -452,7 +463,7 @@ struct DqUnordered {
 // the send's chain under dK (staging, this wait, the reduce). The signal
 // goes out ~1.1 steps after the adds' issue; the next key block's tile,
 // a section's pairs of tiles behind (BwdTile), needs it only then.
-// (DqHandoff::kAtSend, a candidate: the counter raised right there
+// (DqHandoff::kAtSend, the package's: the counter raised right there
 // instead, `complete` its index: the fence then on the chain under dK, but
 // no outstanding reduce at it, while under S^T this step's reduces are in
 // flight, should the fence wait for those too.)
@@ -752,6 +763,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   // step before's), no features.
   static_assert(!kDeterministic || (Tr::kDqReadsBothDs && kDqFirst && !kAnyFeature && !kBiasGradient),
                 "the deterministic variant runs the plain dQ-first schedules with a dQ split");
+  static_assert(!kDeterministic || Tr::kBlockN % kBlockM == 0, "dq_earlier's last visitor: m0 / kBlockN");
   constexpr bool kArriveAtSend = kHandoff == DqHandoff::kAtSend;
   constexpr bool kReadAhead = kHandoff == DqHandoff::kUnderSReadAhead;
   constexpr bool kSendAfterDp = kSchedule == BwdSchedule::kLeanDqEarlyDp;
@@ -849,13 +861,24 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     const int m_blocks = (int(Opaque(uint32_t(a.seqlen_q))) + kBlockM - 1) / kBlockM;
     return (tile.b * a.num_heads + head_of(i)) * m_blocks + m0_of(i) / kBlockM;
   };
+  // kDeterministic: the key blocks whose adds into step i's query block
+  // come before this tile's (DqOrder's target over kConsumerWarps): 0 ..
+  // n - 1, every one of which visits each query block n visits (causal:
+  // m_first grows with n); descending (a.keys_descending), n + 1 .. the last
+  // key block that visits it (causal: m_first <= the block, n' <= m0 /
+  // kBlockN, kBlockN a multiple of kBlockM).
+  [[maybe_unused]] auto dq_earlier = [&](int i) {
+    if (!a.keys_descending) return tile.n_block;
+    const int last = a.is_causal ? min(a.key_blocks - 1, m0_of(i) / Tr::kBlockN) : a.key_blocks - 1;
+    return last - tile.n_block;
+  };
   auto send_dq = [&](int i) {
     // The share's first query (m0 of the step at 64 queries per step).
     const int m0 = m0_of(i) + dq_row0;
     // kDeterministic: the step's order (DqOrder).
     std::conditional_t<kDeterministic, DqOrder, DqUnordered> order{};
     if constexpr (kDeterministic) {
-      order = DqOrder{dq_counters, counter_index(i), Tr::kConsumerWarps * tile.n_block,
+      order = DqOrder{dq_counters, counter_index(i), Tr::kConsumerWarps * dq_earlier(i),
                       kArriveAtSend ? dq_previous : -1, kReadAhead && dq_complete == -2};
       if constexpr (!kArriveAtSend) dq_complete = dq_previous;
       dq_previous = order.current;
@@ -959,7 +982,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       dq_complete = -1;
       // kReadAhead: this step's counter read once here (DqOrder::ready).
       if constexpr (kReadAhead)
-        if (lane == 0 && CounterReached(dq_counters + counter_index(i), Tr::kConsumerWarps * tile.n_block))
+        if (lane == 0 && CounterReached(dq_counters + counter_index(i), Tr::kConsumerWarps * dq_earlier(i)))
           dq_complete = -2;
     }
     // kLeanDqEarlyDp: step i - 1's share sent with both S^T and dP^T in flight.

@@ -81,6 +81,7 @@ std::string PrepareBackwardCall(const AttentionParams& p, bool bias, CUtensorMap
   // (launch.cuh), so that both build the same logits (BiasColumns).
   args.softcap_unscale = bias ? float(1.0 / p.scale) : cap.cap_over_scale;
   args.causal_section = 0;  // LaunchBackwardScheduled may size it
+  args.keys_descending = false;  // LaunchBackwardDeterministic may set it
   return {};
 }
 
@@ -131,16 +132,46 @@ std::string CheckBackwardCall(const AttentionParams& p, bool writes_dq, const Fa
 // LaunchBackwardScheduled's `causal_section`: sized by BackwardCausalSection.
 constexpr int kSizedCausalSection = -1;
 
+// The fewest tiles a causal section should hold (BackwardCausalSection):
+// 128 at head dim 128 (about one per SM: the H200 has 132), 256 at 64.
+// Timed in session 21 (sm90_bwd_order_check.cu, bf16, causal, sections of
+// 2^k pairs against the former order, which is 1.00): at 128 the smallest
+// section of >= 128 tiles was the fastest at every shape (B = 4, T = 4096:
+// 1.08; B = 16, T = 1024: 1.31; B = 2, T = 8192: 1.09; B = 1, T = 16384:
+// 1.04; GQA 16:4, T = 4096: 1.03, where 64 tiles gave 0.95 and 32 0.91);
+// at 64, >= 256 tiles was within 0.03 of the fastest (B = 4, T = 4096:
+// 1.29, 512 tiles 1.32; B = 8, T = 2048: 1.27; B = 1, T = 16384: 1.06;
+// GQA 32:8: 1.03, 128 tiles 1.06, 64 tiles 0.96). Fewer tiles than SMs
+// leave SMs to the next section, whose heaviest tiles then overlap the
+// first's; more pairs than that spread the blocks in flight over more
+// heads' Q, dO and dQ rows (the former order: ~132 heads, each block
+// re-reading its rows from HBM).
+constexpr int CausalSectionTiles(int head_dim_padded) { return head_dim_padded <= 64 ? 256 : 128; }
+
 // (batch, key head) pairs per section of a causal backward's tile order
-// (BwdTile): as many as keep one section's Q, dO and float32 dQ
-// accumulator rows (seqlen_q rows of each of a key head's `group` query
-// heads) within kSectionL2Bytes, the forward's budget for a section's K/V
-// (FlashAttention-3's 32 MiB; the H200 has 60 MiB of L2, and the blocks in
-// flight span one or two sections), a power of two as in SectionHeads; 0
-// (one section of all pairs) when that holds every pair. Non-causal calls
-// ignore it. Examples at bf16: H = 64, T = 4096 -> 16 pairs (2 MiB each);
-// H = 128, T = 4096 -> 8; H = 128, T = 16384 -> 2.
-inline int BackwardCausalSection(const AttentionShape& s, int64_t element_bytes) {
+// (BwdTile): the smallest power of two whose section holds `min_tiles`
+// tiles (key_blocks per pair; CausalSectionTiles); 0 (one section of every
+// pair: the former order) when that takes every pair. Non-causal calls
+// ignore it. Examples: H = 128, T = 4096 (32 key blocks) -> 4 pairs; H = 64,
+// T = 4096 -> 8; H = 128, T = 1024 -> 16; H = 128, T = 16384 -> 1.
+inline int BackwardCausalSection(const AttentionShape& s, int64_t key_blocks, int64_t min_tiles) {
+  const int64_t pairs = s.batch * s.num_heads_k;
+  int64_t section = 1;
+  while (section * key_blocks < min_tiles && section < pairs) section *= 2;
+  return section >= pairs ? 0 : int(section);
+}
+
+// The deterministic variant's non-causal sections (LaunchBackwardDeterministic,
+// kDeterministicSection; its check timed these): as many pairs as keep one
+// section's Q, dO and float32 dQ accumulator rows (seqlen_q rows of each
+// of a key head's `group` query heads) within kSectionL2Bytes, the
+// forward's budget for a section's K/V (FlashAttention-3's 32 MiB; the
+// H200 has 60 MiB of L2), a power of two as in SectionHeads; 0 (one
+// section of all pairs) when that holds every pair. Examples at bf16:
+// H = 64, T = 4096 -> 16 pairs (2 MiB each); H = 128, T = 4096 -> 8;
+// H = 128, T = 16384 -> 2. (Session 20 sized the causal sections so too;
+// session 21's timings replaced that by BackwardCausalSection.)
+inline int L2SizedSection(const AttentionShape& s, int64_t element_bytes) {
   const int64_t pairs = s.batch * s.num_heads_k;
   const int64_t pair_bytes = s.group() * s.seqlen_q * s.head_dim * (2 * element_bytes + 4);
   const int64_t section = SectionHeads(pair_bytes, 1);
@@ -157,8 +188,9 @@ inline int BackwardCausalSection(const AttentionShape& s, int64_t element_bytes)
 // `causal_section`: BwdTile's pairs per causal section, kSizedCausalSection
 // (BackwardCausalSection) or a count forced by the check program (a count
 // of at least every pair: one section); 0, the default, the order before
-// session 20, which the package's launches keep until the H200 has timed
-// both (tests/cuda/sm90_bwd_order_check.cu).
+// session 21 (the bias-gradient pass's). The package's backward launches
+// pass kSizedCausalSection (since session 21: tests/cuda/
+// sm90_bwd_order_check.cu timed the orders on the H200, CausalSectionTiles).
 template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures = Features::kNone>
 std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t stream, int causal_section = 0) {
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
@@ -197,7 +229,8 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
     BackwardArgs args;
     if (auto e = PrepareBackwardCall<Element, Tr>(p, kBias, &q_map, &k_map, &v_map, &do_map, &args); !e.empty())
       return e + " (" + what + ")";
-    if (causal_section == kSizedCausalSection) causal_section = BackwardCausalSection(s, sizeof(Element));
+    if (causal_section == kSizedCausalSection)
+      causal_section = BackwardCausalSection(s, CeilDiv(s.seqlen_k, Tr::kBlockN), CausalSectionTiles(kHeadDim));
     const int64_t pairs = s.batch * s.num_heads_k;
     args.causal_section = causal_section > 0 && causal_section < pairs ? causal_section : 0;
     auto kernel = BackwardKernel<Element, kHeadDim, kSchedule, kFeatures>;
@@ -279,15 +312,18 @@ int64_t DeterministicCounterCount(const AttentionShape& s) {
 // dispatched: tests/cuda/sm90_bwd_deterministic_check.cu): plain calls
 // (no attention features) at DefaultBwdSchedule, DeterministicBackwardKernel
 // between the same delta pass and dQ conversion as LaunchBackward, dQ's
-// float32 adds into each query block in ascending key block order, so
-// that dq (and dk, dv, which every schedule writes once per element) are
-// the same bit for bit run to run; p.deterministic may be either.
+// float32 adds into each query block in key block order, so that dq (and
+// dk, dv, which every schedule writes once per element) are the same bit
+// for bit run to run; p.deterministic may be either. `order`: ascending,
+// descending (each section's pairs' key blocks from the last, light first
+// where causal), or kDefault: descending where causal, else ascending.
 // `counters`: DeterministicCounterCount<kHeadDim>(p.shape) int32 of device
 // scratch, zeroed here (cudaMemsetAsync on `stream`) before the kernel.
 // `section`: BwdTile's pairs per section, for non-causal calls too
-// (kSizedCausalSection: BackwardCausalSection's L2-sized count; 0: the
-// plain kernel's orders, a non-causal head's key blocks side by side; a
-// count), or kDeterministicSection: sized non-causal, 0 causal.
+// (kSizedCausalSection: BackwardCausalSection's count; 0: the plain
+// kernel's former orders, a non-causal head's key blocks side by side; a
+// count), or kDeterministicSection: L2SizedSection's count non-causal;
+// causal, 0 ascending, BackwardCausalSection's descending.
 //
 // Why those (a model of the waits, not timed yet: tiles dispatched in
 // index order onto 132 SMs, equal steps, a block's counter raised ~1.1
@@ -302,13 +338,21 @@ int64_t DeterministicCounterCount(const AttentionShape& s) {
 // later in the order of query blocks than n - 1 at its own start, so it
 // must start ~3.4 steps after it: the causal order over every pair gives
 // that (0.94-1.0x), the L2-sized sections do not (0.67-0.76x).
+// Timed (session 21, the check): 0.76-0.87x non-causal and causal alike,
+// and causal under the default's sections since session 21 (0.63-0.74x of
+// it through JAX). Descending causal (session 21): key block n starts at
+// query block r n (r = kBlockN / kBlockM) and needs n + 1's adds there, which
+// n + 1 made r steps into its tile, so the tiles of a pair may run side by
+// side (in the default's sections) with r steps to spare, less the handoff.
 // kHandoff: where DeterministicBackwardKernel raises and reads its counters
-// (DqHandoff: the default, kUnderS, and two candidates for the check
-// program's A/B).
+// (DqHandoff: the template default, kUnderS, and two candidates for the
+// check program's A/B).
 constexpr int kDeterministicSection = -2;
+enum class DqKeyOrder { kDefault, kAscending, kDescending };
 template <typename Element, int kHeadDim, DqHandoff kHandoff = DqHandoff::kUnderS>
 std::string LaunchBackwardDeterministic(const AttentionParams& p, int* counters, cudaStream_t stream,
-                                        int section = kDeterministicSection) {
+                                        int section = kDeterministicSection,
+                                        DqKeyOrder order = DqKeyOrder::kDefault) {
   constexpr BwdSchedule kSchedule = DefaultBwdSchedule(kHeadDim);
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
@@ -343,10 +387,13 @@ std::string LaunchBackwardDeterministic(const AttentionParams& p, int* counters,
     BackwardArgs args;
     if (auto e = PrepareBackwardCall<Element, Tr>(p, false, &q_map, &k_map, &v_map, &do_map, &args); !e.empty())
       return e + " (" + what + ")";
-    if (section == kDeterministicSection) section = p.is_causal ? 0 : kSizedCausalSection;
-    if (section == kSizedCausalSection) section = BackwardCausalSection(s, sizeof(Element));
+    const bool descending = order == DqKeyOrder::kDescending || (order == DqKeyOrder::kDefault && p.is_causal);
+    if (section == kDeterministicSection)
+      section = !p.is_causal ? L2SizedSection(s, sizeof(Element)) : descending ? kSizedCausalSection : 0;
+    if (section == kSizedCausalSection) section = BackwardCausalSection(s, key_blocks, CausalSectionTiles(kHeadDim));
     const int64_t pairs = s.batch * s.num_heads_k;
     args.causal_section = section > 0 && section < pairs ? section : 0;
+    args.keys_descending = descending;
     auto kernel = DeterministicBackwardKernel<Element, kHeadDim, kSchedule, kHandoff>;
     if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 deterministic backward kernel"); !e.empty())
       return e + " (" + what + ")";
@@ -366,7 +413,7 @@ std::string LaunchBackwardDeterministic(const AttentionParams& p, int* counters,
 
 template <typename Element, int kHeadDim>
 std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
-  return LaunchBackwardScheduled<Element, kHeadDim, DefaultBwdSchedule(kHeadDim)>(p, stream);
+  return LaunchBackwardScheduled<Element, kHeadDim, DefaultBwdSchedule(kHeadDim)>(p, stream, kSizedCausalSection);
 }
 
 // The feature variants at FeatureBwdSchedule (bwd_kernel_traits.cuh): kMasksSoftcap
@@ -376,8 +423,9 @@ template <typename Element, int kHeadDim>
 std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t stream) {
   constexpr BwdSchedule kSchedule = FeatureBwdSchedule(kHeadDim);
   if (p.features.softcap > 0.0)
-    return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksSoftcap>(p, stream);
-  return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasks>(p, stream);
+    return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksSoftcap>(p, stream,
+                                                                                          kSizedCausalSection);
+  return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasks>(p, stream, kSizedCausalSection);
 }
 
 // The bias variants at FeatureBwdSchedule: kMasksBias16 where the bias has
@@ -386,8 +434,9 @@ template <typename Element, int kHeadDim>
 std::string LaunchBackwardWithBias(const AttentionParams& p, cudaStream_t stream) {
   constexpr BwdSchedule kSchedule = FeatureBwdSchedule(kHeadDim);
   if (p.features.bias_type != BiasType::kAccum)
-    return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksBias16>(p, stream);
-  return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksBias>(p, stream);
+    return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksBias16>(p, stream,
+                                                                                         kSizedCausalSection);
+  return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksBias>(p, stream, kSizedCausalSection);
 }
 
 template <typename Element, int kHeadDim>
@@ -410,5 +459,24 @@ std::string LaunchBiasGradient(const AttentionParams& p, cudaStream_t stream) {
   template std::string LaunchBackwardWithBias<Element, 128>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchBiasGradient<Element, 64>(const AttentionParams&, cudaStream_t);     \
   template std::string LaunchBiasGradient<Element, 128>(const AttentionParams&, cudaStream_t);
+
+// The package's deterministic launch (bwd_launch.h): DqHandoff::kAtSend
+// and the default section (kDeterministicSection). kAtSend timed faster
+// than kUnderS at 7 of 8 shapes in session 21's check (bf16, B = 4,
+// T = 4096 and B = 1, T = 16384, H = 64 / 128, causal or not: 0.82-0.87x of
+// the default backward's speed against kUnderS's 0.76-0.87x).
+template <typename Element, int kHeadDim>
+std::string LaunchBackwardDeterministicDefault(const AttentionParams& p, int* counters, cudaStream_t stream) {
+  static_assert(DeterministicCounterBlock(kHeadDim) == BwdTraitsFor<kHeadDim, DefaultBwdSchedule(kHeadDim)>::kBlockM,
+                "bwd_launch.h's DeterministicCounters must count DeterministicCounterCount's blocks");
+  return LaunchBackwardDeterministic<Element, kHeadDim, DqHandoff::kAtSend>(p, counters, stream);
+}
+
+// In bwd_launch_deterministic_<dtype>.cu (the deterministic variant's own
+// objects, compiled beside the others).
+#define JAX_FLASH_INSTANTIATE_SM90_BWD_DETERMINISTIC(Element)                                                \
+  template std::string LaunchBackwardDeterministicDefault<Element, 64>(const AttentionParams&, int*,         \
+                                                                       cudaStream_t);                        \
+  template std::string LaunchBackwardDeterministicDefault<Element, 128>(const AttentionParams&, int*, cudaStream_t);
 
 }  // namespace jax_flash::cuda::sm90

@@ -47,6 +47,35 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t stream);
 
+// Query rows per deterministic counter (DeterministicCounterCount,
+// bwd_launch.cuh: the default schedule's kBlockM, 128 at head dim 64, 64 at
+// 128), checked against it where the launch is instantiated.
+constexpr int DeterministicCounterBlock(int head_dim) {
+  return head_dim <= 64 ? BwdTraitsFor<64, DefaultBwdSchedule(64)>::kBlockM
+                        : BwdTraitsFor<128, DefaultBwdSchedule(128)>::kBlockM;
+}
+
+// DeterministicCounterCount at the instantiation serving head_dim (<= 128):
+// the int32 counters LaunchBackwardDeterministicDefault needs beside the dQ
+// accumulator. (jax_flash/_kernel_call.py sizes them as ceil(seqlen_q / 64)
+// per (batch, head), every schedule's smallest kBlockM.)
+inline int64_t DeterministicCounters(const AttentionShape& s) {
+  const int64_t block = DeterministicCounterBlock(int(s.head_dim));
+  return s.batch * s.num_heads * ((s.seqlen_q + block - 1) / block);
+}
+
+// The deterministic backward of plain calls (bwd_launch_deterministic_<dtype>.cu,
+// dispatched for deterministic=True since session 21):
+// LaunchBackwardDeterministic (bwd_launch.cuh) at DqHandoff::kAtSend and
+// its default section: dQ's float32 adds into each query block
+// in ascending key block order, so dq, dk and dv are the same bit for bit
+// run to run. LaunchBackward's contract (the dQ accumulator in p.dq_accum,
+// no attention features) plus `counters`: DeterministicCounters(p.shape)
+// int32 of device scratch, 4-byte aligned, zeroed by the launch.
+// kHeadDim 64, 128.
+template <typename Element, int kHeadDim>
+std::string LaunchBackwardDeterministicDefault(const AttentionParams& p, int* counters, cudaStream_t stream);
+
 // Whether the bias variants (kMasksBias16 for a bias of the inputs' 16-bit
 // dtype, kMasksBias for a float32 one) take this call's bias: contiguous
 // along the keys, rows whose offsets fit BiasColumns' 32 bits, with the
