@@ -53,29 +53,32 @@ class KernelConfig:
 
 
 # --- custom VJP -----------------------------------------------------------
-# Primal arguments: q, k, v, then the feature operands (bias, mask, q_seqlens,
-# kv_seqlens, q_segment_ids, kv_segment_ids, q_segment_ranges,
-# kv_segment_ranges, dropout_seed, position_offsets; placeholders when
-# unused), then the KernelConfig.
+# Primal arguments: q, k, v, sinks (float [N] or None), then the feature
+# operands (bias, mask, q_seqlens, kv_seqlens, q_segment_ids,
+# kv_segment_ids, q_segment_ranges, kv_segment_ranges, dropout_seed,
+# position_offsets; placeholders when unused), then the KernelConfig.
 NUM_FEATURE_OPERANDS = 10
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3 + NUM_FEATURE_OPERANDS,))
-def flash_attention(q, k, v, *rest):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4 + NUM_FEATURE_OPERANDS,))
+def flash_attention(q, k, v, sinks, *rest):
     *feature_ops, static = rest
-    return _forward_call(q, k, v, feature_ops, static)
+    return with_sinks(*_forward_call(q, k, v, feature_ops, static), sinks)
 
 
-def _flash_attention_fwd(q, k, v, *rest):
+def _flash_attention_fwd(q, k, v, sinks, *rest):
     *feature_ops, static = rest
-    out, lse = _forward_call(q, k, v, feature_ops, static)
-    return (out, lse), (q, k, v, out, lse, tuple(feature_ops))
+    out, lse = with_sinks(*_forward_call(q, k, v, feature_ops, static), sinks)
+    return (out, lse), (q, k, v, sinks, out, lse, tuple(feature_ops))
 
 
 def _flash_attention_bwd(static, residuals, cotangents):
-    q, k, v, out, lse, feature_ops = residuals
+    q, k, v, sinks, out, lse, feature_ops = residuals
     dout, _ = cotangents  # lse leaves attention() under stop_gradient
     dout = dout.astype(q.dtype)
+    # With sinks, out and lse are the sink-inclusive ones: the kernels'
+    # P = exp(logits - lse) and delta = rowsum(dO * out) are then the
+    # sinks' softmax and its delta, and dq, dk, dv, dbias need nothing more.
     dq, dk, dv = _backward_call(q, k, v, out, lse, dout, feature_ops, static)
     bias = feature_ops[0]
     if static.features & HAS_BIAS:
@@ -88,8 +91,38 @@ def _flash_attention_bwd(static, residuals, cotangents):
     dq, dk, dv, dbias = (
         part.like_type(g, x) for g, x in ((dq, q), (dk, k), (dv, v), (dbias, bias))
     )
+    dsinks = None if sinks is None else part.like_type(sinks_gradient(out, lse, dout, sinks), sinks)
     # Integer and bool operands (mask, lengths, segments, seed) get no cotangent.
-    return (dq, dk, dv, dbias) + (None,) * (len(feature_ops) - 1)
+    return (dq, dk, dv, dsinks, dbias) + (None,) * (len(feature_ops) - 1)
+
+
+def with_sinks(out, lse, sinks):
+    """(out, lse) of attention whose every row's softmax also counts one
+    logit per query head, ``sinks`` [N] (attention sinks, gpt-oss), with no
+    value: lse' = logaddexp(lse, sink), out' = out * exp(lse - lse'). out
+    [..., T, N, H], lse [..., N, T] in the row statistics' float type; a row
+    with no visible key (lse -inf) stays zero, its lse' the sink. (A pass
+    over out after the kernels, in float32: not yet in their epilogues.)
+    Unchanged when sinks is None."""
+    if sinks is None:
+        return out, lse
+    sink = sinks.astype(lse.dtype)[:, None]  # [N, 1] against [..., N, T]
+    lse_sinks = jnp.logaddexp(lse, sink)
+    factor = jnp.where(lse == -jnp.inf, 0.0, jnp.exp(lse - lse_sinks))
+    out = (out.astype(lse.dtype) * jnp.swapaxes(factor, -1, -2)[..., None]).astype(out.dtype)
+    return out, lse_sinks
+
+
+def sinks_gradient(out, lse, dout, sinks):
+    """d loss / d sinks [N]: the sink column's dS = P_sink (0 - delta) (its
+    value is zero, so dP_sink = 0), summed over batch and rows, with the
+    sink-inclusive out and lse (with_sinks) and delta = rowsum(dO * out)."""
+    stats = lse.dtype
+    delta = jnp.sum(dout.astype(stats) * out.astype(stats), axis=-1)  # [..., T, N]
+    # (lse -inf only where the row and its sink both are: no share there.)
+    p_sink = jnp.where(lse == -jnp.inf, 0.0, jnp.exp(sinks.astype(stats)[:, None] - lse))  # [..., N, T]
+    per_row = p_sink * jnp.swapaxes(delta, -1, -2)
+    return (-jnp.sum(per_row.reshape((-1,) + per_row.shape[-2:]), axis=(0, 2))).astype(sinks.dtype)
 
 
 flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)

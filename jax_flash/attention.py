@@ -54,6 +54,7 @@ def attention(
     dropout_broadcast: bool = False,
     implementation: str | None = None,
     deterministic: bool = False,
+    sinks: jax.Array | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Fused scaled dot-product attention, a drop-in for ``jax.nn.dot_product_attention``.
 
@@ -102,6 +103,13 @@ def attention(
       dropout_rng: a jax PRNG key, required when ``dropout_rate > 0``.
       dropout_broadcast: one dropout mask shared by every batch entry and head
         (flax's ``broadcast_dropout``) instead of one per (batch, head).
+      sinks: attention sinks (gpt-oss, StreamingLLM): float ``[N]``, one
+        logit per query head that joins every row's softmax denominator with
+        no value, as an extra key column of logit ``sinks[n]`` (not scaled,
+        capped or biased; never masked) and value zero. Its gradient is
+        summed over batch and rows. A row with no visible key returns zeros
+        and, with ``return_residual``, the sink as its logsumexp. Taken in
+        float32 (float64 for float64 inputs).
       implementation: which CUDA kernel family runs: ``None`` picks the fastest
         that supports the inputs. On Hopper GPUs that is the sm90 forward for
         calls without dropout (with sequence lengths, segment ids, windows,
@@ -219,7 +227,7 @@ def attention(
         deterministic=bool(deterministic),
     )
     assert len(operands) == NUM_FEATURE_OPERANDS
-    out, lse = flash_attention(query, key, value, *operands, static)
+    out, lse = flash_attention(query, key, value, _sinks(sinks, n, acc_dtype), *operands, static)
     if unbatched:
         out, lse = out[0], lse[0]
     if not return_residual:
@@ -227,6 +235,18 @@ def attention(
     # lse is [..., N, T] (float32); jax returns [..., T, N] in the input dtype.
     residual = jax.lax.stop_gradient(jnp.swapaxes(lse, -1, -2).astype(out.dtype))
     return out, residual
+
+
+def _sinks(sinks, n: int, dtype) -> jax.Array | None:
+    """sinks as a float [N] array of the row statistics' dtype, or None."""
+    if sinks is None:
+        return None
+    sinks = jnp.asarray(sinks)
+    if sinks.shape != (n,):
+        raise ValueError(f"sinks must have shape [N] = ({n},), one logit per query head; got {sinks.shape}")
+    if not jnp.issubdtype(sinks.dtype, jnp.floating):
+        raise TypeError(f"sinks must be a float array; got {sinks.dtype}")
+    return sinks.astype(dtype)
 
 
 def segment_block_ranges(ids: jax.Array, block: int = SEGMENT_BLOCK) -> jax.Array:

@@ -25,7 +25,8 @@ random dO, the backward alone, as FlashAttention's benchmark and PyTorch's
 `out.backward(dout)` time it.
 
 Implementations (--impl): jax_flash (jax_flash_deterministic: deterministic=True,
-no dQ atomics); cudnn and xla, jax.nn.dot_product_attention's; fa3,
+no dQ atomics; jax_flash_deterministic_sm80: the same on the sm80 kernels, the
+two-pass backward the Hopper one replaced); cudnn and xla, jax.nn.dot_product_attention's; fa3,
 FlashAttention-3's flash_mha / flash_mha_varlen from dew_flash_attn
 (../shared/peers/fa3_for_jax.sh installs it; bf16/fp16; its causal mask is
 bottom-right aligned, the same as the others' top-left here, where T == S). The
@@ -92,9 +93,10 @@ import jax_flash
 from jax_flash import benchmark_decode
 
 IMPLEMENTATIONS = ("jax_flash", "cudnn", "xla")
-# Also selectable: jax_flash with deterministic=True (no dQ atomics in the backward), and
-# FlashAttention-3 (in the default list when it imports: default_implementations()).
-EXTRA_IMPLEMENTATIONS = ("jax_flash_deterministic", "fa3")
+# Also selectable: jax_flash with deterministic=True (no dQ atomics in the backward), also
+# forced onto the sm80 kernels (implementation="sm80"), and FlashAttention-3 (in the default
+# list when it imports: default_implementations()).
+EXTRA_IMPLEMENTATIONS = ("jax_flash_deterministic", "jax_flash_deterministic_sm80", "fa3")
 # Only in --preset decode (benchmark_decode.py): paged_attention over a block pool.
 DECODE_ONLY_IMPLEMENTATIONS = ("jax_flash_paged",)
 # What jax_flash is compared with in the feature-cost table.
@@ -253,7 +255,8 @@ def _attention_fn(impl: str, causal: bool, variant: str = "plain", options: Vari
     if impl.startswith("jax_flash"):
         soft_cap = options.soft_cap if variant == "softcap" else None
         rate = options.dropout_rate if variant == "dropout" else 0.0
-        deterministic = impl == "jax_flash_deterministic"
+        deterministic = impl.startswith("jax_flash_deterministic")
+        implementation = "sm80" if impl.endswith("_sm80") else None
 
         def attn(q, k, v, *extra):
             x = _named(extra)
@@ -261,7 +264,7 @@ def _attention_fn(impl: str, causal: bool, variant: str = "plain", options: Vari
                 q, k, v, x["bias"], x["mask"], is_causal=causal, key_value_seq_lengths=x["kv_lengths"],
                 local_window_size=window, q_segment_ids=x["segment_ids"], kv_segment_ids=x["segment_ids"],
                 logits_soft_cap=soft_cap, dropout_rate=rate, dropout_rng=x["dropout_rng"],
-                deterministic=deterministic,
+                deterministic=deterministic, implementation=implementation,
             )
         return attn
     if variant not in SUPPORTED[impl]:

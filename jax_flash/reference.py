@@ -40,14 +40,17 @@ def visibility(b, n, t, s, *, mask=None, is_causal=False, query_seq_lengths=None
 
 
 def attention(query, key, value, bias=None, *, scale=None, logits_soft_cap=None,
-              dropout_factor=None, return_residual=False, **mask_kwargs):
+              dropout_factor=None, return_residual=False, sinks=None, **mask_kwargs):
     """Reference attention on ``[B, T, N, H]`` / ``[B, S, K, H]`` inputs.
 
     ``mask_kwargs`` are those of :func:`visibility`. ``dropout_factor``, if
     given, is a ``[B, N, T, S]`` array multiplying the probabilities (0 or
-    1 / (1 - rate)). Rows with no visible key give zeros and a logsumexp of
-    ``-inf`` (jax_flash's contract). Returns ``out`` (input dtype) or
-    ``(out, lse)`` with ``lse`` ``[B, N, T]`` in the compute dtype.
+    1 / (1 - rate)). ``sinks`` ``[N]``: an extra key column per query head
+    with logit ``sinks[n]`` and value zero, visible to every row (in the
+    softmax only). Rows with no visible key give zeros and a logsumexp of
+    ``-inf`` (the sink's logit with sinks; jax_flash's contract). Returns
+    ``out`` (input dtype) or ``(out, lse)`` with ``lse`` ``[B, N, T]`` in the
+    compute dtype.
     """
     b, t, n, h = query.shape
     s, k = key.shape[1], key.shape[2]
@@ -63,9 +66,14 @@ def attention(query, key, value, bias=None, *, scale=None, logits_soft_cap=None,
         logits = logits + bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
     vis = visibility(b, n, t, s, **mask_kwargs)
     logits = jnp.where(vis, logits, -jnp.inf)
+    if sinks is not None:  # the sink column, last; sliced off before the values
+        sink = jnp.broadcast_to(jnp.asarray(sinks, compute)[None, :, None, None], (b, n, t, 1))
+        logits = jnp.concatenate([logits, sink], axis=-1)
     lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
     finite = jnp.isfinite(lse)
     probs = jnp.where(finite, jnp.exp(logits - jnp.where(finite, lse, 0.0)), 0.0)
+    if sinks is not None:
+        probs = probs[..., :s]
     if dropout_factor is not None:
         probs = probs * dropout_factor
     out = jnp.einsum("bnts,bsnh->btnh", probs, vf).astype(query.dtype)

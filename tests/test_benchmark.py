@@ -36,6 +36,17 @@ def test_tiny_run_writes_json_and_table(tmp_path):
     assert "| xla | mask |" in table  # key_padding_mask is the mask variant's earlier name
 
 
+def test_deterministic_implementations_ask_for_their_backward(monkeypatch):
+    # jax_flash_deterministic(_sm80): deterministic=True, the second also on the sm80 kernels.
+    seen = []
+    monkeypatch.setattr(benchmark.jax_flash, "attention", lambda *a, **kw: seen.append(kw))
+    x = jnp.zeros((1, 8, 2, 16))
+    for impl in ("jax_flash", "jax_flash_deterministic", "jax_flash_deterministic_sm80"):
+        benchmark._attention_fn(impl, causal=True)(x, x, x)
+    assert [(kw["deterministic"], kw["implementation"]) for kw in seen] == [
+        (False, None), (True, None), (True, "sm80")]
+
+
 def test_random_cotangent_times_the_vjp_of_a_given_dout(tmp_path):
     benchmark.main(["--impl", "jax_flash", "--head-dim", "32", "--seqlen", "128", "--tokens", "256",
                     "--width", "64", "--causal", "0", "1", "--iters", "2", "--dtype", "float32",
