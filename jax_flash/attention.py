@@ -115,14 +115,14 @@ def attention(
         calls without dropout (with sequence lengths, segment ids, windows,
         position offsets, a soft cap, or either a bias or a boolean mask that
         is not broadcast along the keys and comes without a soft cap, only at
-        head dims up to 128), and the sm90 backward for calls at head dims from 72 to
-        128 (and plain calls at 64) that are not
-        ``deterministic``, without a bias, boolean mask or dropout (and its
-        deterministic variant for ``deterministic`` plain calls up to head
-        dim 128). ``"sm90"`` forces the Hopper (wgmma / TMA) forward (compute
-        capability 9.x, 16-bit, head dim a multiple of 8, those features)
-        and, where it covers the call (no bias, boolean mask or dropout, head
-        dim <= 128; deterministic: plain calls only), the Hopper backward (sm80's
+        head dims up to 128), and the sm90 backward for calls at head dims up
+        to 128 without a boolean mask or dropout (a bias contiguous along the
+        keys included, its gradient on the sm90 bias-gradient pass), and its
+        deterministic variant for ``deterministic`` plain calls. ``"sm90"``
+        forces the Hopper (wgmma / TMA) forward (compute capability 9.x,
+        16-bit, head dim a multiple of 8, those features) and, where it
+        covers the call (no boolean mask or dropout, head dim <= 128;
+        deterministic: plain calls only), the Hopper backward (sm80's
         otherwise); ``"sm80"`` forces the mma.sync tensor-core
         kernels (float16/bfloat16, head dim a multiple of 8, compute capability
         >= 8.0; an error otherwise), ``"generic"`` the exact SIMT kernels that
