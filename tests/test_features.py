@@ -356,6 +356,27 @@ def test_segments_across_many_blocks(rng, kind, is_causal, head_dim):
     _check_bf16_against_reference(rng, q, k, v, kwargs, kwargs)
 
 
+@pytest.mark.parametrize("case", ["packed_causal", "window_lengths"])
+def test_features_with_many_tiles_per_block(rng, case):
+    """More query tiles than a GPU has SMs, several times over (3 x 12 x 8 =
+    288 tiles of 128 rows): the sm90 forward's feature variants then take
+    their tiles from a counter as blocks come free (fwd_kernel.cuh,
+    for_each_taken_tile), each after the block's first; a tile taken twice
+    or never would leave rows wrong. Packed documents of random lengths
+    (their tiles' costs vary with the documents, which is why the tiles are
+    taken), and a window with key lengths. bf16, forward and gradients
+    against the float64 reference; on the CPU its blocks."""
+    b, t, n, kh, h = 3, 1024, 12, 4, 64
+    q, k, v = random_qkv(rng, b, t, t, n, kh, h, "bfloat16")
+    if case == "packed_causal":
+        ids = _document_ids(rng, b, t, "packed")
+        kwargs = dict(q_segment_ids=ids, kv_segment_ids=ids, is_causal=True)
+    else:
+        kwargs = dict(local_window_size=(300, 0), is_causal=True,
+                      key_value_seq_lengths=jnp.array([t, 700, 333], jnp.int32))
+    _check_bf16_against_reference(rng, q, k, v, kwargs, kwargs)
+
+
 def test_segments_with_lengths_window_and_mask_float32(rng):
     """Segment summaries combined with everything else that hides keys, at
     float32 (the generic kernels on a GPU, the CPU's blocks here) with a

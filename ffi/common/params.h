@@ -141,6 +141,11 @@ struct AttentionParams {
   // CUDA fused backward: float32 dQ accumulator [batch, heads, seqlen_q,
   // head_dim] that key blocks add into atomically (scratch, zeroed first).
   float* dq_accum = nullptr;
+  // CUDA sm90 forward, feature variants: an int32 zeroed on the stream
+  // before the launch, from which the persistent grid takes its tiles after
+  // each block's first (handlers.cu puts it in the decode scratch, which
+  // those calls leave unused); null: the static schedule.
+  int* tile_counter = nullptr;
   // Bitwise-reproducible gradients: no floating-point atomics (the CPU
   // backward always is; the CUDA one then runs a separate dQ pass).
   bool deterministic = false;

@@ -302,7 +302,19 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
     return DispatchTensorCores(q.element_type(), p.shape, [&](auto element, auto head_dim) {
       constexpr int kHeadDim = decltype(head_dim)::value;
       if constexpr (kHeadDim <= 128) {
-        if (p.features.Any()) return sm90::LaunchForwardWithFeatures<decltype(element), kHeadDim>(p, stream);
+        if (p.features.Any()) {
+          // The feature variants take their tiles from a counter
+          // (fwd_kernel.cuh, for_each_taken_tile): the decode scratch's
+          // first word (at least one float32, which these calls leave
+          // unused), zeroed on the stream before the launch.
+          if (decode_scratch->size_bytes() >= sizeof(int)) {
+            p.tile_counter = static_cast<int*>(decode_scratch->untyped_data());
+            if (cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream) != cudaSuccess)
+              return std::string("jax_flash: zeroing the sm90 forward's tile counter failed: ") +
+                     cudaGetErrorString(cudaGetLastError());
+          }
+          return sm90::LaunchForwardWithFeatures<decltype(element), kHeadDim>(p, stream);
+        }
       }
       return sm90::LaunchForward<decltype(element), kHeadDim>(p, stream);
     });

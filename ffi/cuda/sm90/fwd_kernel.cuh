@@ -435,11 +435,41 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
       const TileCoord c = scheduler.Decode(tile);
       const int m0 = c.m_block * Tr::kBlockM;
       const KeyBlocks keys = keys_of(m0, c.h, c.b, tile_iter);
-      body(tile, m0, c.h, c.b, keys, pipe, tile_iter);
+      body(tile, m0, c.h, c.b, keys, pipe, tile_iter, 0);
       pipe += keys.hi - keys.lo;
       ++tile_iter;
     }
   };
+  // The feature variants' dynamic schedule (p.tile_counter set, the
+  // package's calls): the same tiles in the same order (Decode's: heaviest
+  // first, sections), but taken one at a time as blocks come free instead
+  // of dealt in rounds. Their cost is the visible key blocks, which with
+  // segment ids the host does not know: packed documents make it periodic
+  // in the query block (each document's diagonal), and dealt in rounds the
+  // busiest block of a 4-documents-per-row call had 1.6x the mean work
+  // (Nsight Compute: SM active cycles 62% of the elapsed ones; the same
+  // tiles as one document of 1024 rows per batch row: 92%). Block x takes
+  // tile x first, then gridDim.x + the counter's next value; the producer's
+  // lane 0 takes each one a tile ahead of its use (its latency under a
+  // tile's copies) and publishes it in the slot of the tile before it, so
+  // the consumers know a tile before they wait for its Q.
+  auto for_each_taken_tile = [&](auto&& take, auto&& keys_of, auto&& body) {
+    const int tiles = int(scheduler.Tiles());
+    int pipe = 0, tile_iter = 0;
+    for (int tile = blockIdx.x; tile < tiles;) {
+      const TileCoord c = scheduler.Decode(tile);
+      const int m0 = c.m_block * Tr::kBlockM;
+      int next_tile = 0;
+      const KeyBlocks keys = keys_of(m0, c.h, c.b, tile_iter, &next_tile);
+      body(tile, m0, c.h, c.b, keys, pipe, tile_iter, next_tile);
+      pipe += keys.hi - keys.lo;
+      ++tile_iter;
+      tile = take(next_tile);
+    }
+  };
+  // (The plain kernel has no slot to publish the next tile in: static only.)
+  bool taken = false;
+  if constexpr (kAnyFeature) taken = p.tile_counter != nullptr;
 
   // setmaxnreg needs each warpgroup's role as one branch of a single if/else.
   if (threadIdx.x < 128) {
@@ -455,11 +485,35 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
           return PlainKeyBlocks<Tr>(a, m0);
         }
       };
-      for_each_tile(keys_of, [&](int, int m0, int h, int b, KeyBlocks keys, int pipe, int tile_iter) {
+      auto produce = [&](int, int m0, int h, int b, KeyBlocks keys, int pipe, int tile_iter, int next_tile) {
         if (threadIdx.x == 0)
           ProduceTile<Tr, kAnyFeature>(&q_map, &k_map, &v_map, bars, smem, m0, h, a.group.Div(h), b, keys, pipe,
-                                       tile_iter);
-      });
+                                       tile_iter, next_tile);
+      };
+      if (taken) {
+        // Lane 0's counter values, one tile ahead: `ahead` is the tile after
+        // `next` (in flight while this tile is produced), broadcast when
+        // `next` becomes the current tile. Values past the last tile are
+        // harmless (every block stops at its first).
+        const int tiles = int(scheduler.Tiles());
+        auto counter_take = [&] { return int(gridDim.x) + atomicAdd(p.tile_counter, 1); };
+        int ahead = threadIdx.x == 0 && int(blockIdx.x) < tiles ? counter_take() : tiles;
+        int next = __shfl_sync(0xffffffffu, ahead, 0);
+        for_each_taken_tile(
+            [&](int) {
+              const int tile = next;
+              next = __shfl_sync(0xffffffffu, ahead, 0);
+              return tile;
+            },
+            [&](int m0, int h, int b, int tile_iter, int* next_tile) {
+              if (threadIdx.x == 0 && next < tiles) ahead = counter_take();
+              *next_tile = next;
+              return keys_of(m0, h, b, tile_iter);
+            },
+            produce);
+      } else {
+        for_each_tile(keys_of, produce);
+      }
     }
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
@@ -472,22 +526,30 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
     // spilled across it.)
     const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) - 1;
     // Feature variants: this thread's FeatureRows, whose loads are issued
-    // before the wait for Q that publishes the tile's key blocks.
+    // before the wait for Q that publishes the tile's key blocks (and, taken
+    // tiles, the block's next tile).
     FeatureRows rows{};
-    auto keys_of = [&](int m0, int, int b, int tile_iter) {
+    auto keys_of = [&](int m0, int, int b, int tile_iter, int* next_tile = nullptr) {
       if constexpr (kAnyFeature) {
         const int tid = threadIdx.x % 128, warp_i0 = m0 + 64 * warpgroup + 16 * (tid / 32);
         rows = FeatureRows::For<Tr::kBlockN>(p, b, warp_i0, warp_i0 + tid % 32 / 4);
         MbarrierWait(bars.q_full(), tile_iter & 1);
-        return LoadKeyBlocks(KeyBlocksSlot<Tr>(smem, tile_iter));
+        const uint32_t slot = KeyBlocksSlot<Tr>(smem, tile_iter);
+        if (next_tile) *next_tile = LoadNextTile(slot);
+        return LoadKeyBlocks(slot);
       } else {
         return PlainKeyBlocks<Tr>(a, m0);
       }
     };
-    for_each_tile(keys_of, [&](int tile, int m0, int h, int b, KeyBlocks keys, int pipe, int tile_iter) {
+    auto consume = [&](int tile, int m0, int h, int b, KeyBlocks keys, int pipe, int tile_iter, int) {
       ConsumeTile<Element, Tr, kSchedule, kFeatures>(a, p, scheduler, bars, smem, warpgroup, tile, m0, h, b, keys,
                                                      pipe, tile_iter, rows);
-    });
+    };
+    if (taken) {
+      for_each_taken_tile([](int next_tile) { return next_tile; }, keys_of, consume);
+    } else {
+      for_each_tile(keys_of, consume);
+    }
   }
 }
 

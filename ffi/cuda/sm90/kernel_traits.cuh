@@ -133,9 +133,10 @@ struct FwdTraits {
   // q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty.
   static constexpr int kBarriers = 2 + 4 * kStages;
   // Feature variants: the producer hands each tile's key blocks (KeyBlocks,
-  // two int32) to the consumers here, in a slot per Q phase (pipeline.cuh).
+  // two int32) and the block's next tile (one int32, padded to 8 bytes) to
+  // the consumers here, in a slot of 16 bytes per Q phase (pipeline.cuh).
   static constexpr int kKeyBlocksOffset = kBarrierOffset + 8 * kBarriers;
-  static constexpr int kSmemBytes = kKeyBlocksOffset + 2 * 8 + 1024;
+  static constexpr int kSmemBytes = kKeyBlocksOffset + 2 * 16 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KiB per block");
 
   // Named barrier ids (bar.sync; 16 per block, 0 is __syncthreads): each

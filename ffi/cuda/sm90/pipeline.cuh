@@ -105,8 +105,9 @@ __device__ __forceinline__ void PrefetchTensorMaps(const CUtensorMap* q_map, con
   PrefetchTensorMap(v_map);
 }
 
-// The feature variants' key blocks of the block's `tile_iter`-th tile, in
-// shared memory slot tile_iter & 1: written by the producer thread after
+// The feature variants' key blocks of the block's `tile_iter`-th tile, and
+// the block's tile after it (the dynamic schedule's, TakeTiles), in shared
+// memory slot tile_iter & 1: written by the producer thread after
 // q_empty's wait and before its arrival on q_full (release), read by the
 // consumers after their wait on q_full (acquire). The consumers read a
 // tile's slot before they release Q for the tile after it, and the producer
@@ -116,15 +117,21 @@ __device__ __forceinline__ void PrefetchTensorMaps(const CUtensorMap* q_map, con
 // head of each consumer warp's tile.
 template <typename Tr>
 __device__ __forceinline__ uint32_t KeyBlocksSlot(uint32_t smem, int tile_iter) {
-  return smem + Tr::kKeyBlocksOffset + 8 * (tile_iter & 1);
+  return smem + Tr::kKeyBlocksOffset + 16 * (tile_iter & 1);
 }
-__device__ __forceinline__ void StoreKeyBlocks(uint32_t slot, KeyBlocks keys) {
+__device__ __forceinline__ void StoreKeyBlocks(uint32_t slot, KeyBlocks keys, int next_tile) {
   asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(slot), "r"(keys.lo), "r"(keys.hi) : "memory");
+  asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(slot + 8), "r"(next_tile) : "memory");
 }
 __device__ __forceinline__ KeyBlocks LoadKeyBlocks(uint32_t slot) {
   KeyBlocks keys;
   asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];\n" : "=r"(keys.lo), "=r"(keys.hi) : "r"(slot) : "memory");
   return keys;
+}
+__device__ __forceinline__ int LoadNextTile(uint32_t slot) {
+  int next_tile;
+  asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(next_tile) : "r"(slot + 8) : "memory");
+  return next_tile;
 }
 
 // Issued by one thread for the block's `tile_iter`-th tile: K and V of key
@@ -135,15 +142,15 @@ __device__ __forceinline__ KeyBlocks LoadKeyBlocks(uint32_t slot) {
 // tile's epilogue; a tile without key blocks gets no Q copy. Producer waits
 // on empties start from parity 1: a fresh barrier counts its "previous"
 // phase as done. kPublishKeys (feature variants): also publishes `keys`
-// for the consumers (KeyBlocksSlot) before q_full's arrival.
+// and `next_tile` for the consumers (KeyBlocksSlot) before q_full's arrival.
 template <typename Tr, bool kPublishKeys = false>
 __device__ __forceinline__ void ProduceTile(const CUtensorMap* q_map, const CUtensorMap* k_map,
                                             const CUtensorMap* v_map, Barriers<Tr> bars, uint32_t smem,
                                             int m0, int h, int hk, int b, KeyBlocks keys, int pipe,
-                                            int tile_iter) {
+                                            int tile_iter, int next_tile = 0) {
   const uint32_t q_parity = (tile_iter & 1) ^ 1;
   auto publish = [&] {
-    if constexpr (kPublishKeys) StoreKeyBlocks(KeyBlocksSlot<Tr>(smem, tile_iter), keys);
+    if constexpr (kPublishKeys) StoreKeyBlocks(KeyBlocksSlot<Tr>(smem, tile_iter), keys, next_tile);
   };
   if (keys.hi <= keys.lo) {
     // A tile with no visible key block (lengths, offsets, documents) only

@@ -1,0 +1,52 @@
+"""One named attention call, run twice under jit, for Nsight Compute.
+
+    python scripts/profile_case.py packed          # 4 documents per row, causal
+    python scripts/profile_case.py one_doc_1024    # T=1024 B=16, segment ids of one document
+
+Cases (bf16, H=128, N=16; `grad` ones run the fused backward too):
+  packed          B=4 T=4096, 4 contiguous documents per row, causal, fwd
+  plain_1024      B=16 T=1024 causal, fwd (what `packed` would cost without
+                  the feature variant: the same tiles per document)
+  one_doc_1024    B=16 T=1024 causal with all-zero segment ids: the feature
+                  variant over plain_1024's tiles
+  packed_grad, plain_grad_1024: the same with the backward
+  det_grad        B=4 T=4096 non-causal, deterministic=True, fwd+bwd
+  default_grad    the same without deterministic
+scripts/profile_features.sh runs them under ncu and summarizes.
+"""
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_flash
+
+case = sys.argv[1]
+grad = case.endswith("grad") or "_grad_" in case
+b, t = (16, 1024) if case.endswith("1024") else (4, 4096)
+n, h = 16, 128
+rng = np.random.default_rng(0)
+q, k, v = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16) for _ in range(3))
+kwargs = dict(is_causal=not case.startswith(("det", "default")))
+if case.startswith("packed"):
+    ids = jnp.asarray(np.repeat(np.arange(4), t // 4)[None].repeat(b, 0), jnp.int32)
+    kwargs.update(q_segment_ids=ids, kv_segment_ids=ids)
+elif case.startswith("one_doc"):
+    ids = jnp.zeros((b, t), jnp.int32)
+    kwargs.update(q_segment_ids=ids, kv_segment_ids=ids)
+if case.startswith("det"):
+    kwargs.update(deterministic=True)
+
+
+def forward(q, k, v):
+    return jax_flash.attention(q, k, v, **kwargs)
+
+
+if grad:
+    f = jax.jit(jax.grad(lambda q, k, v: jnp.sum(forward(q, k, v).astype(jnp.float32)), (0, 1, 2)))
+else:
+    f = jax.jit(forward)
+for _ in range(2):
+    jax.block_until_ready(f(q, k, v))
