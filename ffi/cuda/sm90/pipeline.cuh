@@ -106,7 +106,8 @@ __device__ __forceinline__ void PrefetchTensorMaps(const CUtensorMap* q_map, con
 }
 
 // The feature variants' key blocks of the block's `tile_iter`-th tile, and
-// the block's tile after it (the dynamic schedule's, TakeTiles), in shared
+// the block's tile after it (taken tiles: fwd_kernel.cuh's
+// for_each_taken_tile), in shared
 // memory slot tile_iter & 1: written by the producer thread after
 // q_empty's wait and before its arrival on q_full (release), read by the
 // consumers after their wait on q_full (acquire). The consumers read a

@@ -2,8 +2,8 @@
 // batch) in an order fixed per call, dealt in rounds of gridDim.x, one to
 // each block (one per SM; Next). (The forward's feature variants take the
 // same tiles in Decode's order from a counter instead, as blocks come free:
-// fwd_kernel.cuh's for_each_taken_tile; their costs depend on segment ids.) Causal: query blocks from the last (the most
-// keys) to the first, so the heaviest tiles run first and the light ones
+// fwd_kernel.cuh's for_each_taken_tile; their costs depend on segment ids.)
+// Causal: query blocks from the last (the most keys) to the first, so the heaviest tiles run first and the light ones
 // fill the end (LPT over sorted jobs); every other round is dealt in
 // reverse, so the block that took a round's heaviest tile takes the next
 // round's lightest (dealing in the same direction would leave block 0 about
