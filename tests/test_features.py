@@ -122,6 +122,57 @@ def test_dropout_matches_reference_mask(rng, dtype):
         assert_close(name, a, r, dtype, factor=GRAD_FACTOR)
 
 
+ON_HOPPER = ON_GPU and jax.devices()[0].compute_capability.startswith("9")
+# Kernel families the many-block dropout test forces (None: the default;
+# on the H200 that is the sm90 kernels' kMasksDropout variants).
+DROPOUT_IMPLS = ([None, "sm80"] + (["sm90"] if ON_HOPPER else [])) if ON_GPU else [None]
+
+
+@pytest.mark.parametrize("impl", DROPOUT_IMPLS, ids=lambda i: i or "auto")
+@pytest.mark.parametrize("head_dim,dtype,extra", [
+    (64, "bfloat16", dict(is_causal=True)),
+    (128, "float16", dict()),
+    (128, "bfloat16", dict(is_causal=True, local_window_size=(150, 0), segments=True)),
+    (64, "float16", dict(broadcast=True, key_value_seq_lengths=True)),
+], ids=["64-causal", "128", "128-window-segments", "64-broadcast-lengths"])
+def test_dropout_over_many_blocks(rng, impl, head_dim, dtype, extra):
+    """Dropout where each tile sees several key blocks and each key block
+    several query steps (T=300, S=520: tails in both), GQA 4:2, with the
+    masks' features beside it, against the reference's own dropout factors
+    (every element of out, lse and the three gradients)."""
+    b, t, s, n, kh = 2, 300, 520, 4, 2
+    q, k, v = random_qkv(rng, b, t, s, n, kh, head_dim, dtype)
+    extra = dict(extra)
+    shared = extra.pop("broadcast", False)
+    if extra.pop("segments", False):
+        # Packed documents of random lengths (contiguous ids), queries and keys alike.
+        q_ids = np.sort(rng.integers(0, 4, (b, t)), axis=1).astype(np.int32)
+        kv_ids = np.sort(rng.integers(0, 4, (b, s)), axis=1).astype(np.int32)
+        extra.update(q_segment_ids=jnp.asarray(q_ids), kv_segment_ids=jnp.asarray(kv_ids))
+    if extra.pop("key_value_seq_lengths", False):
+        extra["key_value_seq_lengths"] = jnp.array([s, 333], jnp.int32)
+    key = jax.random.key(int(rng.integers(1 << 30)))
+    rate = 0.2
+    words = np.asarray(jax.random.bits(key, (2,), jnp.uint32))
+    factor = to_f64_cpu(reference.dropout_factor(words, b, n, t, s, rate, shared))
+    ours = dict(extra, dropout_rate=rate, dropout_rng=key, dropout_broadcast=shared, implementation=impl)
+    out, lse = jax_flash.attention(q, k, v, return_residual=True, **ours)
+    ref_out, ref_lse = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), dropout_factor=factor,
+                                           return_residual=True, **extra)
+    assert_close("out", out, ref_out, dtype)
+    visible = np.isfinite(np.asarray(ref_lse))
+    got_lse = np.swapaxes(np.asarray(lse, np.float64), -1, -2)
+    assert_close("lse", np.where(visible, got_lse, 0), np.where(visible, ref_lse, 0), dtype)
+    dout = jnp.asarray(rng.standard_normal(q.shape), dtype)
+    grads = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, **ours).astype(jnp.float32) * dout),
+                     (0, 1, 2))(q, k, v)
+    ref_grads = jax.grad(lambda *a: jnp.sum(reference.attention(*a, dropout_factor=factor, **extra)
+                                            * to_f64_cpu(dout)), (0, 1, 2))(
+        to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
+
+
 def test_dropout_is_a_function_of_the_key(rng):
     q, k, v = random_qkv(rng, 1, 33, 33, 2, 2, 16, "float32")
     run = lambda key, rate=0.5: jax_flash.attention(q, k, v, dropout_rate=rate, dropout_rng=key)

@@ -87,13 +87,16 @@ ffi::Error DispatchTensorCores(ffi::DataType dtype, const AttentionShape& shape,
   return ffi::Error::Success();
 }
 
-// The attention features the Hopper forward's variants take
-// (sm90::LaunchForwardWithFeatures): lengths, windows, position offsets,
-// segment ids and the soft cap, at head dims up to 128. A bias, a boolean
-// mask and dropout (and features at 256) stay on the sm80 forward.
+// The attention features the Hopper kernels' variants take, forward and
+// backward (sm90::LaunchForwardWithFeatures, LaunchBackwardWithFeatures):
+// lengths, windows, position offsets, segment ids and either the soft cap
+// or dropout (kMasksDropout), at head dims up to 128. A bias, a boolean
+// mask, dropout with the soft cap (and features at 256) stay on the sm80
+// kernels (a bias and a mask: Sm90ForwardTakesFeatures, the backward's
+// bias variants).
 bool Sm90TakesFeatures(const AttentionParams& p) {
   const AttentionFeatures& f = p.features;
-  return !f.Any() || (p.shape.head_dim <= 128 && !f.bias && !f.mask && !(f.dropout_rate > 0.0));
+  return !f.Any() || (p.shape.head_dim <= 128 && !f.bias && !f.mask && !(f.dropout_rate > 0.0 && f.softcap > 0.0));
 }
 
 // The forward's: those, or with the masks' features either a bias (the
@@ -157,9 +160,9 @@ bool Sm90BiasVariantsTake(const AttentionParams& p) {
 // Whether the Hopper backward (sm90/bwd_*) serves this call: as the forward
 // (Sm90ForwardSupports), head dims up to 128 (256 stays on sm80's fused
 // backward), the features its variants take (Sm90TakesFeatures: lengths,
-// windows, position offsets, segment ids, the soft cap; or a bias with the
-// masks' features, BackwardTakesBias; a boolean mask and dropout stay on
-// sm80's), not deterministic (dQ is summed by
+// windows, position offsets, segment ids, the soft cap or dropout; or a
+// bias with the masks' features, BackwardTakesBias; a boolean mask and
+// dropout with the soft cap stay on sm80's), not deterministic (dQ is summed by
 // atomic adds; deterministic plain calls: Sm90DeterministicScratch), with
 // the float32 dQ accumulator. Decided after the features are decoded.
 bool Sm90BackwardSupports(ffi::DataType dtype, const AttentionParams& p) {
@@ -294,8 +297,8 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
     return ffi::Error::InvalidArgument(
         "jax_flash: implementation='sm90' needs a GPU of compute capability 9.x (a build with "
         "sm_90a), float16/bfloat16 inputs, a head dim that is a multiple of 8 (at most 256), a "
-        "positive scale, and no dropout (lengths, segments, window, offsets, soft cap, or either a "
-        "bias or a boolean mask contiguous along the keys without the soft cap, at head dims up to 128)");
+        "positive scale, and features it takes (at head dims up to 128: lengths, segments, window, "
+        "offsets, and either the soft cap, dropout, a bias or a boolean mask contiguous along the keys)");
   }
 #ifdef JAX_FLASH_WITH_SM90
   if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {
@@ -374,7 +377,8 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   // Features (session 19): at 128 1.55-2.27x of sm80's, at 64 (128-query
   // steps) 1.95-3.19x. A bias (contiguous along the keys, without a boolean
   // mask, dropout or the soft cap): the bias variants (BackwardTakesBias).
-  // Other sm90-forced calls (a boolean mask, dropout) run sm80's backward,
+  // Dropout (without the soft cap): kMasksDropout. Other sm90-forced calls
+  // (a boolean mask, dropout with the soft cap) run sm80's backward,
   // as before: the forward's family does not bind the backward's.
   const bool sm90_ok = Sm90BackwardSupports(q.element_type(), p);
 #ifdef JAX_FLASH_WITH_SM90

@@ -114,6 +114,7 @@
 #include "cuda/row_stats.cuh"
 #include "cuda/sm90/bulk_reduce.cuh"
 #include "cuda/sm90/bwd_kernel_traits.cuh"
+#include "cuda/sm90/dropout.cuh"
 #include "cuda/sm90/feature_mask.cuh"  // Features, FeatureQueryBlocks, FeatureStepMask
 #include "cuda/sm90/pipeline.cuh"  // LoadTile, KMajorDescriptor, PrefetchTensorMap
 #include "cuda/sm90/softmax.cuh"   // OnlineSoftmax::ToFragments
@@ -149,6 +150,11 @@ struct BackwardArgs {
   // each query block, and each pair's tiles in BwdTile's order, in
   // descending key block order (DqOrder); false elsewhere.
   bool keys_descending;
+  // kMasksDropout: FragmentDropout's threshold_high and keep_scale
+  // (dropout.cuh), constants of the launch, so that the loop holds no
+  // register for them.
+  uint32_t dropout_threshold_high;
+  float dropout_keep_scale;
 };
 
 constexpr int kDsBarrier = 1;
@@ -739,11 +745,14 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
   constexpr bool kSoftcap = kFeatures == Features::kMasksSoftcap;
   constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
+  constexpr bool kDropout = kFeatures == Features::kMasksDropout;
   using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
   constexpr bool kDqFirst = BwdDqFirst(kSchedule);
   // The bias's loads for step i + 1 go out under step i's dK product, where
   // nothing else is in flight between steps (kDqFirst's order).
   static_assert(!kBias || kDqFirst, "the bias variants run the dQ-first schedules only");
+  // Likewise the dropout variant's keep bits for step i + 1.
+  static_assert(!kDropout || kDqFirst, "the dropout variant runs the dQ-first schedules only");
   static_assert(!kBiasGradient || kBias, "the bias gradient is the bias variants' pass");
   constexpr bool kUniform = BwdUniformDescriptors(kSchedule);
   constexpr bool kDiagonalMasks = BwdDiagonalMasks(kSchedule) && !kAnyFeature;
@@ -795,6 +804,27 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   [[maybe_unused]] BiasColumns<BiasT> bias{};
   [[maybe_unused]] uint32_t bias_raw[kBlockM / 2];
   if constexpr (kBias) bias = BiasColumns<BiasT>::For(p, tile.b, wg_n0 + row0);
+  // kMasksDropout (dropout.cuh): the batch row's Philox keys, once per tile,
+  // and the keep bits of the next step (FeatureStepMask's layout), made a
+  // step ahead under the previous step's dK product, where S^T, dP^T and
+  // their fragments are dead (inside the step, beside them in flight, the
+  // bits made ptxas spill at 64, 15 local accesses per step).
+  // Only the Philox keys (uniform registers) and the next bits are held
+  // across the loop: the rest of FragmentDropout is rebuilt per step from the
+  // kernel's arguments (a whole FragmentDropout held beside keep_next was
+  // the words ptxas spilled at 64, 18 local accesses per step).
+  [[maybe_unused]] FragmentDropout dropout{};
+  [[maybe_unused]] StepMaskBits<kBlockM> keep_next = 0;
+  if constexpr (kDropout) dropout = FragmentDropout::For(p, tile.b, 0);
+  [[maybe_unused]] auto keep_bits = [&](int i) {
+    if constexpr (kDropout) {
+      FragmentDropout step_dropout = dropout;
+      step_dropout.threshold_high = a.dropout_threshold_high;
+      step_dropout.batch = p.features.dropout_shared ? 0u : uint32_t(tile.b);
+      step_dropout.head = p.features.dropout_shared ? 0u : uint32_t(steps.head(i, tile.hk, a.group));
+      keep_next = step_dropout.template BackwardKeepBits<kBlockM>(wg_n0 + row0, steps.m0(i), t);
+    }
+  };
   [[maybe_unused]] auto load_bias = [&](int i) {
     if constexpr (kBias)
       bias.template Load<kBlockM>(bias_raw, p, steps.head(i, tile.hk, a.group), steps.m0(i), t);
@@ -914,9 +944,12 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     }
   };
 
-  // kMasksBias(16): the first step's bias, under the K/V copy.
+  // kMasksBias(16): the first step's bias, under the K/V copy; kMasksDropout
+  // the first step's keep bits.
   if constexpr (kBias)
     if (steps.count > 0) load_bias(0);
+  if constexpr (kDropout)
+    if (steps.count > 0) keep_bits(0);
   // A feature variant's tile without steps: no K/V copy was issued.
   if (!kAnyFeature || steps.count > 0) MbarrierWait(bars.kv_full(), 0);
   // Step i up to its dQ product (done, in dq). kSendPrevious (kEarlyS, all
@@ -987,6 +1020,8 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     }
     // kLeanDqEarlyDp: step i - 1's share sent with both S^T and dP^T in flight.
     if constexpr (kSendPrevious && kSendAfterDp) send_dq(i - 1);
+    // kMasksDropout: the step's keep bits, made under the previous step's dK.
+    [[maybe_unused]] const StepMaskBits<kBlockM> keep = keep_next;
 
     // P^T while dP^T is still on the tensor cores. Column c of the thread's
     // accumulators is query m0 + 8j + 2t + e; its lse2 and delta pairs come
@@ -1059,6 +1094,18 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
             const float prob = FastExp2(fmaf(th * a.softcap_unscale, a.scale_log2, -(e ? lse2.y : lse2.x)));
             st[k] = visible >> (kVisibleRowBits * hh + 2 * j + e) & 1u ? prob : 0.0f;
             dpt[k] = st[k] * (dpt[k] - (e ? delta.y : delta.x)) * (1.0f - th * th);
+          }
+      } else if constexpr (kDropout) {
+        // Z = keep / (1 - rate): dS = P (Z dP - delta), and dV's P^T is
+        // keep ? P : 0 (dV scaled by 1 / (1 - rate) at its store).
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int k = 4 * j + 2 * hh + e;
+            const bool kept = keep >> (kVisibleRowBits * hh + 2 * j + e) & 1u;
+            dpt[k] = st[k] * fmaf(dpt[k], kept ? a.dropout_keep_scale : 0.0f, -(e ? delta.y : delta.x));
+            st[k] = kept ? st[k] : 0.0f;
           }
       } else {
 #pragma unroll
@@ -1166,6 +1213,9 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       // words beside dQ, dK, dV and dS^T's fragments made ptxas spill).
       // (The count rebuilt from m_count, as step_count below.)
       if constexpr (kBias) load_bias(min(i + 1, int(Opaque(uint32_t(steps.m_count))) * a.group - 1));
+      // kMasksDropout: the next step's keep bits (the last step's again on
+      // the last step), likewise under dK.
+      if constexpr (kDropout) keep_bits(min(i + 1, int(Opaque(uint32_t(steps.m_count))) * a.group - 1));
       WgmmaWait<0>();
       FenceRegisters(dk);
 #pragma unroll
@@ -1284,7 +1334,8 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   }
 
   StoreKeyGradient<Element, kHeadDim>(a, a.dk, dk, a.scale, wg_n0 + row0, tile.b, tile.hk, t);
-  StoreKeyGradient<Element, kHeadDim>(a, a.dv, dv, 1.0f, wg_n0 + row0, tile.b, tile.hk, t);
+  StoreKeyGradient<Element, kHeadDim>(a, a.dv, dv, kDropout ? a.dropout_keep_scale : 1.0f, wg_n0 + row0, tile.b,
+                                      tile.hk, t);
 }
 
 // The bias-gradient pass's tile order: BwdTile's, but where the bias is

@@ -117,6 +117,11 @@ constexpr BwdSchedule DefaultBwdSchedule(int head_dim) {
 constexpr BwdSchedule FeatureBwdSchedule(int head_dim) {
   return head_dim <= 64 ? BwdSchedule::kDqFirstUniformRows128 : BwdSchedule::kDqFirstUniform;
 }
+// The dropout variant's: 64-query steps at every head dim. Over 128-query
+// steps at 64 its keep bits (64 per thread, made a step ahead) beside S^T
+// and dP^T in flight (64 floats each) left ptxas ~10 words short: 21 local
+// accesses per step, in the loop.
+constexpr BwdSchedule DropoutBwdSchedule(int) { return BwdSchedule::kDqFirstUniform; }
 
 // kBlockM_: queries per step, 64 (the feature variants, the plain kernel at
 // 128) or 128 at head dim 64 (the Rows128 schedules, the plain default

@@ -82,6 +82,9 @@ std::string PrepareBackwardCall(const AttentionParams& p, bool bias, CUtensorMap
   args.softcap_unscale = bias ? float(1.0 / p.scale) : cap.cap_over_scale;
   args.causal_section = 0;  // LaunchBackwardScheduled may size it
   args.keys_descending = false;  // LaunchBackwardDeterministic may set it
+  const DropoutPolicy dropout = DropoutPolicy::For(p, 0);  // (the same threshold and scale for every batch row)
+  args.dropout_threshold_high = FragmentDropout::ThresholdHigh(dropout.threshold);
+  args.dropout_keep_scale = FragmentDropout::KeepScale(dropout);
   return {};
 }
 
@@ -202,6 +205,7 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
                             : kFeatures == Features::kMasks       ? " with masks"
                             : kFeatures == Features::kMasksBias   ? " with masks and bias"
                             : kFeatures == Features::kMasksBias16 ? " with masks and 16-bit bias"
+                            : kFeatures == Features::kMasksDropout ? " with masks and dropout"
                                                                   : " with masks and soft cap");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
   if (auto why = UnsupportedFeatures(p, kFeatures); !why.empty()) return fail(why);
@@ -418,10 +422,14 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
 
 // The feature variants at FeatureBwdSchedule (bwd_kernel_traits.cuh): kMasksSoftcap
 // only where the soft cap is on, so that calls without it keep the
-// masks-only variant's registers.
+// masks-only variant's registers; kMasksDropout for dropout (without the
+// soft cap, which it refuses).
 template <typename Element, int kHeadDim>
 std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t stream) {
   constexpr BwdSchedule kSchedule = FeatureBwdSchedule(kHeadDim);
+  if (p.features.dropout_rate > 0.0 && p.features.dropout_seed)
+    return LaunchBackwardScheduled<Element, kHeadDim, DropoutBwdSchedule(kHeadDim), Features::kMasksDropout>(
+        p, stream, kSizedCausalSection);
   if (p.features.softcap > 0.0)
     return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksSoftcap>(p, stream,
                                                                                           kSizedCausalSection);

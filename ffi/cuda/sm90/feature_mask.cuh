@@ -135,11 +135,18 @@ __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, 
 }
 
 // Why a feature variant cannot serve p (empty: it can), forward and
-// backward alike. Bias, a boolean mask and dropout stay on the sm80 kernels;
-// the soft cap needs kMasksSoftcap.
+// backward alike. The soft cap needs kMasksSoftcap, a bias kMasksBias(16), a
+// boolean mask kMasksBoolean (forward), dropout kMasksDropout; the pairs
+// among them that no variant takes stay on the sm80 kernels.
 inline std::string UnsupportedFeatures(const AttentionParams& p, Features variant) {
   const AttentionFeatures& f = p.features;
   if (variant == Features::kNone) return f.Any() ? "attention features need a feature variant" : "";
+  if (variant == Features::kMasksDropout) {
+    if (!(f.dropout_rate > 0.0) || !f.dropout_seed) return "the kMasksDropout variant needs dropout (a rate and a seed)";
+    if (f.bias || f.mask || f.softcap > 0.0)
+      return "dropout with a bias, a boolean mask or the soft cap is not supported (the sm80 kernels serve it)";
+    return {};
+  }
   if (variant == Features::kMasksBias || variant == Features::kMasksBias16) {
     // The bias is loaded into S's accumulators before S = Q K^T adds the
     // products to it (BiasRows): there is no raw q.k left for a soft cap to

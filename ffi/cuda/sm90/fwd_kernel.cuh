@@ -1,9 +1,9 @@
 // FlashAttention forward for Hopper (sm_90a), float16/bfloat16, causal, and
 // in its feature variants (kFeatures, feature_mask.cuh) lengths, windows,
 // position offsets, segment ids and the soft cap, or those and a bias
-// (kMasksBias: BiasRows) or a boolean mask (kMasksBoolean: MaskArrayRows,
-// key padding trimmed by the producer): FlashAttention-3's design in our
-// own code.
+// (kMasksBias: BiasRows), a boolean mask (kMasksBoolean: MaskArrayRows,
+// key padding trimmed by the producer) or dropout (kMasksDropout:
+// dropout.cuh): FlashAttention-3's design in our own code.
 //
 // A persistent grid (one block per SM) walks tiles of (kBlockM query rows,
 // head, batch) in tile_scheduler.cuh's order; each block has a producer and
@@ -54,6 +54,7 @@
 #include <type_traits>
 
 #include "common/params.h"
+#include "cuda/sm90/dropout.cuh"
 #include "cuda/sm90/epilogue.cuh"
 #include "cuda/sm90/feature_mask.cuh"
 #include "cuda/sm90/kernel_traits.cuh"
@@ -113,6 +114,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
   using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
   constexpr bool kMaskArray = kFeatures == Features::kMasksBoolean;
+  constexpr bool kDropout = kFeatures == Features::kMasksDropout;
   const int n_hi = keys.hi, n_blocks = keys.hi - keys.lo;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, t = lane % 4;
   const int row0 = warp * 16 + lane / 4;  // this thread's rows in the warpgroup: row0, row0 + 8
@@ -180,6 +182,14 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   SummaryEntries next_keys{};
   if constexpr (kAnyFeature)
     if (n_blocks > 0) next_keys = key_summaries((n_hi - 1) * kBlockN);
+  // kMasksDropout (dropout.cuh): the tile's Philox keys and counter words;
+  // block i's P dropped after its row sums, under the previous PV (drop); O
+  // scaled by 1 / (1 - rate) once, before the epilogue.
+  FragmentDropout dropout{};
+  if constexpr (kDropout) dropout = FragmentDropout::For(params, b, h);
+  auto drop = [&](float (&s)[kBlockN / 2], int i) {
+    if constexpr (kDropout) dropout.ForwardDrop<kBlockN>(s, wg_m0 + row0, (n_hi - 1 - i) * kBlockN, t);
+  };
   auto prepare = [&](int i) {
     BlockMask m{};
     if constexpr (kAnyFeature) {
@@ -303,6 +313,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
       float alpha[2];
       if (softmax.UpdateMax(s, alpha)) softmax.Rescale(o, alpha);
       softmax.template Exponentiate<kMasked>(s);
+      drop(s, i);
       softmax.template ToFragments<Element>(s, p);
       issue_pv(p, i);
       WgmmaWait<0>();
@@ -336,6 +347,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
       softmax.UpdateMax(s, alpha);
       softmax.template Exponentiate<false>(s);
     }
+    drop(s, 0);
     softmax.template ToFragments<Element>(s, p);
     // Block i >= 1: S_i issued first, then PV_{i-1}; S_i completes first
     // (groups retire in order) and its whole softmax runs under PV_{i-1};
@@ -357,6 +369,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
       if constexpr (kMasked) mask(s, i, block_mask);
       rescale = softmax.UpdateMax(s, alpha);
       softmax.template Exponentiate<kMasked>(s);
+      drop(s, i);
       // Pins the softmax before the wait. The register fences keep the
       // compiler from sinking it to its uses after the wait; ptxas would
       // still hoist the wait above the exponentials (it cannot know how
@@ -384,6 +397,10 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
     release_v(n_blocks - 1);
   }
 
+  if constexpr (kDropout) {
+    const float keep_scale[2] = {dropout.keep_scale, dropout.keep_scale};
+    softmax.Rescale(o, keep_scale);
+  }
   const uint32_t staging = smem + Tr::kStagingOffset + warpgroup * 64 * 128;
   TileCoord coord{0, h, b};
   if constexpr (!kAnyFeature) {

@@ -15,9 +15,10 @@ enum class Schedule { kSerial, kOverlap, kPingPong };
 // (BiasRows, feature_mask.cuh); kMasksBias16 the same with a bias of the
 // inputs' 16-bit type (half the bias bytes: 1.28x kMasksBias's speed on
 // the H200, session 19); kMasksBoolean (forward) the masks and the boolean
-// mask array (MaskArrayRows, feature_mask.cuh). Dropout and a
-// bias with the soft cap stay on the sm80 forward.
-enum class Features { kNone, kMasks, kMasksSoftcap, kMasksBias, kMasksBias16, kMasksBoolean };
+// mask array (MaskArrayRows, feature_mask.cuh); kMasksDropout the masks and
+// dropout (dropout.cuh). A bias with the soft cap, and dropout with the soft
+// cap, a bias or a boolean mask, stay on the sm80 kernels.
+enum class Features { kNone, kMasks, kMasksSoftcap, kMasksBias, kMasksBias16, kMasksBoolean, kMasksDropout };
 
 // Consumer warpgroups of the plain forward at head dim 64 (FwdTraits<64>'s
 // default, hence ForwardSmemBytes): 3 (192-row tiles, FlashAttention-3's

@@ -67,6 +67,7 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
                             : kFeatures == Features::kMasksBias   ? " with masks and bias"
                             : kFeatures == Features::kMasksBias16 ? " with masks and 16-bit bias"
                             : kFeatures == Features::kMasksBoolean ? " with masks and boolean mask"
+                            : kFeatures == Features::kMasksDropout ? " with masks and dropout"
                                                                   : " with masks and soft cap") +
                            (kC == 2 ? "" : ", three consumer warpgroups");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
@@ -188,6 +189,9 @@ std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t str
   // cap with it, which that variant refuses).
   if (p.features.mask)
     return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBoolean>(p, stream);
+  // Dropout (without the soft cap, which that variant refuses): kMasksDropout.
+  if (p.features.dropout_rate > 0.0 && p.features.dropout_seed)
+    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksDropout>(p, stream);
   if (p.features.softcap > 0.0)
     return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksSoftcap>(p, stream);
   return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasks>(p, stream);
