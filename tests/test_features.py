@@ -134,7 +134,8 @@ DROPOUT_IMPLS = ([None, "sm80"] + (["sm90"] if ON_HOPPER else [])) if ON_GPU els
     (128, "float16", dict()),
     (128, "bfloat16", dict(is_causal=True, local_window_size=(150, 0), segments=True)),
     (64, "float16", dict(broadcast=True, key_value_seq_lengths=True)),
-], ids=["64-causal", "128", "128-window-segments", "64-broadcast-lengths"])
+    (128, "bfloat16", dict(is_causal=True, key_padding=True)),
+], ids=["64-causal", "128", "128-window-segments", "64-broadcast-lengths", "128-key-padding"])
 def test_dropout_over_many_blocks(rng, impl, head_dim, dtype, extra):
     """Dropout where each tile sees several key blocks and each key block
     several query steps (T=300, S=520: tails in both), GQA 4:2, with the
@@ -151,6 +152,8 @@ def test_dropout_over_many_blocks(rng, impl, head_dim, dtype, extra):
         extra.update(q_segment_ids=jnp.asarray(q_ids), kv_segment_ids=jnp.asarray(kv_ids))
     if extra.pop("key_value_seq_lengths", False):
         extra["key_value_seq_lengths"] = jnp.array([s, 333], jnp.int32)
+    if extra.pop("key_padding", False):
+        extra["mask"] = jnp.asarray(_key_padding(rng, b, 1, s))
     key = jax.random.key(int(rng.integers(1 << 30)))
     rate = 0.2
     words = np.asarray(jax.random.bits(key, (2,), jnp.uint32))
@@ -168,6 +171,49 @@ def test_dropout_over_many_blocks(rng, impl, head_dim, dtype, extra):
                      (0, 1, 2))(q, k, v)
     ref_grads = jax.grad(lambda *a: jnp.sum(reference.attention(*a, dropout_factor=factor, **extra)
                                             * to_f64_cpu(dout)), (0, 1, 2))(
+        to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
+
+
+def _key_padding(rng, b, n, s):
+    """A [b, n, 1, s] key-only boolean mask: random keys hidden, one 128-key
+    block of each row hidden whole, the rest visible."""
+    mask = rng.random((b, n, 1, s)) > 0.3
+    mask[..., 128:256] = False
+    mask[..., 256:384] = True
+    return mask
+
+
+@pytest.mark.parametrize("impl", DROPOUT_IMPLS, ids=lambda i: i or "auto")
+@pytest.mark.parametrize("head_dim,dtype,extra", [
+    (64, "bfloat16", dict(is_causal=True)),
+    (128, "float16", dict(logits_soft_cap=5.0)),
+    (128, "bfloat16", dict(q_segment_ids=True, local_window_size=(200, 50))),
+], ids=["64-causal", "128-softcap", "128-segments-window"])
+def test_key_padding_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
+    """A key-only boolean mask ([B, N, 1, S]: a different padding per head)
+    over several key blocks and query steps, GQA 4:2, beside the other
+    masks and the soft cap (on the H200 the sm90 backward's feature
+    variants read it per key), every element of out, lse and the gradients."""
+    b, t, s, n, kh = 2, 300, 520, 4, 2
+    q, k, v = random_qkv(rng, b, t, s, n, kh, head_dim, dtype)
+    extra = dict(extra, mask=jnp.asarray(_key_padding(rng, b, n, s)), implementation=impl)
+    if extra.pop("q_segment_ids", False):
+        extra["q_segment_ids"] = jnp.asarray(np.sort(rng.integers(0, 3, (b, t)), axis=1), jnp.int32)
+        extra["kv_segment_ids"] = jnp.asarray(np.sort(rng.integers(0, 3, (b, s)), axis=1), jnp.int32)
+    ref = {name: x for name, x in extra.items() if name != "implementation"}
+    out, lse = jax_flash.attention(q, k, v, return_residual=True, **extra)
+    ref_out, ref_lse = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), return_residual=True, **ref)
+    assert_close("out", out, ref_out, dtype)
+    visible = np.isfinite(np.asarray(ref_lse))
+    got_lse = np.swapaxes(np.asarray(lse, np.float64), -1, -2)
+    assert np.all(np.isneginf(got_lse[~visible]))
+    assert_close("lse", np.where(visible, got_lse, 0), np.where(visible, ref_lse, 0), dtype)
+    dout = jnp.asarray(rng.standard_normal(q.shape), dtype)
+    grads = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, **extra).astype(jnp.float32) * dout),
+                     (0, 1, 2))(q, k, v)
+    ref_grads = jax.grad(lambda *a: jnp.sum(reference.attention(*a, **ref) * to_f64_cpu(dout)), (0, 1, 2))(
         to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
         assert_close(name, g, r, dtype, factor=GRAD_FACTOR)

@@ -50,6 +50,10 @@ struct Spec {
   long long left, right;
   int segments;  // 0 none, 1 documents, 2 scattered, 3 documents without summaries
   int doc;       // document length (segments 1, 3)
+  // The backward only: a key-only boolean mask ([1, 1, 1, S], one byte per
+  // key; its key stride key_stride), empty when none.
+  std::vector<uint8_t> key_mask;
+  int key_stride = 1;
 };
 
 bool Visible(const Spec& c, const std::vector<int32_t>& q_ids, const std::vector<int32_t>& kv_ids, long long i,
@@ -62,6 +66,7 @@ bool Visible(const Spec& c, const std::vector<int32_t>& q_ids, const std::vector
   if (c.left >= 0 && j < i + d - c.left) return false;
   if (c.right >= 0 && j > i + d + c.right) return false;
   if (c.segments && q_ids[i] != kv_ids[j]) return false;
+  if (!c.key_mask.empty() && c.key_mask[size_t(j) * c.key_stride] == 0) return false;
   return true;
 }
 
@@ -196,12 +201,16 @@ long CheckBackward(const Spec& c, long* checked) {
     p.features.kv_segment_ids = kv_ids.data();
     if (!q_ranges.empty()) p.features.q_segment_ranges = q_ranges.data(), p.features.kv_segment_ranges = kv_ranges.data();
   }
+  if (!c.key_mask.empty()) {
+    p.features.mask = c.key_mask.data();
+    p.features.mask_stride.col = c.key_stride;  // row (query), head and batch strides 0
+  }
   auto fail = [&](const char* what, int n0, int m0, long long i, long long j) {
     if (failures++ < 5)
-      std::printf("FAIL backward: %s (T %d S %d causal %d q_len %d(%d) kv_len %d(%d) offset %d(%d) window (%lld, "
+      std::printf("FAIL backward: %s (key mask %d, T %d S %d causal %d q_len %d(%d) kv_len %d(%d) offset %d(%d) window (%lld, "
                   "%lld) segments %d doc %d: tile keys %d, step queries %d, pair (%lld, %lld))\n",
-                  what, c.T, c.S, int(c.causal), c.q_len, int(c.q_lens), c.kv_len, int(c.kv_lens), c.offset,
-                  int(c.offsets), c.left, c.right, c.segments, c.doc, n0, m0, i, j);
+                  what, int(!c.key_mask.empty()), c.T, c.S, int(c.causal), c.q_len, int(c.q_lens), c.kv_len,
+                  int(c.kv_lens), c.offset, int(c.offsets), c.left, c.right, c.segments, c.doc, n0, m0, i, j);
   };
   const MaskPolicy policy = MaskPolicy::For(p, 0, 0);
   for (int n0 = 0; n0 < c.S; n0 += kBlockN) {
@@ -366,6 +375,19 @@ int main() {
     failures += Check<80>(c, &checked);
     failures += CheckBackward<64>(c, &checked);
     failures += CheckBackward<128>(c, &checked);
+    // The backward again with a key-only boolean mask (key padding): random
+    // bytes (0 or nonzero), some 16-key runs all hidden and some all
+    // visible, contiguous or strided along the keys.
+    c.key_stride = uniform(1, 3);
+    c.key_mask.assign(size_t(c.S) * c.key_stride, 0);
+    for (int j = 0; j < c.S; ++j) {
+      const int run = j / 16 % 4;  // 0: random, 1: hidden, 2, 3: visible
+      c.key_mask[size_t(j) * c.key_stride] =
+          uint8_t(run == 1 ? 0 : run >= 2 ? uniform(1, 255) : uniform(0, 1) * uniform(1, 255));
+    }
+    failures += CheckBackward<64>(c, &checked);
+    failures += CheckBackward<128>(c, &checked);
+    c.key_mask.clear();
     ++configs;
   }
   // The backward's bias: random shapes (tails in T and S, S below one

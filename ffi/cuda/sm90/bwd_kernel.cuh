@@ -1,7 +1,9 @@
 // FlashAttention backward for Hopper (sm_90a), float16/bfloat16, plain and
 // causal, GQA, and in its feature variants (Features, kernel_traits.cuh)
-// lengths, windows, position offsets, segment ids, the soft cap and an
-// additive bias:
+// lengths, windows, position offsets, segment ids, the soft cap, an
+// additive bias and dropout (kMasksDropout: dropout.cuh's keep bits, made a
+// step ahead under the previous step's dK; dS = P (Z dP - delta), dV from
+// the kept P, scaled at its store):
 // FlashAttention-3's structure (warp specialization, TMA ring,
 // wgmma, S^T = K Q^T so that P^T and dS^T come out as the A operands of dV
 // and dK) in our own code. Runs between sm80's DeltaAndClearKernel (delta =

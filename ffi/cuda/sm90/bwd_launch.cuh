@@ -200,6 +200,7 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   const auto& s = p.shape;
   constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
+  constexpr bool kAnyFeature = kFeatures != Features::kNone;
   const std::string what = DescribeBackward(s, kHeadDim) +
                            (kFeatures == Features::kNone          ? ""
                             : kFeatures == Features::kMasks       ? " with masks"
@@ -208,7 +209,8 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
                             : kFeatures == Features::kMasksDropout ? " with masks and dropout"
                                                                   : " with masks and soft cap");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
-  if (auto why = UnsupportedFeatures(p, kFeatures); !why.empty()) return fail(why);
+  // (The masks' variants read a key-only boolean mask per S^T row: FeatureStepMask.)
+  if (auto why = UnsupportedFeatures(p, kFeatures, kAnyFeature && !kBias); !why.empty()) return fail(why);
   if constexpr (kBias) {
     if (p.features.dbias || p.features.dbias_direct)
       return fail("computes no bias gradient (the bias-gradient pass, LaunchBiasGradientScheduled, does)");

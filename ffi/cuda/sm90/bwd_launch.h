@@ -42,8 +42,10 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream);
 // query and key lengths, local windows, position offsets, segment ids (with
 // or without their block summaries) and the soft cap, with the semantics of
 // the sm90 forward's feature variants and of sm80's backward (the soft cap's
-// gradient through the same tanh). A bias, a boolean mask or dropout is
-// refused with a message (sm80's backward serves those). kHeadDim 64, 128.
+// gradient through the same tanh), or those and dropout (kMasksDropout:
+// the same Philox bits as every family, dropout.cuh). A bias (the bias
+// variants), a boolean mask or dropout with the soft cap is refused with a
+// message (sm80's backward serves those). kHeadDim 64, 128.
 template <typename Element, int kHeadDim>
 std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t stream);
 

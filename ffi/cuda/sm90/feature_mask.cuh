@@ -134,11 +134,23 @@ __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, 
   return kb;
 }
 
+// A boolean mask the same for every query ([B|1, N|1, 1, S]: key padding):
+// one byte per key, which the backward's feature variants read per S^T row
+// (FeatureStepMask).
+inline bool IsKeyOnlyMask(const AttentionFeatures& f) { return f.mask && f.mask_stride.row == 0; }
+
 // Why a feature variant cannot serve p (empty: it can), forward and
 // backward alike. The soft cap needs kMasksSoftcap, a bias kMasksBias(16), a
 // boolean mask kMasksBoolean (forward), dropout kMasksDropout; the pairs
-// among them that no variant takes stay on the sm80 kernels.
-inline std::string UnsupportedFeatures(const AttentionParams& p, Features variant) {
+// among them that no variant takes stay on the sm80 kernels. key_mask (the
+// backward's kMasks, kMasksSoftcap and kMasksDropout): a key-only boolean
+// mask (IsKeyOnlyMask) is taken beside the variant's features.
+inline std::string UnsupportedFeatures(const AttentionParams& p, Features variant, bool key_mask = false) {
+  if (key_mask && IsKeyOnlyMask(p.features)) {
+    AttentionParams without = p;
+    without.features.mask = nullptr;
+    return UnsupportedFeatures(without, variant);
+  }
   const AttentionFeatures& f = p.features;
   if (variant == Features::kNone) return f.Any() ? "attention features need a feature variant" : "";
   if (variant == Features::kMasksDropout) {
@@ -753,7 +765,18 @@ __host__ __device__ __forceinline__ StepMaskBits<kBlockM> FeatureStepMask(const 
   using Bits = StepMaskBits<kBlockM>;
   constexpr int kTiles = kBlockM / 8, kRowBits = 2 * kTiles;
   static_assert(kBlockM == 64 || kBlockM == 128, "two rows of 2 kBlockM / 8 bits in one word");
-  const MaskPolicy policy = MaskPolicy::For(p, b, h);
+  MaskPolicy policy = MaskPolicy::For(p, b, h);
+  // A key-only boolean mask (the only mask array these variants take,
+  // UnsupportedFeatures' key_mask): the bytes of the thread's two keys
+  // (clamped into the sequence: keys past it are hidden by the bounds) hide
+  // or keep each row whole; the rest of the policy goes without it.
+  Bits rows = ~Bits(0);
+  if (policy.mask) {
+    const int k_last = int(p.shape.seqlen_k) - 1;
+    if (policy.mask[int64_t(std::min(key, k_last)) * policy.mask_col] == 0) rows &= ~((Bits(1) << kRowBits) - 1);
+    if (policy.mask[int64_t(std::min(key + 8, k_last)) * policy.mask_col] == 0) rows &= (Bits(1) << kRowBits) - 1;
+    policy.mask = nullptr;
+  }
   SegmentMeet meet = SegmentMeet::kAll;
   if (policy.q_segments)
     meet = policy.HasSegmentRanges()
@@ -761,7 +784,7 @@ __host__ __device__ __forceinline__ StepMaskBits<kBlockM> FeatureStepMask(const 
                : SegmentMeet::kSome;
   if (meet == SegmentMeet::kNone) return Bits(0);
   const bool ids = meet == SegmentMeet::kSome;
-  if (!ids && !policy.NeedsBoundsCheck(m0, int64_t(m0) + kBlockM, warp_j0, int64_t(warp_j0) + 16)) return ~Bits(0);
+  if (!ids && !policy.NeedsBoundsCheck(m0, int64_t(m0) + kBlockM, warp_j0, int64_t(warp_j0) + 16)) return rows;
   const MaskPolicy bounds = policy.WithoutSegments();
   Bits visible = Bits(VisibleBits<kTiles, false>(bounds, key, int64_t(m0) + 2 * t)) |
                  Bits(VisibleBits<kTiles, false>(bounds, int64_t(key) + 8, int64_t(m0) + 2 * t)) << kRowBits;
@@ -781,7 +804,7 @@ __host__ __device__ __forceinline__ StepMaskBits<kBlockM> FeatureStepMask(const 
         if (id != id1) visible &= ~(Bits(1) << (kRowBits + 2 * j + e));
       }
   }
-  return visible;
+  return visible & rows;
 }
 
 }  // namespace jax_flash::cuda::sm90

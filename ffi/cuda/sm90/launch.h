@@ -31,9 +31,11 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream);
 // The same for calls with attention features (launch_features_<dtype>.cu):
 // query and key lengths, local windows, position offsets, segment ids
 // (with or without their block summaries) and the soft cap, or those and a
-// float32 bias or a boolean mask (not both), contiguous along the keys
-// (neither with the soft cap). Dropout is refused with a message (the sm80
-// forward serves it). Built for kHeadDim 64 and 128 (launch.cuh says why).
+// bias (float32 or the inputs' 16-bit type) or a boolean mask (not both),
+// contiguous along the keys (neither with the soft cap), or those and
+// dropout (kMasksDropout, without the soft cap). Other combinations are
+// refused with a message (the sm80 forward serves them). Built for kHeadDim
+// 64 and 128 (launch.cuh says why).
 template <typename Element, int kHeadDim>
 std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t stream);
 
