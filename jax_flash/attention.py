@@ -111,19 +111,20 @@ def attention(
         and, with ``return_residual``, the sink as its logsumexp. Taken in
         float32 (float64 for float64 inputs).
       implementation: which CUDA kernel family runs: ``None`` picks the fastest
-        that supports the inputs. On Hopper GPUs that is the sm90 forward for
-        calls without dropout (with sequence lengths, segment ids, windows,
-        position offsets, a soft cap, or either a bias or a boolean mask that
-        is not broadcast along the keys and comes without a soft cap, only at
-        head dims up to 128), and the sm90 backward for calls at head dims up
-        to 128 without a boolean mask or dropout (a bias contiguous along the
-        keys included, its gradient on the sm90 bias-gradient pass), and its
-        deterministic variant for ``deterministic`` plain calls. ``"sm90"``
-        forces the Hopper (wgmma / TMA) forward (compute capability 9.x,
-        16-bit, head dim a multiple of 8, those features) and, where it
-        covers the call (no boolean mask or dropout, head dim <= 128;
-        deterministic: plain calls only), the Hopper backward (sm80's
-        otherwise); ``"sm80"`` forces the mma.sync tensor-core
+        that supports the inputs. On Hopper GPUs that is the sm90 forward
+        (with sequence lengths, segment ids, windows, position offsets, and
+        either a soft cap, dropout, or a bias or a boolean mask that is not
+        broadcast along the keys and comes without a soft cap or dropout,
+        only at head dims up to 128), and the sm90 backward for calls at head
+        dims up to 128 with those features but a boolean mask other than a
+        key-only one ([B|1, N|1, 1, S], key padding) or dropout with a soft
+        cap (a bias contiguous along the keys included, its gradient on the
+        sm90 bias-gradient pass), and its deterministic variant for
+        ``deterministic`` plain calls. ``"sm90"`` forces the Hopper (wgmma /
+        TMA) forward (compute capability 9.x, 16-bit, head dim a multiple of
+        8, those features) and, where it covers the call (head dim <= 128,
+        those features; deterministic: plain calls only), the Hopper
+        backward (sm80's otherwise); ``"sm80"`` forces the mma.sync tensor-core
         kernels (float16/bfloat16, head dim a multiple of 8, compute capability
         >= 8.0; an error otherwise), ``"generic"`` the exact SIMT kernels that
         take every dtype and head dim. The mma.sync kernels cover head dims up to
