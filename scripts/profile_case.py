@@ -12,6 +12,8 @@ Cases (bf16, H=128, N=16; `grad` ones run the fused backward too):
   packed_grad, plain_grad_1024: the same with the backward
   det_grad        B=4 T=4096 non-causal, deterministic=True, fwd+bwd
   default_grad    the same without deterministic
+  dropout_grad    the same with dropout_rate=0.1 (the kMasksDropout variants)
+  keymask_grad    the same with a [B, 1, 1, S] key-padding mask (30% hidden)
 scripts/profile_features.sh runs them under ncu and summarizes.
 """
 
@@ -29,7 +31,7 @@ b, t = (16, 1024) if case.endswith("1024") else (4, 4096)
 n, h = 16, 128
 rng = np.random.default_rng(0)
 q, k, v = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16) for _ in range(3))
-kwargs = dict(is_causal=not case.startswith(("det", "default")))
+kwargs = dict(is_causal=not case.startswith(("det", "default", "dropout", "keymask")))
 if case.startswith("packed"):
     ids = jnp.asarray(np.repeat(np.arange(4), t // 4)[None].repeat(b, 0), jnp.int32)
     kwargs.update(q_segment_ids=ids, kv_segment_ids=ids)
@@ -38,6 +40,10 @@ elif case.startswith("one_doc"):
     kwargs.update(q_segment_ids=ids, kv_segment_ids=ids)
 if case.startswith("det"):
     kwargs.update(deterministic=True)
+elif case.startswith("dropout"):
+    kwargs.update(dropout_rate=0.1, dropout_rng=jax.random.key(0))
+elif case.startswith("keymask"):
+    kwargs.update(mask=jnp.asarray(rng.random((b, 1, 1, t)) > 0.3))
 
 
 def forward(q, k, v):
