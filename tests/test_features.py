@@ -219,6 +219,19 @@ def test_key_padding_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
         assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
 
 
+@pytest.mark.skipif(not ON_HOPPER, reason="the sm90 forward's refusal needs a 9.x GPU")
+@pytest.mark.parametrize("extra", [dict(dropout_rate=0.1), dict(logits_soft_cap=5.0)], ids=["dropout", "softcap"])
+def test_sm90_forward_refuses_a_per_query_mask_beside(rng, extra):
+    """The sm90 forward takes a key-only mask beside dropout or the soft
+    cap, not one that differs per query: forced, that is a clear error."""
+    q, k, v = random_qkv(rng, 1, 64, 64, 2, 2, 64, "bfloat16")
+    mask = jnp.asarray(rng.random((1, 2, 64, 64)) > 0.3)
+    if "dropout_rate" in extra:
+        extra = dict(extra, dropout_rng=jax.random.key(0))
+    with pytest.raises(Exception, match="implementation='sm90' needs"):
+        jax.block_until_ready(jax_flash.attention(q, k, v, mask=mask, implementation="sm90", **extra))
+
+
 def test_dropout_is_a_function_of_the_key(rng):
     q, k, v = random_qkv(rng, 1, 33, 33, 2, 2, 16, "float32")
     run = lambda key, rate=0.5: jax_flash.attention(q, k, v, dropout_rate=rate, dropout_rng=key)

@@ -111,6 +111,13 @@ bool Sm90ForwardTakesFeatures(const AttentionParams& p) {
   const AttentionFeatures& f = p.features;
   if (!f.bias && !f.mask) return Sm90TakesFeatures(p);
   if (f.bias && f.mask) return false;
+  // A key-only boolean mask (key padding) beside dropout or the soft cap:
+  // their variants read its bytes (sm90::TakesKeyMaskBeside).
+  if (f.mask && f.mask_stride.row == 0 && f.mask_stride.col == 1 && (f.dropout_rate > 0.0 || f.softcap > 0.0)) {
+    AttentionParams without = p;
+    without.features.mask = nullptr;
+    return Sm90TakesFeatures(without);
+  }
   return p.shape.head_dim <= 128 && !(f.dropout_rate > 0.0) && !(f.softcap > 0.0) &&
          (f.bias ? f.bias_stride.col == 1 : f.mask_stride.col == 1);
 }
@@ -304,7 +311,8 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
         "jax_flash: implementation='sm90' needs a GPU of compute capability 9.x (a build with "
         "sm_90a), float16/bfloat16 inputs, a head dim that is a multiple of 8 (at most 256), a "
         "positive scale, and features it takes (at head dims up to 128: lengths, segments, window, "
-        "offsets, and either the soft cap, dropout, a bias or a boolean mask contiguous along the keys)");
+        "offsets, and either the soft cap, dropout, a bias or a boolean mask contiguous along the keys; "
+        "a key-only mask [B, N, 1, S] also beside the soft cap or dropout)");
   }
 #ifdef JAX_FLASH_WITH_SM90
   if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {

@@ -119,7 +119,7 @@ __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, 
     // (UnsupportedFeatures), a few bytes in flight per lane: its 64-bit
     // indices and 16 loads at once spilled the producer's 40 registers.
     const AttentionFeatures& f = p.features;
-    if (f.mask_stride.row == 0 && kb.hi > kb.lo) {
+    if (f.mask && f.mask_stride.row == 0 && kb.hi > kb.lo) {
       const uint8_t* keys = f.mask + BroadcastOffset32(f, f.mask_stride, b, h);
       const int len = int(policy.seqlen_k);
       TrimEmptyBlocks(&kb.lo, &kb.hi, [&](int nb) {
@@ -497,10 +497,12 @@ struct MaskArrayRows {
   int seqlen_k;
   bool pairs;  // every row address even: 16-bit loads of column pairs
 
-  // A key-only block's bytes, keys n0 + 4 lane + k (1 past seqlen_k: such
-  // keys are hidden by the bounds and must not make a block look mixed).
+  // A key-only block's bytes, keys n0 + 4 lane + k in byte k (1 past
+  // seqlen_k: such keys are hidden by the bounds and must not make a block
+  // look mixed). One register in flight a block ahead (four bytes in four
+  // made kMasksDropout's consumers spill at 128).
   struct KeyBytes {
-    uint8_t x[4];
+    uint32_t word;
   };
 
   __device__ __forceinline__ static MaskArrayRows For(const AttentionParams& p, int b, int h, int row) {
@@ -516,16 +518,23 @@ struct MaskArrayRows {
     return r;
   }
 
+  // The key bytes of block [n0, n0 + kBlockN) from a key-only row `keys`
+  // (one 32-bit load where the lane's four are in the sequence and
+  // 4-byte aligned, as for a row of S % 4 == 0 keys).
+  template <int kBlockN>
+  __device__ __forceinline__ static KeyBytes LoadKeys(const uint8_t* keys, int seqlen_k, int n0, int lane) {
+    static_assert(kBlockN == 128, "4 key bytes per lane");
+    const int j = n0 + 4 * lane;
+    if (((reinterpret_cast<uintptr_t>(keys) & 3u) == 0) && j + 3 < seqlen_k)
+      return {*reinterpret_cast<const uint32_t*>(keys + j)};
+    uint32_t word = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) word |= uint32_t(j + i < seqlen_k ? keys[j + i] : uint8_t(1)) << (8 * i);
+    return {word};
+  }
   template <int kBlockN>
   __device__ __forceinline__ KeyBytes LoadKeys(int n0, int lane) const {
-    static_assert(kBlockN == 128, "4 key bytes per lane");
-    KeyBytes k;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int j = n0 + 4 * lane + i;
-      k.x[i] = j < seqlen_k ? keys[j] : uint8_t(1);
-    }
-    return k;
+    return LoadKeys<kBlockN>(keys, seqlen_k, n0, lane);
   }
 
   // Key-only: ballot i has bit l where key n0 + 4 l + i is visible; column
@@ -536,7 +545,7 @@ struct MaskArrayRows {
   __device__ __forceinline__ static void ApplyKeys(BlockMask& m, const KeyBytes& k, int t) {
     uint32_t w[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = __ballot_sync(0xffffffffu, k.x[i] != 0);
+    for (int i = 0; i < 4; ++i) w[i] = __ballot_sync(0xffffffffu, ((k.word >> (8 * i)) & 0xffu) != 0);
     if ((w[0] & w[1] & w[2] & w[3]) == 0xffffffffu) return;  // all visible
     const int shift = t >> 1;
     const uint32_t w0 = (t & 1) ? w[2] : w[0], w1 = (t & 1) ? w[3] : w[1];

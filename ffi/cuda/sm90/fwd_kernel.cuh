@@ -115,6 +115,10 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
   constexpr bool kMaskArray = kFeatures == Features::kMasksBoolean;
   constexpr bool kDropout = kFeatures == Features::kMasksDropout;
+  // kMasksSoftcap and kMasksDropout take a key-only boolean mask (key
+  // padding) beside their features, when the call has one
+  // (UnsupportedFeatures' key_mask): MaskArrayRows' key bytes, as below.
+  constexpr bool kKeyMaskBeside = TakesKeyMaskBeside(kFeatures);
   const int n_hi = keys.hi, n_blocks = keys.hi - keys.lo;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, t = lane % 4;
   const int row0 = warp * 16 + lane / 4;  // this thread's rows in the warpgroup: row0, row0 + 8
@@ -173,11 +177,20 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   // kMasksBoolean: this thread's mask rows for the tile (one broadcast
   // offset per tile), and a key-only mask's bytes of the next block, read
   // a block ahead like the key-id summaries.
+  // kKeyMaskBeside: only the key-only row's address (null without a mask;
+  // MaskArrayRows' other state made kMasksDropout spill at 128).
   MaskArrayRows mask_rows{};
+  const uint8_t* beside_keys = nullptr;
   MaskArrayRows::KeyBytes next_key_bytes{};
   if constexpr (kMaskArray) {
     mask_rows = MaskArrayRows::For(params, b, h, wg_m0 + row0);
     if (mask_rows.keys && n_blocks > 0) next_key_bytes = mask_rows.LoadKeys<kBlockN>((n_hi - 1) * kBlockN, lane);
+  }
+  if constexpr (kKeyMaskBeside) {
+    const AttentionFeatures& f = params.features;
+    if (f.mask) beside_keys = f.mask + BroadcastOffset32(f, f.mask_stride, b, h);
+    if (beside_keys && n_blocks > 0)
+      next_key_bytes = MaskArrayRows::LoadKeys<kBlockN>(beside_keys, a.seqlen_k, (n_hi - 1) * kBlockN, lane);
   }
   SummaryEntries next_keys{};
   if constexpr (kAnyFeature)
@@ -204,6 +217,13 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
           MaskArrayRows::ApplyKeys(m, bytes, t);
         } else {
           mask_rows.ApplyRows<kBlockN>(m, n0, t);
+        }
+      }
+      if constexpr (kKeyMaskBeside) {
+        if (beside_keys) {
+          const MaskArrayRows::KeyBytes bytes = next_key_bytes;
+          next_key_bytes = MaskArrayRows::LoadKeys<kBlockN>(beside_keys, a.seqlen_k, max(n0 - kBlockN, 0), lane);
+          MaskArrayRows::ApplyKeys(m, bytes, t);
         }
       }
     }
@@ -497,7 +517,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
       if (threadIdx.x == 0) PrefetchTensorMaps(&q_map, &k_map, &v_map);
       auto keys_of = [&](int m0, int h, int b, int) {
         if constexpr (kAnyFeature) {
-          return FeatureKeyBlocks<Tr::kBlockM, Tr::kBlockN, kFeatures == Features::kMasksBoolean>(p, m0, b, h);
+          return FeatureKeyBlocks<Tr::kBlockM, Tr::kBlockN,
+                                  kFeatures == Features::kMasksBoolean || TakesKeyMaskBeside(kFeatures)>(p, m0, b, h);
         } else {
           return PlainKeyBlocks<Tr>(a, m0);
         }

@@ -71,7 +71,9 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
                                                                   : " with masks and soft cap") +
                            (kC == 2 ? "" : ", three consumer warpgroups");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
-  if (auto why = UnsupportedFeatures(p, kFeatures); !why.empty()) return fail(why);
+  if (auto why = UnsupportedFeatures(p, kFeatures, TakesKeyMaskBeside(kFeatures)); !why.empty()) return fail(why);
+  if (TakesKeyMaskBeside(kFeatures) && p.features.mask && p.features.mask_stride.col != 1)
+    return fail("the key-only boolean mask must be contiguous along the keys (MaskArrayRows::LoadKeys)");
   if (!(p.scale > 0.0)) return fail("needs scale > 0 (the row maxima are taken before scaling)");
   if (s.head_dim < 1 || s.head_dim > kHeadDim) return fail("head_dim must be in [1, kHeadDim]");
   if (s.num_heads_k < 1 || s.num_heads % s.num_heads_k != 0)
@@ -186,8 +188,11 @@ std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t str
     return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBias>(p, stream);
   }
   // A boolean mask: kMasksBoolean (its reads into the masks' bits; no soft
-  // cap with it, which that variant refuses).
-  if (p.features.mask)
+  // cap or dropout with it, which that variant refuses), except a key-only
+  // one beside dropout or the soft cap, which their variants read
+  // (TakesKeyMaskBeside).
+  const bool mask_beside = IsKeyOnlyMask(p.features) && (p.features.dropout_rate > 0.0 || p.features.softcap > 0.0);
+  if (p.features.mask && !mask_beside)
     return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBoolean>(p, stream);
   // Dropout (without the soft cap, which that variant refuses): kMasksDropout.
   if (p.features.dropout_rate > 0.0 && p.features.dropout_seed)
