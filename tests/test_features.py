@@ -177,11 +177,19 @@ def test_dropout_over_many_blocks(rng, impl, head_dim, dtype, extra):
 
 
 def _key_padding(rng, b, n, s):
-    """A [b, n, 1, s] key-only boolean mask: random keys hidden, one 128-key
-    block of each row hidden whole, the rest visible."""
+    """A [b, n, 1, s] key-only boolean mask (s > 500): random keys hidden, one
+    128-key block of each row hidden whole, the next visible, a tail from
+    key 500 hidden in every row (a last 128-key block with nothing visible:
+    the sm90 forward trims it, the backward's tile has no steps), from key
+    400 in the even heads (a block hidden for one query head of a GQA group
+    and not the other), and the first 128 keys in the last head."""
     mask = rng.random((b, n, 1, s)) > 0.3
     mask[..., 128:256] = False
     mask[..., 256:384] = True
+    mask[..., 500:] = False
+    mask[:, ::2, :, 400:] = False
+    if n > 1:
+        mask[:, -1, :, :128] = False
     return mask
 
 

@@ -1388,7 +1388,7 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
   const BwdSteps<Tr> steps = [&] {
     if constexpr (kAnyFeature)
       return BwdSteps<Tr>(FeatureQueryBlocks<Tr::kBlockM, Tr::kBlockN>(p, tile.n_block * Tr::kBlockN,
-                                                                        tile.hk * a.group, tile.b),
+                                                                        tile.hk * a.group, tile.b, a.group),
                           a.group);
     else
       return BwdSteps<Tr>(a, tile.n_block);

@@ -93,10 +93,67 @@ __device__ __forceinline__ int64_t BroadcastOffset32(const AttentionFeatures& f,
   return off;
 }
 
-// kMaskArray (kMasksBoolean): a key-only boolean mask ([B|1, N|1, 1, S], key
+// Which of the four 128-key blocks nb, nb + dir, nb + 2 dir, nb + 3 dir
+// (the first `count` of them) of a key-only mask row `keys` have a visible
+// key, as bits 0-3; keys at or past seqlen_k count as hidden.
+// Warp-collective: lane l reads bytes 16 (l % 8) .. + 15 of block l / 8,
+// one 16-byte load where the row is 16-byte aligned and the bytes lie in
+// the sequence, so that a probe of four blocks is one round trip (the
+// lane-per-block scan before, 128 dependent byte loads per lane, cost a
+// tile's producer tens of thousands of cycles: the key-padding forward at
+// 0.73x of the key-lengths one at the same visible keys, v26).
+__device__ __forceinline__ uint32_t VisibleKeyBlocks4(const uint8_t* keys, int seqlen_k, int nb, int dir,
+                                                      int count) {
+  const int lane = threadIdx.x % 32, g = lane / 8;
+  const int j = (nb + dir * g) * 128 + 16 * (lane % 8);
+  bool any = false;
+  if (g < count) {
+    if ((reinterpret_cast<uintptr_t>(keys) & 15u) == 0 && j + 15 < seqlen_k) {
+      const uint4 w = *reinterpret_cast<const uint4*>(keys + j);
+      any = (w.x | w.y | w.z | w.w) != 0;
+    } else {
+#pragma unroll 4
+      for (int i = 0; i < 16; ++i) any |= j + i < seqlen_k && keys[j + i] != 0;
+    }
+  }
+  const uint32_t votes = __ballot_sync(0xffffffffu, any);
+  uint32_t blocks = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) blocks |= uint32_t(((votes >> (8 * k)) & 0xffu) != 0) << k;
+  return blocks;
+}
+
+// Drops the 128-key blocks of [*lo, *hi) that a key-only mask row hides
+// entirely, from both ends (sm80's TrimHiddenKeyBlocks rule), four blocks
+// per probe (VisibleKeyBlocks4). Warp-collective.
+__device__ __forceinline__ void TrimHiddenKeyBlocks128(const uint8_t* keys, int seqlen_k, int* lo, int* hi) {
+  while (*hi > *lo) {
+    const int count = min(4, *hi - *lo);
+    const uint32_t visible = VisibleKeyBlocks4(keys, seqlen_k, *hi - 1, -1, count);
+    if (visible == 0) {
+      *hi -= count;
+      continue;
+    }
+    *hi -= __ffs(visible) - 1;
+    break;
+  }
+  while (*hi > *lo) {
+    const int count = min(4, *hi - *lo);
+    const uint32_t visible = VisibleKeyBlocks4(keys, seqlen_k, *lo, 1, count);
+    if (visible == 0) {
+      *lo += count;
+      continue;
+    }
+    *lo += __ffs(visible) - 1;
+    break;
+  }
+}
+
+// kMaskArray (kMasksBoolean, and the variants that take a key-only mask
+// beside their features): a key-only boolean mask ([B|1, N|1, 1, S], key
 // padding) also drops the key blocks it hides entirely from both ends
-// (TrimHiddenKeyBlocks, sm80's rule), so that padding costs no copies and
-// no products; that needs the head h (the mask may differ per head).
+// (TrimHiddenKeyBlocks128), so that padding costs no copies and no
+// products; that needs the head h (the mask may differ per head).
 template <int kBlockM, int kBlockN, bool kMaskArray = false>
 __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, int m0, int b, int h = 0) {
   const MaskPolicy policy = MaskPolicy::ForWithoutMaskArray(p, b);
@@ -115,21 +172,13 @@ __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, 
     });
   }
   if constexpr (kMaskArray) {
-    // TrimHiddenKeyBlocks' rule in int32 and with the keys contiguous
-    // (UnsupportedFeatures), a few bytes in flight per lane: its 64-bit
-    // indices and 16 loads at once spilled the producer's 40 registers.
+    // In int32 and with the keys contiguous (UnsupportedFeatures): 64-bit
+    // indices spilled the producer's 40 registers.
+    static_assert(kBlockN == 128, "VisibleKeyBlocks4: 128-key blocks");
     const AttentionFeatures& f = p.features;
-    if (f.mask && f.mask_stride.row == 0 && kb.hi > kb.lo) {
-      const uint8_t* keys = f.mask + BroadcastOffset32(f, f.mask_stride, b, h);
-      const int len = int(policy.seqlen_k);
-      TrimEmptyBlocks(&kb.lo, &kb.hi, [&](int nb) {
-        const int j0 = nb * kBlockN, count = std::min(kBlockN, len - j0);
-        bool any_visible = false;
-#pragma unroll 4
-        for (int i = 0; i < kBlockN; ++i) any_visible |= i < count && keys[j0 + i] != 0;
-        return !any_visible;
-      });
-    }
+    if (f.mask && f.mask_stride.row == 0 && kb.hi > kb.lo)
+      TrimHiddenKeyBlocks128(f.mask + BroadcastOffset32(f, f.mask_stride, b, h), int(policy.seqlen_k), &kb.lo,
+                             &kb.hi);
   }
   return kb;
 }
@@ -739,12 +788,28 @@ __device__ __forceinline__ void ApplyFeatures(float (&s)[kBlockN / 2], SoftcapFa
 // summaries (sm80's TrimSegmentBlocks rule, on SummarySpan). Warp-collective
 // (TrimEmptyBlocks votes): every warp of the block calls it and gets the same
 // answer, which keeps the producer's and the consumers' steps in step.
+// A key-only boolean mask (the variants that read it per S^T row,
+// FeatureStepMask) that hides all of the block's keys for every query head
+// of the tile's group (`group` heads from h) leaves it no steps: its dK and
+// dV are zeros, with no copies or products.
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ KeyBlocks FeatureQueryBlocks(const AttentionParams& p, int n0, int h, int b) {
+__device__ __forceinline__ KeyBlocks FeatureQueryBlocks(const AttentionParams& p, int n0, int h, int b,
+                                                        int group = 1) {
   const MaskPolicy policy = MaskPolicy::For(p, b, h);
   int64_t lo, hi;
   policy.QueryRange(n0, int64_t(n0) + kBlockN, &lo, &hi);
   if (hi <= lo) return {0, 0};
+  const AttentionFeatures& f = p.features;
+  if (f.mask && f.mask_stride.row == 0) {
+    static_assert(kBlockN == 128, "VisibleKeyBlocks4: 128-key blocks");
+    const int heads = f.mask_stride.head == 0 ? 1 : group;  // (a mask broadcast over heads: one row)
+    const uint8_t* row = f.mask + BroadcastOffset32(f, f.mask_stride, b, h);
+    bool any = false;
+#pragma unroll 1
+    for (int g = 0; g < heads && !any; ++g, row += f.mask_stride.head)
+      any = VisibleKeyBlocks4(row, int(policy.seqlen_k), n0 / 128, 1, 1) != 0;
+    if (!any) return {0, 0};
+  }
   KeyBlocks mb{int(lo / kBlockM), int((hi + kBlockM - 1) / kBlockM)};
   if (policy.HasSegmentRanges()) {
     const IdSpan keys = SummarySpan<kBlockN>(policy.kv_ranges, n0);
