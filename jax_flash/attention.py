@@ -115,7 +115,8 @@ def attention(
         (with sequence lengths, segment ids, windows, position offsets, and
         either a soft cap, dropout, or a bias or a boolean mask that is not
         broadcast along the keys and comes without a soft cap or dropout,
-        only at head dims up to 128), and the sm90 backward for calls at head
+        except a key-only mask, which may come with either; only at head
+        dims up to 128), and the sm90 backward for calls at head
         dims up to 128 with those features but a boolean mask other than a
         key-only one ([B|1, N|1, 1, S], key padding) or dropout with a soft
         cap (a bias contiguous along the keys included, its gradient on the

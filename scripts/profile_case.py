@@ -14,6 +14,9 @@ Cases (bf16, H=128, N=16; `grad` ones run the fused backward too):
   default_grad    the same without deterministic
   dropout_grad    the same with dropout_rate=0.1 (the kMasksDropout variants)
   keymask_grad    the same with a [B, 1, 1, S] key-padding mask (30% hidden)
+  padmask         B=4 T=4096 non-causal, fwd, the benchmark's mask case: the
+                  last S/8 keys hidden by a [B, 1, 1, S] mask
+  kvlen           the same padding as key_value_seq_lengths
 scripts/profile_features.sh runs them under ncu and summarizes.
 """
 
@@ -31,7 +34,7 @@ b, t = (16, 1024) if case.endswith("1024") else (4, 4096)
 n, h = 16, 128
 rng = np.random.default_rng(0)
 q, k, v = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16) for _ in range(3))
-kwargs = dict(is_causal=not case.startswith(("det", "default", "dropout", "keymask")))
+kwargs = dict(is_causal=not case.startswith(("det", "default", "dropout", "keymask", "padmask", "kvlen")))
 if case.startswith("packed"):
     ids = jnp.asarray(np.repeat(np.arange(4), t // 4)[None].repeat(b, 0), jnp.int32)
     kwargs.update(q_segment_ids=ids, kv_segment_ids=ids)
@@ -44,6 +47,10 @@ elif case.startswith("dropout"):
     kwargs.update(dropout_rate=0.1, dropout_rng=jax.random.key(0))
 elif case.startswith("keymask"):
     kwargs.update(mask=jnp.asarray(rng.random((b, 1, 1, t)) > 0.3))
+elif case.startswith("padmask"):
+    kwargs.update(mask=jnp.asarray(np.broadcast_to(np.arange(t) < t - t // 8, (b, 1, 1, t))))
+elif case.startswith("kvlen"):
+    kwargs.update(key_value_seq_lengths=jnp.full((b,), t - t // 8, jnp.int32))
 
 
 def forward(q, k, v):
