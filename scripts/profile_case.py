@@ -17,6 +17,8 @@ Cases (bf16, H=128, N=16; `grad` ones run the fused backward too):
   padmask         B=4 T=4096 non-causal, fwd, the benchmark's mask case: the
                   last S/8 keys hidden by a [B, 1, 1, S] mask
   kvlen           the same padding as key_value_seq_lengths
+  softcap         B=4 T=4096 non-causal, fwd, logits_soft_cap=30
+  (default, dropout, keymask without `_grad`: their forward alone)
 scripts/profile_features.sh runs them under ncu and summarizes.
 """
 
@@ -34,7 +36,7 @@ b, t = (16, 1024) if case.endswith("1024") else (4, 4096)
 n, h = 16, 128
 rng = np.random.default_rng(0)
 q, k, v = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16) for _ in range(3))
-kwargs = dict(is_causal=not case.startswith(("det", "default", "dropout", "keymask", "padmask", "kvlen")))
+kwargs = dict(is_causal=not case.startswith(("det", "default", "dropout", "keymask", "padmask", "kvlen", "softcap")))
 if case.startswith("packed"):
     ids = jnp.asarray(np.repeat(np.arange(4), t // 4)[None].repeat(b, 0), jnp.int32)
     kwargs.update(q_segment_ids=ids, kv_segment_ids=ids)
@@ -49,6 +51,8 @@ elif case.startswith("keymask"):
     kwargs.update(mask=jnp.asarray(rng.random((b, 1, 1, t)) > 0.3))
 elif case.startswith("padmask"):
     kwargs.update(mask=jnp.asarray(np.broadcast_to(np.arange(t) < t - t // 8, (b, 1, 1, t))))
+elif case.startswith("softcap"):
+    kwargs.update(logits_soft_cap=30.0)
 elif case.startswith("kvlen"):
     kwargs.update(key_value_seq_lengths=jnp.full((b,), t - t // 8, jnp.int32))
 
