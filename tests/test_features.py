@@ -227,13 +227,19 @@ def test_key_padding_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
         assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
 
 
-def _dense_mask(rng, b, n, t, s):
+def _dense_mask(rng, b, n, t, s, prefix=False):
     """A [b, n, t, s] boolean mask that differs per query: random pairs,
     32 x 32 patches hidden or visible whole, every query row keeping a
-    visible key (the diagonal's 32-key stripe)."""
-    mask = rng.random((b, n, t, s)) > 0.3
-    patch = (np.arange(t)[:, None] // 32 + np.arange(s)[None, :] // 32) % 3
-    mask = np.where(patch == 1, False, np.where(patch == 2, True, mask))
+    visible key (the diagonal). prefix: a prefix-LM instead (query i sees
+    keys j < max(i + 1, 100), a few random holes), whose blocks above the
+    diagonal are hidden whole (the CPU path skips them)."""
+    i, j = np.arange(t)[:, None], np.arange(s)[None, :]
+    if prefix:
+        mask = (j < np.maximum(i + 1, 100)) & (rng.random((b, n, t, s)) > 0.05)
+    else:
+        mask = rng.random((b, n, t, s)) > 0.3
+        patch = (i // 32 + j // 32) % 3
+        mask = np.where(patch == 1, False, np.where(patch == 2, True, mask))
     mask[..., np.arange(t), np.minimum(np.arange(t), s - 1)] = True
     return mask
 
@@ -243,7 +249,8 @@ def _dense_mask(rng, b, n, t, s):
     (64, "bfloat16", dict(is_causal=True)),
     (128, "float16", dict(q_segment_ids=True, local_window_size=(200, 50))),
     (128, "bfloat16", dict(dropout_rate=0.2)),
-], ids=["64-causal", "128-segments-window", "128-dropout"])
+    (64, "float16", dict(prefix=True)),
+], ids=["64-causal", "128-segments-window", "128-dropout", "64-prefix-lm"])
 def test_dense_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
     """A per-query boolean mask ([B, N, T, S]) over several key blocks and
     query steps, GQA 4:2, beside the other masks or dropout: every element
@@ -252,7 +259,8 @@ def test_dense_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
         pytest.skip("the sm90 forward takes no per-query mask beside dropout (its refusal is tested above)")
     b, t, s, n, kh = 2, 300, 520, 4, 2
     q, k, v = random_qkv(rng, b, t, s, n, kh, head_dim, dtype)
-    extra = dict(extra, mask=jnp.asarray(_dense_mask(rng, b, n, t, s)), implementation=impl)
+    extra = dict(extra, implementation=impl)
+    extra["mask"] = jnp.asarray(_dense_mask(rng, b, n, t, s, prefix=extra.pop("prefix", False)))
     factor = None
     if extra.get("dropout_rate"):
         key = jax.random.key(int(rng.integers(1 << 30)))

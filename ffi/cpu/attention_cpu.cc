@@ -100,6 +100,7 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
   for (int64_t k0 = FloorTo(kv_lo, kBlockN); k0 < kv_hi; k0 += kBlockN) {
     if (mask.BlockEmpty(q0, q0 + rows, k0, k0 + kBlockN)) continue;  // e.g. another document's keys
     const int cols = int(std::min<int64_t>(kBlockN, s.seqlen_k - k0));
+    if (MaskArrayHidesBlock(mask, q0, q0 + rows, k0, k0 + cols)) continue;
     LoadRowsTransposed(k, p.k_stride.row, k0, cols, d, dp, kt_blk);
     LoadRows(v, p.k_stride.row, k0, cols, d, Acc(1), v_blk, dp);
     std::fill(v_blk + cols * dp, v_blk + kBlockN * dp, Acc(0));
@@ -284,6 +285,7 @@ void BackwardTask(const AttentionParams& p, int64_t b, int64_t hk, int64_t split
       for (int64_t q0 = FloorTo(q_lo, kBlockM); q0 < q_hi; q0 += kBlockM) {
         const int rows = int(std::min<int64_t>(kBlockM, s.seqlen_q - q0));
         if (mask.BlockEmpty(q0, q0 + rows, k0, k0 + kBlockN)) continue;
+        if (MaskArrayHidesBlock(mask, q0, q0 + rows, k0, k0 + cols)) continue;
         ComputeBackwardTile<Element, Acc>(p, logits, dropout, b, h, q, dout, q0, rows, k0, cols,
                                           dp, t);
         Transpose(rows, kBlockN, t.p_blk, kBlockN, tr_blk, kBlockM);
@@ -365,6 +367,7 @@ void DbiasTask(const AttentionParams& p, const BiasShape& bias_shape, int64_t bi
         for (int64_t k0 = FloorTo(kv_lo, kBlockN); k0 < kv_hi; k0 += kBlockN) {
           if (mask.BlockEmpty(q0, q0 + rows, k0, k0 + kBlockN)) continue;
           const int cols = int(std::min<int64_t>(kBlockN, s.seqlen_k - k0));
+          if (MaskArrayHidesBlock(mask, q0, q0 + rows, k0, k0 + cols)) continue;
           LoadRowsTransposed(k, p.k_stride.row, k0, cols, d, dp, t.kt_blk);
           LoadRowsTransposed(v, p.k_stride.row, k0, cols, d, dp, t.vt_blk);
           ComputeBackwardTile<Element, Acc>(p, logits, dropout, b, h, q, dout, q0, rows, k0, cols,

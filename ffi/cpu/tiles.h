@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "common/mask_policy.h"
 #include "common/params.h"
@@ -22,6 +23,33 @@ constexpr int kBlockN = 64;
 static_assert(kBlockN % kColTile == 0);
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Whether the policy's boolean mask array hides every pair of rows [i0, i1)
+// x keys [j0, j1) (both already inside the sequences): such a block
+// (a prefix-LM's upper triangle, a per-query mask's empty patches) is
+// skipped like a structurally empty one, forward and backward alike; its
+// pairs would add exp2(-inf) = 0. A scan of the block's bytes that stops at
+// the first visible one, 8 at a time where the keys are contiguous: a
+// visible block costs a few loads, a hidden one rows x keys bytes against
+// its rows x keys x head_dim x 4 FLOPs. False without a mask array.
+inline bool MaskArrayHidesBlock(const MaskPolicy& m, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  if (!m.mask || i1 <= i0 || j1 <= j0) return false;
+  if (m.mask_row == 0) i1 = i0 + 1;  // key-only: one row stands for all
+  for (int64_t i = i0; i < i1; ++i) {
+    const uint8_t* row = m.mask + i * m.mask_row;
+    int64_t j = j0;
+    if (m.mask_col == 1) {
+      for (; j + 8 <= j1; j += 8) {
+        uint64_t word;
+        std::memcpy(&word, row + j, 8);
+        if (word != 0) return false;
+      }
+    }
+    for (; j < j1; ++j)
+      if (row[j * m.mask_col] != 0) return false;
+  }
+  return true;
+}
 inline int64_t FloorTo(int64_t a, int64_t b) { return a / b * b; }
 inline int PaddedHeadDim(int64_t d) { return int(CeilDiv(d, kColTile) * kColTile); }
 
