@@ -159,18 +159,24 @@ def test_dropout_over_many_blocks(rng, impl, head_dim, dtype, extra):
     words = np.asarray(jax.random.bits(key, (2,), jnp.uint32))
     factor = to_f64_cpu(reference.dropout_factor(words, b, n, t, s, rate, shared))
     ours = dict(extra, dropout_rate=rate, dropout_rng=key, dropout_broadcast=shared, implementation=impl)
+    _check_against_reference(rng, q, k, v, ours, dict(extra, dropout_factor=factor), dtype)
+
+
+def _check_against_reference(rng, q, k, v, ours, ref, dtype):
+    """jax_flash.attention(**ours) against reference.attention(**ref) in
+    float64: every element of out, of lse (-inf exactly where a row sees no
+    key) and of dq, dk, dv under a random cotangent."""
     out, lse = jax_flash.attention(q, k, v, return_residual=True, **ours)
-    ref_out, ref_lse = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), dropout_factor=factor,
-                                           return_residual=True, **extra)
+    ref_out, ref_lse = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), return_residual=True, **ref)
     assert_close("out", out, ref_out, dtype)
     visible = np.isfinite(np.asarray(ref_lse))
     got_lse = np.swapaxes(np.asarray(lse, np.float64), -1, -2)
+    assert np.all(np.isneginf(got_lse[~visible]))
     assert_close("lse", np.where(visible, got_lse, 0), np.where(visible, ref_lse, 0), dtype)
     dout = jnp.asarray(rng.standard_normal(q.shape), dtype)
     grads = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, **ours).astype(jnp.float32) * dout),
                      (0, 1, 2))(q, k, v)
-    ref_grads = jax.grad(lambda *a: jnp.sum(reference.attention(*a, dropout_factor=factor, **extra)
-                                            * to_f64_cpu(dout)), (0, 1, 2))(
+    ref_grads = jax.grad(lambda *a: jnp.sum(reference.attention(*a, **ref) * to_f64_cpu(dout)), (0, 1, 2))(
         to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
         assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
@@ -211,20 +217,7 @@ def test_key_padding_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
         extra["q_segment_ids"] = jnp.asarray(np.sort(rng.integers(0, 3, (b, t)), axis=1), jnp.int32)
         extra["kv_segment_ids"] = jnp.asarray(np.sort(rng.integers(0, 3, (b, s)), axis=1), jnp.int32)
     ref = {name: x for name, x in extra.items() if name != "implementation"}
-    out, lse = jax_flash.attention(q, k, v, return_residual=True, **extra)
-    ref_out, ref_lse = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), return_residual=True, **ref)
-    assert_close("out", out, ref_out, dtype)
-    visible = np.isfinite(np.asarray(ref_lse))
-    got_lse = np.swapaxes(np.asarray(lse, np.float64), -1, -2)
-    assert np.all(np.isneginf(got_lse[~visible]))
-    assert_close("lse", np.where(visible, got_lse, 0), np.where(visible, ref_lse, 0), dtype)
-    dout = jnp.asarray(rng.standard_normal(q.shape), dtype)
-    grads = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, **extra).astype(jnp.float32) * dout),
-                     (0, 1, 2))(q, k, v)
-    ref_grads = jax.grad(lambda *a: jnp.sum(reference.attention(*a, **ref) * to_f64_cpu(dout)), (0, 1, 2))(
-        to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
-    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
-        assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
+    _check_against_reference(rng, q, k, v, extra, ref, dtype)
 
 
 def _dense_mask(rng, b, n, t, s, prefix=False):
@@ -273,19 +266,7 @@ def test_dense_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
     ref = {name: x for name, x in extra.items() if name not in ("implementation", "dropout_rate", "dropout_rng")}
     if factor is not None:
         ref["dropout_factor"] = factor
-    out, lse = jax_flash.attention(q, k, v, return_residual=True, **extra)
-    ref_out, ref_lse = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), return_residual=True, **ref)
-    assert_close("out", out, ref_out, dtype)
-    visible = np.isfinite(np.asarray(ref_lse))
-    got_lse = np.swapaxes(np.asarray(lse, np.float64), -1, -2)
-    assert_close("lse", np.where(visible, got_lse, 0), np.where(visible, ref_lse, 0), dtype)
-    dout = jnp.asarray(rng.standard_normal(q.shape), dtype)
-    grads = jax.grad(lambda *a: jnp.sum(jax_flash.attention(*a, **extra).astype(jnp.float32) * dout),
-                     (0, 1, 2))(q, k, v)
-    ref_grads = jax.grad(lambda *a: jnp.sum(reference.attention(*a, **ref) * to_f64_cpu(dout)), (0, 1, 2))(
-        to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v))
-    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
-        assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
+    _check_against_reference(rng, q, k, v, extra, ref, dtype)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the sm90 forward's refusal needs a 9.x GPU")
