@@ -39,7 +39,8 @@
 #   bias16           (no patch since session 19) scripts/bias16_check.py on main's
 #                    package (installed by `suite`, else here), then
 #                    tests/test_bias16.py and tests/test_features.py -k bias
-#   dense_mask       (session 24, issue 19) pending/sm90-bwd-dense-mask.patch: the sm90
+#   dense_mask       (session 24, issue 19; landed in session 25, then main's tree
+#                    only) pending/sm90-bwd-dense-mask.patch: the sm90
 #                    backward's feature variants on a per-query boolean mask
 #                    (FeatureStepMask's DenseStepMask; the soft cap's variant
 #                    keeps key-only masks): main's package built and timed
@@ -160,12 +161,18 @@ done
 if wants dense_mask; then
   export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
   bench_args=${DENSE_BENCH:-"--impl jax_flash cudnn --head-dim 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 prefix_lm:0 mask:0 plain:1 segments:1 window:1"}
-  dense_dir=$(patched_copy dense sm90-bwd-dense-mask.patch) || note "dense_mask: the patch does not apply"
+  # Landed in session 25: without the patch the check runs on main's tree.
+  dense_dir=$root
+  if [ -f pending/sm90-bwd-dense-mask.patch ]; then
+    dense_dir=$(patched_copy dense sm90-bwd-dense-mask.patch) || { note "dense_mask: the patch does not apply"; dense_dir=; }
+  fi
   if [ -n "$dense_dir" ]; then
     run_check dense_mask "${DENSE_LIMIT:-540}" bash -c "
       set -e
-      python3 -m pip install -q --no-build-isolation --no-deps '$root'
-      (cd /tmp && python3 -m jax_flash.benchmark $bench_args --out /tmp/dense_main) | tail -14
+      if [ '$dense_dir' != '$root' ]; then
+        python3 -m pip install -q --no-build-isolation --no-deps '$root'
+        (cd /tmp && python3 -m jax_flash.benchmark $bench_args --out /tmp/dense_main) | tail -14
+      fi
       python3 -m pip install -q --no-build-isolation --no-deps '$dense_dir'
       cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 8 '$dense_dir/tests/test_features.py' \
         '$dense_dir/tests/test_sm90_feature_mask.py' -k 'mask'

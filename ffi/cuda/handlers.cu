@@ -168,19 +168,21 @@ bool Sm90BiasVariantsTake(const AttentionParams& p) {
 // (Sm90ForwardSupports), head dims up to 128 (256 stays on sm80's fused
 // backward), the features its variants take (Sm90TakesFeatures: lengths,
 // windows, position offsets, segment ids, the soft cap or dropout, and a
-// key-only boolean mask beside them; or a bias with the masks' features,
-// BackwardTakesBias; any other boolean mask and dropout with the soft cap
+// boolean mask beside them; or a bias with the masks' features,
+// BackwardTakesBias; a bias with a mask and dropout with the soft cap
 // stay on sm80's), not deterministic (dQ is summed by
 // atomic adds; deterministic plain calls: Sm90DeterministicScratch), with
 // the float32 dQ accumulator. Decided after the features are decoded.
 bool Sm90BackwardSupports(ffi::DataType dtype, const AttentionParams& p) {
-  // A key-only boolean mask ([B|1, N|1, 1, S], key padding): the feature
-  // variants read one byte per key (sm90::FeatureStepMask), beside the
-  // features they take otherwise.
-  AttentionParams without_key_mask = p;
-  if (p.features.mask && p.features.mask_stride.row == 0 && !p.features.bias) without_key_mask.features.mask = nullptr;
+  // A boolean mask: the feature variants read its bytes per S^T row
+  // (sm90::FeatureStepMask; a key-only one, [B|1, N|1, 1, S], one byte per
+  // key, any other one byte per pair; the soft cap's variant key-only ones
+  // only), beside the features they take otherwise.
+  AttentionParams without_mask = p;
+  if (p.features.mask && !p.features.bias && (p.features.mask_stride.row == 0 || !(p.features.softcap > 0.0)))
+    without_mask.features.mask = nullptr;
   return Sm90BackwardKernelsServe(dtype, p) &&
-         (Sm90TakesFeatures(without_key_mask) || (p.features.bias && Sm90BiasVariantsTake(p))) && !p.deterministic &&
+         (Sm90TakesFeatures(without_mask) || (p.features.bias && Sm90BiasVariantsTake(p))) && !p.deterministic &&
          p.dq_accum != nullptr;
 }
 
@@ -391,10 +393,10 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   // Features (session 19): at 128 1.55-2.27x of sm80's, at 64 (128-query
   // steps) 1.95-3.19x. A bias (contiguous along the keys, without a boolean
   // mask, dropout or the soft cap): the bias variants (BackwardTakesBias).
-  // Dropout (without the soft cap): kMasksDropout. A key-only boolean mask
-  // (key padding): the feature variants, one byte per key. Other
-  // sm90-forced calls (any other boolean mask, dropout with the soft cap)
-  // run sm80's backward,
+  // Dropout (without the soft cap): kMasksDropout. A boolean mask: the
+  // feature variants, one byte per key where it is key-only (key padding),
+  // else one per pair. Other sm90-forced calls (dropout with the soft cap,
+  // a bias with a mask) run sm80's backward,
   // as before: the forward's family does not bind the backward's.
   const bool sm90_ok = Sm90BackwardSupports(q.element_type(), p);
 #ifdef JAX_FLASH_WITH_SM90

@@ -54,6 +54,10 @@ struct Spec {
   // key; its key stride key_stride), empty when none.
   std::vector<uint8_t> key_mask;
   int key_stride = 1;
+  // Or a per-query one ([1, 1, T, S]: query i's bytes from i * dense_row,
+  // key stride key_stride), empty when none.
+  std::vector<uint8_t> dense_mask;
+  int dense_row = 0;
 };
 
 bool Visible(const Spec& c, const std::vector<int32_t>& q_ids, const std::vector<int32_t>& kv_ids, long long i,
@@ -67,6 +71,7 @@ bool Visible(const Spec& c, const std::vector<int32_t>& q_ids, const std::vector
   if (c.right >= 0 && j > i + d + c.right) return false;
   if (c.segments && q_ids[i] != kv_ids[j]) return false;
   if (!c.key_mask.empty() && c.key_mask[size_t(j) * c.key_stride] == 0) return false;
+  if (!c.dense_mask.empty() && c.dense_mask[size_t(i) * c.dense_row + size_t(j) * c.key_stride] == 0) return false;
   return true;
 }
 
@@ -205,11 +210,16 @@ long CheckBackward(const Spec& c, long* checked) {
     p.features.mask = c.key_mask.data();
     p.features.mask_stride.col = c.key_stride;  // row (query), head and batch strides 0
   }
+  if (!c.dense_mask.empty()) {
+    p.features.mask = c.dense_mask.data();
+    p.features.mask_stride.row = c.dense_row;
+    p.features.mask_stride.col = c.key_stride;
+  }
   auto fail = [&](const char* what, int n0, int m0, long long i, long long j) {
     if (failures++ < 5)
-      std::printf("FAIL backward: %s (key mask %d, T %d S %d causal %d q_len %d(%d) kv_len %d(%d) offset %d(%d) window (%lld, "
+      std::printf("FAIL backward: %s (key mask %d dense %d, T %d S %d causal %d q_len %d(%d) kv_len %d(%d) offset %d(%d) window (%lld, "
                   "%lld) segments %d doc %d: tile keys %d, step queries %d, pair (%lld, %lld))\n",
-                  what, int(!c.key_mask.empty()), c.T, c.S, int(c.causal), c.q_len, int(c.q_lens), c.kv_len,
+                  what, int(!c.key_mask.empty()), int(!c.dense_mask.empty()), c.T, c.S, int(c.causal), c.q_len, int(c.q_lens), c.kv_len,
                   int(c.kv_lens), c.offset, int(c.offsets), c.left, c.right, c.segments, c.doc, n0, m0, i, j);
   };
   const MaskPolicy policy = MaskPolicy::For(p, 0, 0);
@@ -388,6 +398,19 @@ int main() {
     failures += CheckBackward<64>(c, &checked);
     failures += CheckBackward<128>(c, &checked);
     c.key_mask.clear();
+    // And with a per-query boolean mask: random bytes, 16 x 16 patches all
+    // hidden or all visible, rows padded (dense_row >= S * key_stride).
+    c.dense_row = c.S * c.key_stride + uniform(0, 5);
+    c.dense_mask.assign(size_t(c.T) * c.dense_row, 0);
+    for (int i = 0; i < c.T; ++i)
+      for (int j = 0; j < c.S; ++j) {
+        const int patch = (i / 16 + j / 16) % 4;  // 0: random, 1: hidden, 2, 3: visible
+        c.dense_mask[size_t(i) * c.dense_row + size_t(j) * c.key_stride] =
+            uint8_t(patch == 1 ? 0 : patch >= 2 ? uniform(1, 255) : uniform(0, 1) * uniform(1, 255));
+      }
+    failures += CheckBackward<64>(c, &checked);
+    failures += CheckBackward<128>(c, &checked);
+    c.dense_mask.clear();
     ++configs;
   }
   // The backward's bias: random shapes (tails in T and S, S below one

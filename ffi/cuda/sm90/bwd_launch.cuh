@@ -209,8 +209,10 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
                             : kFeatures == Features::kMasksDropout ? " with masks and dropout"
                                                                   : " with masks and soft cap");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
-  // (The masks' variants read a key-only boolean mask per S^T row: FeatureStepMask.)
-  if (auto why = UnsupportedFeatures(p, kFeatures, kAnyFeature && !kBias); !why.empty()) return fail(why);
+  // (The masks' variants read a boolean mask per S^T row: FeatureStepMask.)
+  if (auto why = UnsupportedFeatures(p, kFeatures, kAnyFeature && !kBias ? MaskBeside::kAny : MaskBeside::kNone);
+      !why.empty())
+    return fail(why);
   if constexpr (kBias) {
     if (p.features.dbias || p.features.dbias_direct)
       return fail("computes no bias gradient (the bias-gradient pass, LaunchBiasGradientScheduled, does)");

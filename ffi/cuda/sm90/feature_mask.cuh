@@ -191,11 +191,17 @@ inline bool IsKeyOnlyMask(const AttentionFeatures& f) { return f.mask && f.mask_
 // Why a feature variant cannot serve p (empty: it can), forward and
 // backward alike. The soft cap needs kMasksSoftcap, a bias kMasksBias(16), a
 // boolean mask kMasksBoolean (forward), dropout kMasksDropout; the pairs
-// among them that no variant takes stay on the sm80 kernels. key_mask (the
-// backward's kMasks, kMasksSoftcap and kMasksDropout): a key-only boolean
-// mask (IsKeyOnlyMask) is taken beside the variant's features.
-inline std::string UnsupportedFeatures(const AttentionParams& p, Features variant, bool key_mask = false) {
-  if (key_mask && IsKeyOnlyMask(p.features)) {
+// among them that no variant takes stay on the sm80 kernels. `beside`: a
+// boolean mask the variant reads beside its own features: kKeyOnly (the
+// forward's kMasksSoftcap and kMasksDropout, TakesKeyMaskBeside) a
+// key-only one (IsKeyOnlyMask), kAny (the backward's kMasks, kMasksSoftcap
+// and kMasksDropout, FeatureStepMask) any.
+enum class MaskBeside { kNone, kKeyOnly, kAny };
+inline std::string UnsupportedFeatures(const AttentionParams& p, Features variant,
+                                       MaskBeside beside = MaskBeside::kNone) {
+  // (kMasksSoftcap's backward reads key-only masks only: FeatureStepMask's kDenseMask.)
+  if (beside == MaskBeside::kAny && variant == Features::kMasksSoftcap) beside = MaskBeside::kKeyOnly;
+  if ((beside == MaskBeside::kKeyOnly && IsKeyOnlyMask(p.features)) || (beside == MaskBeside::kAny && p.features.mask)) {
     AttentionParams without = p;
     without.features.mask = nullptr;
     return UnsupportedFeatures(without, variant);
@@ -833,22 +839,68 @@ __device__ __forceinline__ KeyBlocks FeatureQueryBlocks(const AttentionParams& p
 // Host-callable for tests/cpp/sm90_feature_mask_test.cu.
 template <int kBlockM>
 using StepMaskBits = std::conditional_t<kBlockM == 64, uint32_t, uint64_t>;
+
+// A per-query boolean mask's bits of one backward step, in FeatureStepMask's
+// layout: the bytes of keys `key` and `key` + 8 (row stride `row`, column
+// stride `col` from the (batch, head) slice `mask`) for queries m0 + 8j +
+// 2t + e, positions clamped into the sequences (the bounds hide the pairs
+// past them). The loads go in groups of four queries, each group's
+// addresses made to depend on the bits so far, so that ptxas does not put
+// all 2 kBlockM / 4 bytes in flight beside dK, dV and S^T.
 template <int kBlockM>
+__host__ __device__ __forceinline__ StepMaskBits<kBlockM> DenseStepMask(const AttentionParams& p, const uint8_t* mask,
+                                                                        int64_t row, int64_t col, int m0, int key,
+                                                                        int t) {
+  using Bits = StepMaskBits<kBlockM>;
+  constexpr int kTiles = kBlockM / 8, kRowBits = 2 * kTiles;
+  const int k_last = int(p.shape.seqlen_k) - 1, q_last = int(p.shape.seqlen_q) - 1;
+  const int64_t key0 = int64_t(std::min(key, k_last)) * col, key1 = int64_t(std::min(key + 8, k_last)) * col;
+  Bits visible = ~Bits(0);
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+#ifdef __CUDA_ARCH__
+    if (j % 2 == 0 && j > 0) {
+      uint32_t chain = 0;
+      if constexpr (sizeof(Bits) == 8) asm volatile("" : "+r"(chain) : "l"(visible));
+      else asm volatile("" : "+r"(chain) : "r"(visible));
+      mask += chain;  // (chain is 0: an ordering, not an offset)
+    }
+#endif
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const uint8_t* r = mask + int64_t(std::min(m0 + 8 * j + 2 * t + e, q_last)) * row;
+      if (r[key0] == 0) visible &= ~(Bits(1) << (2 * j + e));
+      if (r[key1] == 0) visible &= ~(Bits(1) << (kRowBits + 2 * j + e));
+    }
+  }
+  return visible;
+}
+// kDenseMask: the variant takes a per-query mask too (not kMasksSoftcap,
+// whose consumers at 64 then spilled 10 local accesses per step: its
+// UnsupportedFeatures refuses one).
+template <int kBlockM, bool kDenseMask = true>
 __host__ __device__ __forceinline__ StepMaskBits<kBlockM> FeatureStepMask(const AttentionParams& p, int b, int h,
                                                                           int m0, int warp_j0, int key, int t) {
   using Bits = StepMaskBits<kBlockM>;
   constexpr int kTiles = kBlockM / 8, kRowBits = 2 * kTiles;
   static_assert(kBlockM == 64 || kBlockM == 128, "two rows of 2 kBlockM / 8 bits in one word");
   MaskPolicy policy = MaskPolicy::For(p, b, h);
-  // A key-only boolean mask (the only mask array these variants take,
-  // UnsupportedFeatures' key_mask): the bytes of the thread's two keys
-  // (clamped into the sequence: keys past it are hidden by the bounds) hide
-  // or keep each row whole; the rest of the policy goes without it.
+  // A boolean mask (UnsupportedFeatures' MaskBeside::kAny). Key-only: the
+  // bytes of the thread's two keys (clamped into the sequence: keys past
+  // it are hidden by the bounds) hide or keep each row whole. Per query:
+  // every pair's byte (DenseStepMask), ANDed into the rest of the policy's
+  // answer, which goes without it.
   Bits rows = ~Bits(0);
+  const uint8_t* dense = nullptr;
+  const int64_t dense_row = policy.mask_row;
   if (policy.mask) {
     const int k_last = int(p.shape.seqlen_k) - 1;
-    if (policy.mask[int64_t(std::min(key, k_last)) * policy.mask_col] == 0) rows &= ~((Bits(1) << kRowBits) - 1);
-    if (policy.mask[int64_t(std::min(key + 8, k_last)) * policy.mask_col] == 0) rows &= (Bits(1) << kRowBits) - 1;
+    if (!kDenseMask || policy.mask_row == 0) {
+      if (policy.mask[int64_t(std::min(key, k_last)) * policy.mask_col] == 0) rows &= ~((Bits(1) << kRowBits) - 1);
+      if (policy.mask[int64_t(std::min(key + 8, k_last)) * policy.mask_col] == 0) rows &= (Bits(1) << kRowBits) - 1;
+    } else {
+      dense = policy.mask;
+    }
     policy.mask = nullptr;
   }
   SegmentMeet meet = SegmentMeet::kAll;
@@ -857,6 +909,8 @@ __host__ __device__ __forceinline__ StepMaskBits<kBlockM> FeatureStepMask(const 
                ? Meet(SummarySpan<kBlockM>(policy.q_ranges, m0), SummarySpan<16>(policy.kv_ranges, warp_j0))
                : SegmentMeet::kSome;
   if (meet == SegmentMeet::kNone) return Bits(0);
+  if constexpr (kDenseMask)
+    if (dense) rows &= DenseStepMask<kBlockM>(p, dense, dense_row, policy.mask_col, m0, key, t);
   const bool ids = meet == SegmentMeet::kSome;
   if (!ids && !policy.NeedsBoundsCheck(m0, int64_t(m0) + kBlockM, warp_j0, int64_t(warp_j0) + 16)) return rows;
   const MaskPolicy bounds = policy.WithoutSegments();

@@ -117,7 +117,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   constexpr bool kDropout = kFeatures == Features::kMasksDropout;
   // kMasksSoftcap and kMasksDropout take a key-only boolean mask (key
   // padding) beside their features, when the call has one
-  // (UnsupportedFeatures' key_mask): MaskArrayRows' key bytes, as below.
+  // (UnsupportedFeatures' MaskBeside::kKeyOnly): MaskArrayRows' key bytes, as below.
   constexpr bool kKeyMaskBeside = TakesKeyMaskBeside(kFeatures);
   const int n_hi = keys.hi, n_blocks = keys.hi - keys.lo;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, t = lane % 4;

@@ -25,7 +25,7 @@ enum class Features { kNone, kMasks, kMasksSoftcap, kMasksBias, kMasksBias16, kM
 
 // The forward variants that read a key-only boolean mask's bytes beside
 // their own features when the call has one (fwd_kernel.cuh's
-// MaskArrayRows keys; UnsupportedFeatures' key_mask).
+// MaskArrayRows keys; UnsupportedFeatures' MaskBeside::kKeyOnly).
 constexpr bool TakesKeyMaskBeside(Features f) { return f == Features::kMasksSoftcap || f == Features::kMasksDropout; }
 
 // Consumer warpgroups of the plain forward at head dim 64 (FwdTraits<64>'s

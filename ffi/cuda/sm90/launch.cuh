@@ -71,7 +71,7 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
                                                                   : " with masks and soft cap") +
                            (kC == 2 ? "" : ", three consumer warpgroups");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
-  if (auto why = UnsupportedFeatures(p, kFeatures, TakesKeyMaskBeside(kFeatures)); !why.empty()) return fail(why);
+  if (auto why = UnsupportedFeatures(p, kFeatures, TakesKeyMaskBeside(kFeatures) ? MaskBeside::kKeyOnly : MaskBeside::kNone); !why.empty()) return fail(why);
   if (TakesKeyMaskBeside(kFeatures) && p.features.mask && p.features.mask_stride.col != 1)
     return fail("the key-only boolean mask must be contiguous along the keys (MaskArrayRows::LoadKeys)");
   if (!(p.scale > 0.0)) return fail("needs scale > 0 (the row maxima are taken before scaling)");
