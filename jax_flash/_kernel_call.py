@@ -19,8 +19,11 @@ HAS_BIAS, HAS_MASK, HAS_Q_SEQLENS, HAS_KV_SEQLENS, HAS_SEGMENTS = 1, 2, 4, 8, 16
 DROPOUT_SHARED = 32
 HAS_SEGMENT_RANGES = 64
 HAS_POSITION_OFFSETS = 128  # query positions shifted against the keys (ring attention)
+HAS_MASK_BLOCKS = 256  # the mask_blocks operand is a per-query mask's block summary
 # Positions per entry of the segment-id block summaries (ffi/common/params.h kSegmentBlock).
 SEGMENT_BLOCK = 64
+# Queries and keys per entry of a boolean mask's block summary (params.h kMaskBlock).
+MASK_BLOCK = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +197,68 @@ def _gpu_feature_ops(feature_ops, static):
     return (feature_ops[0].astype(jnp.float32), *feature_ops[1:])
 
 
+def mask_block_summary(mask: jax.Array) -> jax.Array:
+    """uint8 ``[..., ceil(T / 64), ceil(S / 64)]`` of a boolean mask ``[..., T, S]``:
+    bit 0 where the entry's 64 queries x 64 keys have a visible pair, bit 1
+    where all of them are visible (pairs past T or S count as neither).
+
+    The CUDA kernels' block classification of a per-query mask
+    (ffi/common/mask_policy.h MaskBlocks): a block the mask hides whole is
+    skipped (the Hopper forward trims a tile's key blocks, the backward a key
+    block's query steps), one it shows whole needs no mask bytes read, and
+    only the others read the mask pair by pair. One pass over the mask per
+    call (of the mask and of its negation), inside the call's per-shard body.
+    Each in two stages, over the entry's 64 queries (a column reduction)
+    and then its 64 keys (a row reduction): the one reduction over both axes
+    (any(axis=(-3, -1)) of [.., T/64, 64, S/64, 64]) is what the H200 run
+    of session 25 measured with, 1.5x slower on the CPU
+    (scripts/time_mask_summary.py times both on a device).
+    """
+    *lead, t, s = mask.shape
+    tb, sb = -(-t // MASK_BLOCK), -(-s // MASK_BLOCK)
+    config = [(0, 0, 0)] * len(lead) + [(0, tb * MASK_BLOCK - t, 0), (0, sb * MASK_BLOCK - s, 0)]
+
+    def any_in_block(x):
+        x = jax.lax.pad(x, jnp.array(False), config)
+        x = x.reshape(*lead, tb, MASK_BLOCK, sb * MASK_BLOCK).any(axis=-2)
+        return x.reshape(*lead, tb, sb, MASK_BLOCK).any(axis=-1)
+
+    some = any_in_block(mask)
+    every = ~any_in_block(~mask)
+    return some.astype(jnp.uint8) | (every.astype(jnp.uint8) << 1)
+
+
+def _takes_mask_blocks(q, k, feature_ops, static) -> bool:
+    """Whether the GPU branch passes the mask's block summary: a boolean mask
+    per query and per key (its last two dims T and S; key-only masks are
+    summarized by the kernels' own votes), outside the generic kernels."""
+    mask = feature_ops[1]
+    return (
+        bool(static.features & HAS_MASK)
+        and static.implementation != 1  # "generic": reads the mask only
+        and mask.ndim >= 2
+        and mask.shape[-2] == q.shape[-3]
+        and mask.shape[-1] == k.shape[-3]
+        and q.shape[-3] > 1
+    )
+
+
+def _mask_blocks(q, k, feature_ops, static, on_gpu: bool):
+    """The mask_blocks operand and the features attribute of one FFI call:
+    the summary (mask_block_summary) on the GPU where _takes_mask_blocks,
+    else a one-element placeholder (the CPU skips hidden blocks by its own
+    scan, MaskArrayHidesBlock)."""
+    if on_gpu and _takes_mask_blocks(q, k, feature_ops, static):
+        return mask_block_summary(feature_ops[1]), static.features | HAS_MASK_BLOCKS
+    return jnp.zeros((1,), jnp.uint8), static.features
+
+
+def _attributes(static, features: int) -> dict:
+    attrs = static.attributes()
+    attrs["features"] = np.int32(features)
+    return attrs
+
+
 def _per_platform(cpu, gpu, split: bool):
     """cpu() on the CPU and gpu() elsewhere, or gpu() alone when the two
     branches are the same computation (split False): no platform_dependent
@@ -204,22 +269,25 @@ def _per_platform(cpu, gpu, split: bool):
 
 
 def _ffi_forward(q, k, v, feature_ops, static):
-    def call(scratch, feature_ops):
+    def call(scratch, feature_ops, on_gpu):
+        mask_blocks, features = _mask_blocks(q, k, feature_ops, static, on_gpu)
         result_types = (
             _result_type(q, q.shape, q.dtype),  # out
             _row_stats_type(q),  # lse
             _result_type(q, (max(scratch, 1),), jnp.float32),  # the decode path's partials (scratch)
         )
         ffi = jax.ffi.ffi_call(_registration.FWD_TARGET, result_types, vmap_method="broadcast_all")
-        out, lse, _ = ffi(q, k, v, *feature_ops, **static.attributes())
+        out, lse, _ = ffi(q, k, v, *feature_ops, mask_blocks, **_attributes(static, features))
         return out, lse
 
     scratch = _decode_scratch.forward_scratch_floats(q.shape, k.shape, q.dtype, static.implementation)
     # A few queries over many keys: the CUDA split-KV decode kernels' partials; the CPU needs none.
     return _per_platform(
-        lambda: call(0, feature_ops),
-        lambda: call(scratch, _gpu_feature_ops(feature_ops, static)),
-        split=bool(scratch) or _gpu_upcasts_bias(feature_ops, static),
+        lambda: call(0, feature_ops, on_gpu=False),
+        lambda: call(scratch, _gpu_feature_ops(feature_ops, static), on_gpu=True),
+        split=bool(scratch)
+        or _gpu_upcasts_bias(feature_ops, static)
+        or _takes_mask_blocks(q, k, feature_ops, static),
     )
 
 
@@ -305,7 +373,8 @@ def _backward_call(q, k, v, out, lse, dout, feature_ops, static):
 
 
 def _ffi_backward(q, k, v, out, lse, dout, feature_ops, static):
-    def call(k, v, accum_shape, feature_ops):
+    def call(k, v, accum_shape, feature_ops, on_gpu=True):
+        mask_blocks, features = _mask_blocks(q, k, feature_ops, static, on_gpu)
         result_types = (
             _result_type(q, q.shape, q.dtype),  # dq
             _result_type(k, k.shape, k.dtype),  # dk
@@ -314,10 +383,10 @@ def _ffi_backward(q, k, v, out, lse, dout, feature_ops, static):
             _result_type(q, accum_shape, jnp.float32),  # dq_accum (scratch)
         )
         ffi = jax.ffi.ffi_call(_registration.BWD_TARGET, result_types, vmap_method="broadcast_all")
-        dq, dk, dv, _, _ = ffi(q, k, v, out, lse, dout, *feature_ops, **static.attributes())
+        dq, dk, dv, _, _ = ffi(q, k, v, out, lse, dout, *feature_ops, mask_blocks, **_attributes(static, features))
         return dq, dk, dv
 
-    cpu = lambda: call(k, v, (0,), feature_ops)  # noqa: E731
+    cpu = lambda: call(k, v, (0,), feature_ops, on_gpu=False)  # noqa: E731
     if _takes_sm90_deterministic_scratch(q, static):
         # Plain 16-bit calls (no feature operands to up-cast): one flat
         # float32 buffer on the GPU, none on the CPU. No key head copies:
@@ -328,7 +397,7 @@ def _ffi_backward(q, k, v, out, lse, dout, feature_ops, static):
         return _per_platform(
             cpu,
             lambda: call(k, v, (0,), _gpu_feature_ops(feature_ops, static)),
-            split=_gpu_upcasts_bias(feature_ops, static),
+            split=_gpu_upcasts_bias(feature_ops, static) or _takes_mask_blocks(q, k, feature_ops, static),
         )
     # [..., N, T, H] float32 for the GPU's fused backward; the CPU never needs it.
     *batch, t, n, h = q.shape
@@ -418,6 +487,7 @@ def dbias_accumulator_shape(bias_shape, q_shape, k_shape, bias_dtype, on_gpu: bo
 
 def _ffi_bias_gradient(q, k, v, out, lse, dout, feature_ops, static):
     def call(feature_ops, on_gpu):
+        mask_blocks, features = _mask_blocks(q, k, feature_ops, static, on_gpu)
         bias = feature_ops[0]
         accum = dbias_accumulator_shape(bias.shape, q.shape, k.shape, bias.dtype, on_gpu)
         result_types = (
@@ -426,7 +496,7 @@ def _ffi_bias_gradient(q, k, v, out, lse, dout, feature_ops, static):
             _result_type(bias, accum, jnp.float32),  # dbias_accum (scratch)
         )
         ffi = jax.ffi.ffi_call(_registration.DBIAS_TARGET, result_types, vmap_method="broadcast_all")
-        dbias, _, _ = ffi(q, k, v, out, lse, dout, *feature_ops, **static.attributes())
+        dbias, _, _ = ffi(q, k, v, out, lse, dout, *feature_ops, mask_blocks, **_attributes(static, features))
         return dbias
 
     bias = feature_ops[0]
@@ -434,7 +504,8 @@ def _ffi_bias_gradient(q, k, v, out, lse, dout, feature_ops, static):
         lambda: call(feature_ops, on_gpu=False),
         lambda: call(_gpu_feature_ops(feature_ops, static), on_gpu=True).astype(bias.dtype),
         split=_gpu_upcasts_bias(feature_ops, static)
-        or dbias_accumulator_shape(bias.shape, q.shape, k.shape, bias.dtype, True) != (1,),
+        or dbias_accumulator_shape(bias.shape, q.shape, k.shape, bias.dtype, True) != (1,)
+        or _takes_mask_blocks(q, k, feature_ops, static),
     )
 
 

@@ -48,7 +48,8 @@ of the jitted functions (a closed-over array would be an XLA constant):
               its earlier name, still accepted).
   prefix_lm   a per-query bool [1, 1, T, S] mask: query i sees keys
               j < max(i + 1, T / 4) (a prefix-LM, bidirectional over the first
-              quarter and causal after it), no block summary to skip by.
+              quarter and causal after it); the CUDA kernels skip its hidden
+              blocks by its block summary (made inside the timed call).
   bias        a [1, N, T, S] bias in the inputs' dtype, the issue's. (Earlier runs:
               [B, N, T, S] float32, 4 GiB at B=4, T=4096; not comparable.)
   softcap     logits_soft_cap 30.

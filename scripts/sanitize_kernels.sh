@@ -57,7 +57,11 @@ assert bool(jnp.isfinite(out.astype(jnp.float32)).all()), "paged decode"
 t, n = 197, 2
 ids = jnp.asarray(np.repeat(np.arange(3), [70, 64, t - 134])[None], jnp.int32)
 mask = jnp.asarray(np.arange(t) < 150)[None, None, None, :]
+# A prefix-LM mask (per query: the sm90 kernels read its block summary too,
+# tails in both dims).
+prefix = jnp.asarray(np.arange(t)[None, :] < np.maximum(np.arange(t)[:, None] + 1, 90))[None, None]
 sm90_cases = {
+    "dense mask": dict(mask=prefix),
     "segments": dict(is_causal=True, q_segment_ids=ids, kv_segment_ids=ids),
     "window": dict(is_causal=True, local_window_size=(40, 0)),
     "lengths": dict(key_value_seq_lengths=jnp.asarray([150], jnp.int32)),

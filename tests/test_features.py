@@ -220,15 +220,23 @@ def test_key_padding_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
     _check_against_reference(rng, q, k, v, extra, ref, dtype)
 
 
-def _dense_mask(rng, b, n, t, s, prefix=False):
+def _dense_mask(rng, b, n, t, s, prefix=False, blocks=False):
     """A [b, n, t, s] boolean mask that differs per query: random pairs,
     32 x 32 patches hidden or visible whole, every query row keeping a
     visible key (the diagonal). prefix: a prefix-LM instead (query i sees
     keys j < max(i + 1, 100), a few random holes), whose blocks above the
-    diagonal are hidden whole (the CPU path skips them)."""
+    diagonal are hidden whole (the CPU path skips them). blocks: patches of
+    96 queries x 80 keys hidden, visible or random, shifted per head, so
+    that the block summary's 64 x 64 entries (mask_block_summary) take all
+    three kinds, in the middle of a tile's keys too, and the heads of a GQA
+    group differ."""
     i, j = np.arange(t)[:, None], np.arange(s)[None, :]
     if prefix:
         mask = (j < np.maximum(i + 1, 100)) & (rng.random((b, n, t, s)) > 0.05)
+    elif blocks:
+        head = np.arange(n)[:, None, None]
+        patch = (i // 96 + j // 80 + head) % 3
+        mask = np.where(patch == 0, False, np.where(patch == 1, True, rng.random((b, n, t, s)) > 0.5))
     else:
         mask = rng.random((b, n, t, s)) > 0.3
         patch = (i // 32 + j // 32) % 3
@@ -243,17 +251,29 @@ def _dense_mask(rng, b, n, t, s, prefix=False):
     (128, "float16", dict(q_segment_ids=True, local_window_size=(200, 50))),
     (128, "bfloat16", dict(dropout_rate=0.2)),
     (64, "float16", dict(prefix=True)),
-], ids=["64-causal", "128-segments-window", "128-dropout", "64-prefix-lm"])
+    (64, "bfloat16", dict(blocks=True)),
+    (128, "bfloat16", dict(blocks=True, is_causal=True, broadcast_heads=True)),
+    (128, "float16", dict(prefix=True, broadcast_heads=True, kv_lengths=True)),
+], ids=["64-causal", "128-segments-window", "128-dropout", "64-prefix-lm", "64-blocks", "128-blocks-causal-[B,1,T,S]",
+        "128-prefix-lm-[B,1,T,S]-lengths"])
 def test_dense_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
-    """A per-query boolean mask ([B, N, T, S]) over several key blocks and
-    query steps, GQA 4:2, beside the other masks or dropout: every element
-    of out, lse and the gradients against the float64 reference."""
+    """A per-query boolean mask ([B, N, T, S], or [B, 1, T, S]) over several
+    key blocks and query steps, GQA 4:2, beside the other masks or dropout:
+    every element of out, lse and the gradients against the float64
+    reference. On the GPU the kernels take its block summary too
+    (mask_block_summary), whose hidden and visible entries the patterns
+    make."""
     if impl == "sm90" and "dropout_rate" in extra:
         pytest.skip("the sm90 forward takes no per-query mask beside dropout (its refusal is tested above)")
     b, t, s, n, kh = 2, 300, 520, 4, 2
     q, k, v = random_qkv(rng, b, t, s, n, kh, head_dim, dtype)
     extra = dict(extra, implementation=impl)
-    extra["mask"] = jnp.asarray(_dense_mask(rng, b, n, t, s, prefix=extra.pop("prefix", False)))
+    mask = _dense_mask(rng, b, n, t, s, prefix=extra.pop("prefix", False), blocks=extra.pop("blocks", False))
+    if extra.pop("broadcast_heads", False):
+        mask = mask[:, :1]
+    extra["mask"] = jnp.asarray(mask)
+    if extra.pop("kv_lengths", False):
+        extra["key_value_seq_lengths"] = jnp.asarray([s, 333], jnp.int32)
     factor = None
     if extra.get("dropout_rate"):
         key = jax.random.key(int(rng.integers(1 << 30)))
@@ -267,6 +287,30 @@ def test_dense_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
     if factor is not None:
         ref["dropout_factor"] = factor
     _check_against_reference(rng, q, k, v, extra, ref, dtype)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 64, 64), (2, 3, 130, 257), (1, 2, 1, 70), (3, 1, 200, 5)])
+def test_mask_block_summary(rng, shape):
+    """mask_block_summary against its definition: per 64 x 64 entry (the
+    tails clipped to T and S), bit 0 where a pair is visible, bit 1 where
+    all are (hidden, visible and mixed entries, tails in T and S)."""
+    from jax_flash._kernel_call import mask_block_summary
+
+    *lead, t, s = shape
+    i, j = np.arange(t)[:, None], np.arange(s)[None, :]
+    patch = (i // 100 + j // 130) % 3
+    mask = np.where(patch == 0, False, np.where(patch == 1, True, rng.random(shape) > 0.5))
+    got = np.asarray(jax.jit(mask_block_summary)(jnp.asarray(mask)))
+    if shape == (2, 3, 130, 257):
+        assert {0, 1, 3} <= set(np.unique(got).tolist())  # hidden, mixed and visible entries
+    rows, cols = -(-t // 64), -(-s // 64)
+    assert got.shape == (*lead, rows, cols) and got.dtype == np.uint8
+    want = np.zeros_like(got)
+    for r in range(rows):
+        for c in range(cols):
+            block = mask[..., 64 * r:64 * r + 64, 64 * c:64 * c + 64]
+            want[..., r, c] = block.any(axis=(-2, -1)) | (block.all(axis=(-2, -1)).astype(np.uint8) << 1)
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the sm90 forward's refusal needs a 9.x GPU")

@@ -21,6 +21,7 @@ enum FeatureBits : int32_t {
   kDropoutShared = 32,  // one dropout mask for every batch entry and head
   kHasSegmentRanges = 64,  // block summaries of the segment ids (with kHasSegments)
   kHasPositionOffsets = 128,  // query positions shifted against the keys, per batch entry
+  kHasMaskBlocks = 256,  // the block summary of a per-query mask (with kHasMask)
 };
 
 // The optional operands and attributes, as the FFI delivers them.
@@ -35,6 +36,7 @@ struct FeatureOperands {
   const ffi::AnyBuffer& kv_segment_ranges;  // [batch, ceil(seqlen_k / kSegmentBlock), 2]
   const ffi::AnyBuffer& dropout_seed;
   const ffi::AnyBuffer& position_offsets;  // [batch] int32
+  const ffi::AnyBuffer& mask_blocks;  // uint8 [mask's lead and heads, ceil(T / 64), ceil(S / 64)]
   int32_t features;
   int64_t window_left, window_right;
   double softcap, dropout_rate;
@@ -73,6 +75,40 @@ inline ffi::Error BroadcastOperand(const char* name, const ffi::AnyBuffer& buf,
 }
 
 inline int64_t ElementCount(const ffi::AnyBuffer& b) { return int64_t(b.element_count()); }
+
+// A per-query mask's block summary (kHasMaskBlocks): uint8, the mask's rank,
+// its leading and head dims, then ceil(seqlen_q / kMaskBlock) x
+// ceil(seqlen_k / kMaskBlock) entries; the mask must be per query and per
+// key (rows seqlen_q, cols seqlen_k). Strides as the mask's broadcast (0
+// along its size-1 dims).
+inline ffi::Error DecodeMaskBlocks(const ffi::AnyBuffer& mask, const ffi::AnyBuffer& blocks,
+                                   const AttentionShape& s, AttentionFeatures* f) {
+  auto md = mask.dimensions();
+  auto d = blocks.dimensions();
+  const size_t r = md.size();
+  const int64_t rows = (s.seqlen_q + kMaskBlock - 1) / kMaskBlock, cols = (s.seqlen_k + kMaskBlock - 1) / kMaskBlock;
+  bool ok = blocks.element_type() == ffi::DataType::U8 && d.size() == r && r >= 3 && md[r - 2] == s.seqlen_q &&
+            md[r - 1] == s.seqlen_k;
+  for (size_t i = 0; ok && i + 2 < r; ++i) ok = d[i] == md[i];
+  if (!ok || d[r - 2] != rows || d[r - 1] != cols)
+    return ffi::Error::InvalidArgument("jax_flash: mask_blocks " + DimsToString(d) +
+                                       " must be uint8, the mask's dims with ceil(T / 64) x ceil(S / 64) entries, "
+                                       "for a mask " + DimsToString(md) + " of T x S pairs");
+  BroadcastStrides& st = f->mask_blocks_stride;
+  st.col = 1;
+  st.row = cols;
+  int64_t stride = rows * cols;
+  st.head = md[r - 3] == 1 ? 0 : stride;
+  stride *= d[r - 3];
+  for (size_t i = r - 3; i-- > 0;) {
+    st.batch[i] = md[i] == 1 ? 0 : stride;
+    stride *= d[i];
+  }
+  f->mask_blocks = static_cast<const uint8_t*>(blocks.untyped_data());
+  f->mask_block_rows = int32_t(rows);
+  f->mask_block_cols = int32_t(cols);
+  return ffi::Error::Success();
+}
 
 inline ffi::Error DecodeFeatures(const ffi::AnyBuffer& q, const FeatureOperands& o,
                                  AttentionParams* p, int64_t* bias_rows = nullptr,
@@ -114,6 +150,8 @@ inline ffi::Error DecodeFeatures(const ffi::AnyBuffer& q, const FeatureOperands&
     if (auto e = BroadcastOperand("mask", o.mask, qd, s, &f.mask_stride, &mr, &mc); e.failure())
       return e;
     f.mask = static_cast<const uint8_t*>(o.mask.untyped_data());
+    if (o.features & kHasMaskBlocks)
+      if (auto e = DecodeMaskBlocks(o.mask, o.mask_blocks, s, &f); e.failure()) return e;
   }
   auto int32_operand = [&](const char* name, const ffi::AnyBuffer& b, int64_t count,
                            const int32_t** out) -> ffi::Error {

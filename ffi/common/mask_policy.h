@@ -57,6 +57,50 @@ struct SegmentRanges {
   JAX_FLASH_HOST_DEVICE static int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 };
 
+// A per-query boolean mask's block summary (AttentionFeatures::mask_blocks,
+// jax_flash/_kernel_call.py mask_block_summary) for one (batch, head) slice:
+// entry (r, c) covers queries [r, r + 1) x keys [c, c + 1) in kMaskBlock
+// units, bit kMaskBlockSome where one of its pairs is visible, kMaskBlockAll
+// where all are. A block of any size is answered from the entries it
+// overlaps: hidden whole when none has a visible pair, visible whole when
+// all are full, exact at kMaskBlock granularity and correct (fewer skips)
+// for blocks that are not aligned to it.
+enum MaskBlockBits : uint32_t { kMaskBlockSome = 1, kMaskBlockAll = 2 };
+
+struct MaskBlocks {
+  const uint8_t* entries = nullptr;  // [rows][cols] of this slice, or null: no summary
+  int32_t rows = 0, cols = 0;
+
+  JAX_FLASH_HOST_DEVICE static MaskBlocks For(const AttentionFeatures& f, int64_t b, int64_t h) {
+    MaskBlocks m;
+    if (f.mask_blocks) {
+      m.entries = f.mask_blocks + f.BroadcastOffset(f.mask_blocks_stride, b, h);
+      m.rows = f.mask_block_rows;
+      m.cols = f.mask_block_cols;
+    }
+    return m;
+  }
+
+  // The bits of queries [i0, i1) x keys [j0, j1) (i0 < i1, j0 < j1, i0 and
+  // j0 inside the mask; ends past it are clamped): kMaskBlockSome when an
+  // entry it overlaps has a visible pair, kMaskBlockAll when every entry is
+  // visible whole.
+  JAX_FLASH_HOST_DEVICE uint32_t Span(int i0, int i1, int j0, int j1) const {
+    const int r1 = Min((i1 - 1) / int(kMaskBlock), rows - 1), c1 = Min((j1 - 1) / int(kMaskBlock), cols - 1);
+    uint32_t some = 0, all = kMaskBlockAll;
+    for (int r = Min(i0 / int(kMaskBlock), r1); r <= r1; ++r)
+      for (int c = Min(j0 / int(kMaskBlock), c1); c <= c1; ++c) {
+        const uint32_t e = entries[int64_t(r) * cols + c];
+        some |= e;
+        all &= e;
+      }
+    return (some & kMaskBlockSome) | all;
+  }
+
+ private:
+  JAX_FLASH_HOST_DEVICE static int Min(int a, int b) { return a < b ? a : b; }
+};
+
 struct MaskPolicy {
   int64_t seqlen_q = 0, seqlen_k = 0;  // effective lengths (seq lengths applied)
   bool causal = false;

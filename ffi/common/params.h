@@ -42,6 +42,10 @@ struct AttentionShape {
 // a block that is not still gets a correct (wider) summary.
 constexpr int64_t kSegmentBlock = 64;
 
+// Positions per side of a boolean mask's block summary entry (MaskBlocks in
+// mask_policy.h): kMaskBlock queries x kMaskBlock keys.
+constexpr int64_t kMaskBlock = 64;
+
 // Optional attention features (issue: bias, masks, lengths, segments, window,
 // soft cap, dropout). A null pointer or a negative window side means "off".
 constexpr int kMaxBatchDims = 4;  // leading dims of q (vmap adds some)
@@ -77,6 +81,16 @@ struct AttentionFeatures {
   void* dbias_direct = nullptr;
   const uint8_t* mask = nullptr;  // bool, true = attend
   BroadcastStrides mask_stride;
+  // A per-query mask's block summary (MaskBlocks in mask_policy.h), or null:
+  // uint8 [lead|1..., heads|1, ceil(seqlen_q / kMaskBlock), ceil(seqlen_k /
+  // kMaskBlock)], broadcast like the mask (mask_blocks_stride.row is the
+  // entries per row, col 1); entry bit 0 (kMaskBlockSome) where some pair of
+  // its kMaskBlock x kMaskBlock is visible, bit 1 (kMaskBlockAll) where every
+  // one is. From one pass over the mask per call (_kernel_call.py), on the
+  // GPU only.
+  const uint8_t* mask_blocks = nullptr;
+  BroadcastStrides mask_blocks_stride;
+  int32_t mask_block_rows = 0, mask_block_cols = 0;
   const int32_t* q_seqlens = nullptr;       // [batch]
   const int32_t* kv_seqlens = nullptr;      // [batch]
   const int32_t* q_segment_ids = nullptr;   // [batch, seqlen_q]

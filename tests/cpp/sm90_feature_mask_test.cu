@@ -58,7 +58,39 @@ struct Spec {
   // key stride key_stride), empty when none.
   std::vector<uint8_t> dense_mask;
   int dense_row = 0;
+  // With it, its block summary (MaskBlocks: 64 x 64 entries, MaskSummary)
+  // or none.
+  bool summary = false;
 };
+
+// The per-query mask's block summary, as jax_flash/_kernel_call.py's
+// mask_block_summary builds it: per 64 x 64 entry, kMaskBlockSome where a
+// pair of the mask's T x S is visible, kMaskBlockAll where all are.
+std::vector<uint8_t> MaskSummary(const Spec& c) {
+  const int rows = (c.T + 63) / 64, cols = (c.S + 63) / 64;
+  std::vector<uint8_t> blocks(size_t(rows) * cols);
+  for (int r = 0; r < rows; ++r)
+    for (int col = 0; col < cols; ++col) {
+      bool some = false, all = true;
+      for (int i = 64 * r; i < std::min(c.T, 64 * r + 64); ++i)
+        for (int j = 64 * col; j < std::min(c.S, 64 * col + 64); ++j) {
+          const bool v = c.dense_mask[size_t(i) * c.dense_row + size_t(j) * c.key_stride] != 0;
+          some |= v;
+          all &= v;
+        }
+      blocks[size_t(r) * cols + col] = uint8_t((some ? kMaskBlockSome : 0) | (all ? kMaskBlockAll : 0));
+    }
+  return blocks;
+}
+
+// Whether the mask alone shows (want_visible) or hides every pair of
+// queries [i0, i1) x keys [j0, j1), clipped to T x S.
+bool MaskAll(const Spec& c, int i0, int i1, int j0, int j1, bool want_visible) {
+  for (int i = i0; i < std::min(i1, c.T); ++i)
+    for (int j = j0; j < std::min(j1, c.S); ++j)
+      if ((c.dense_mask[size_t(i) * c.dense_row + size_t(j) * c.key_stride] != 0) != want_visible) return false;
+  return true;
+}
 
 bool Visible(const Spec& c, const std::vector<int32_t>& q_ids, const std::vector<int32_t>& kv_ids, long long i,
              long long j) {
@@ -210,16 +242,25 @@ long CheckBackward(const Spec& c, long* checked) {
     p.features.mask = c.key_mask.data();
     p.features.mask_stride.col = c.key_stride;  // row (query), head and batch strides 0
   }
+  std::vector<uint8_t> summary;
   if (!c.dense_mask.empty()) {
     p.features.mask = c.dense_mask.data();
     p.features.mask_stride.row = c.dense_row;
     p.features.mask_stride.col = c.key_stride;
+    if (c.summary) {
+      summary = MaskSummary(c);
+      p.features.mask_blocks = summary.data();
+      p.features.mask_block_rows = (c.T + 63) / 64;
+      p.features.mask_block_cols = (c.S + 63) / 64;
+      p.features.mask_blocks_stride.row = p.features.mask_block_cols;
+      p.features.mask_blocks_stride.col = 1;
+    }
   }
   auto fail = [&](const char* what, int n0, int m0, long long i, long long j) {
     if (failures++ < 5)
-      std::printf("FAIL backward: %s (key mask %d dense %d, T %d S %d causal %d q_len %d(%d) kv_len %d(%d) offset %d(%d) window (%lld, "
+      std::printf("FAIL backward: %s (key mask %d dense %d summary %d, T %d S %d causal %d q_len %d(%d) kv_len %d(%d) offset %d(%d) window (%lld, "
                   "%lld) segments %d doc %d: tile keys %d, step queries %d, pair (%lld, %lld))\n",
-                  what, int(!c.key_mask.empty()), int(!c.dense_mask.empty()), c.T, c.S, int(c.causal), c.q_len, int(c.q_lens), c.kv_len,
+                  what, int(!c.key_mask.empty()), int(!c.dense_mask.empty()), int(c.summary), c.T, c.S, int(c.causal), c.q_len, int(c.q_lens), c.kv_len,
                   int(c.kv_lens), c.offset, int(c.offsets), c.left, c.right, c.segments, c.doc, n0, m0, i, j);
   };
   const MaskPolicy policy = MaskPolicy::For(p, 0, 0);
@@ -232,6 +273,29 @@ long CheckBackward(const Spec& c, long* checked) {
       for (long long i = 0; i < c.T; ++i)
         if (Visible(c, q_ids, kv_ids, i, j) && (i < int64_t(m_lo) * kBlockM || i >= int64_t(m_hi) * kBlockM))
           fail("a visible pair outside the tile's query blocks", n0, -1, i, j);
+    // The summary's answers, which the trims (FeatureKeyBlocks for the
+    // forward's 128-row tiles, FeatureQueryBlocks for the backward's steps,
+    // device-only warp votes) and the per-block reads (the forward
+    // consumers' 64 rows, MaskBlockEntries; the backward's FeatureStepMask,
+    // checked below) act on: no kMaskBlockSome only where the mask hides
+    // every pair, kMaskBlockAll only where it shows every one.
+    if (!summary.empty()) {
+      const MaskBlocks blocks = MaskBlocks::For(p.features, 0, 0);
+      for (int rows : {64, 128, kBlockM})
+        for (int i0 = 0; i0 < c.T; i0 += rows) {
+          const uint32_t bits = blocks.Span(i0, i0 + rows, n0, n0 + kBlockN);
+          if (!(bits & kMaskBlockSome) && !MaskAll(c, i0, i0 + rows, n0, n0 + kBlockN, false))
+            fail("the summary hides a block with a visible pair", n0, i0, -1, -1);
+          if ((bits & kMaskBlockAll) && !MaskAll(c, i0, i0 + rows, n0, n0 + kBlockN, true))
+            fail("the summary shows a block with a hidden pair", n0, i0, -1, -1);
+          if (rows == 64 && (i0 / 64 + n0 / 128) % 7 == 0) {  // and the consumer's entries, on some blocks
+            const uint8_t* row = blocks.entries + std::min(i0 / 64, blocks.rows - 1) * blocks.cols;
+            const uint32_t joined = (row[n0 / 64] | row[std::min(n0 / 64 + 1, blocks.cols - 1)]) & kMaskBlockSome;
+            const uint32_t both = row[n0 / 64] & row[std::min(n0 / 64 + 1, blocks.cols - 1)] & kMaskBlockAll;
+            if ((joined | both) != bits) fail("two entries joined differ from Span", n0, i0, -1, -1);
+          }
+        }
+    }
     for (int mb = m_lo; mb < m_hi; ++mb) {
       const int m0 = mb * kBlockM;
       if (policy.HasSegmentRanges()) {
@@ -398,18 +462,26 @@ int main() {
     failures += CheckBackward<64>(c, &checked);
     failures += CheckBackward<128>(c, &checked);
     c.key_mask.clear();
-    // And with a per-query boolean mask: random bytes, 16 x 16 patches all
-    // hidden or all visible, rows padded (dense_row >= S * key_stride).
+    // And with a per-query boolean mask: random bytes, patches of 16 x 16,
+    // 64 x 64 or 96 x 96 pairs all hidden or all visible (the larger ones
+    // make whole summary entries hidden or visible), rows padded (dense_row
+    // >= S * key_stride); without its block summary and with it.
     c.dense_row = c.S * c.key_stride + uniform(0, 5);
     c.dense_mask.assign(size_t(c.T) * c.dense_row, 0);
+    static const int kSides[3] = {16, 64, 96};
+    const int side = kSides[uniform(0, 2)];
     for (int i = 0; i < c.T; ++i)
       for (int j = 0; j < c.S; ++j) {
-        const int patch = (i / 16 + j / 16) % 4;  // 0: random, 1: hidden, 2, 3: visible
+        const int patch = (i / side + j / side) % 4;  // 0: random, 1: hidden, 2, 3: visible
         c.dense_mask[size_t(i) * c.dense_row + size_t(j) * c.key_stride] =
             uint8_t(patch == 1 ? 0 : patch >= 2 ? uniform(1, 255) : uniform(0, 1) * uniform(1, 255));
       }
-    failures += CheckBackward<64>(c, &checked);
-    failures += CheckBackward<128>(c, &checked);
+    for (bool summary : {false, true}) {
+      c.summary = summary;
+      failures += CheckBackward<64>(c, &checked);
+      failures += CheckBackward<128>(c, &checked);
+    }
+    c.summary = false;
     c.dense_mask.clear();
     ++configs;
   }

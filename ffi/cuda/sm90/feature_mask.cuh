@@ -82,7 +82,7 @@ __host__ __device__ __forceinline__ IdSpan SummarySpan(const SegmentRanges& r, i
 // positions in step.
 // AttentionFeatures::BroadcastOffset with int32 batch indices (b < 2^31
 // tiles here): its 64-bit divisions spilled the producer's 40 registers.
-__device__ __forceinline__ int64_t BroadcastOffset32(const AttentionFeatures& f, const BroadcastStrides& st, int b,
+__host__ __device__ __forceinline__ int64_t BroadcastOffset32(const AttentionFeatures& f, const BroadcastStrides& st, int b,
                                                      int h) {
   int64_t off = int64_t(h) * st.head;
   for (int d = f.num_batch_dims - 1; d >= 0; --d) {
@@ -91,6 +91,11 @@ __device__ __forceinline__ int64_t BroadcastOffset32(const AttentionFeatures& f,
     b /= n;
   }
   return off;
+}
+
+// MaskBlocks::For with BroadcastOffset32 (the producer's registers).
+__host__ __device__ __forceinline__ MaskBlocks SliceMaskBlocks(const AttentionFeatures& f, int b, int h) {
+  return {f.mask_blocks + BroadcastOffset32(f, f.mask_blocks_stride, b, h), f.mask_block_rows, f.mask_block_cols};
 }
 
 // Which of the four 128-key blocks nb, nb + dir, nb + 2 dir, nb + 3 dir
@@ -154,7 +159,9 @@ __device__ __forceinline__ void TrimHiddenKeyBlocks128(const uint8_t* keys, int 
 // padding) also drops the key blocks it hides entirely from both ends
 // (TrimHiddenKeyBlocks128), so that padding costs no copies and no
 // products; that needs the head h (the mask may differ per head).
-template <int kBlockM, int kBlockN, bool kMaskArray = false>
+// kDenseMask (kMasksBoolean): a per-query mask's block summary trims them
+// too.
+template <int kBlockM, int kBlockN, bool kMaskArray = false, bool kDenseMask = false>
 __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, int m0, int b, int h = 0) {
   const MaskPolicy policy = MaskPolicy::ForWithoutMaskArray(p, b);
   int64_t lo, hi;
@@ -179,6 +186,16 @@ __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, 
     if (f.mask && f.mask_stride.row == 0 && kb.hi > kb.lo)
       TrimHiddenKeyBlocks128(f.mask + BroadcastOffset32(f, f.mask_stride, b, h), int(policy.seqlen_k), &kb.lo,
                              &kb.hi);
+    // A per-query mask with its block summary: the key blocks it hides for
+    // all of the tile's rows, from both ends (a prefix-LM or document mask's
+    // blocks past its visible span; hidden blocks between visible ones are
+    // still visited, masked whole by the consumers' summary reads).
+    if (kDenseMask && f.mask_blocks && kb.hi > kb.lo) {
+      const MaskBlocks blocks = SliceMaskBlocks(f, b, h);
+      TrimEmptyBlocks(&kb.lo, &kb.hi, [&](int nb) {
+        return !(blocks.Span(m0, m0 + kBlockM, nb * kBlockN, nb * kBlockN + kBlockN) & kMaskBlockSome);
+      });
+    }
   }
   return kb;
 }
@@ -539,9 +556,9 @@ struct BlockMask {
 //   - any other (per-query rows: [.., T, S]): each thread reads its two
 //     rows' bytes of its fragment columns 8j + 2t + e, the two adjacent
 //     columns e = 0, 1 in one 16-bit load where the rows' addresses are
-//     even (pairs), else bytes; no summary (sm80 has none either), so
-//     every block inside the structural bounds pays the 32 (64) loads,
-//     skipped only for rows the bounds hide whole.
+//     even (pairs), else bytes: the 32 (64) loads of a block that the
+//     mask's block summary (MaskBlockEntries, when the call has one) does
+//     not show or hide whole, and not for rows the bounds hide whole.
 // Rows are clamped into the sequence for the reads and keys at or past
 // seqlen_k are not read (the bounds hide those pairs). Fully hidden rows end
 // with row_sum 0: out 0 and lse -inf (OnlineSoftmax::Lse, the epilogue), as
@@ -640,6 +657,27 @@ struct MaskArrayRows {
       m.visible[hh] &= bits;
     }
     m.check = true;
+  }
+};
+
+// kMasksBoolean's per-query mask with its block summary, in the consumer: the
+// two entries of one key block (128 keys) for the warpgroup's 64 rows (one
+// summary row: the warpgroup's first row is a multiple of 64), loaded a
+// block ahead and joined where used (Bits: MaskBlocks::Span's answer).
+// Without a summary both say kMaskBlockSome: every block reads its bytes.
+struct MaskBlockEntries {
+  uint32_t first = kMaskBlockSome, second = kMaskBlockSome;
+
+  __device__ __forceinline__ uint32_t Bits() const {
+    return ((first | second) & kMaskBlockSome) | (first & second & kMaskBlockAll);
+  }
+  // `row`: the summary row's entries (null: no summary), `cols` its length.
+  template <int kBlockN>
+  __device__ __forceinline__ static MaskBlockEntries Load(const uint8_t* row, int cols, int n0) {
+    static_assert(kBlockN == 2 * kMaskBlock, "two entries per key block");
+    if (!row) return {};
+    const int c = n0 / int(kMaskBlock);
+    return {row[c], row[min(c + 1, cols - 1)]};
   }
 };
 
@@ -823,6 +861,19 @@ __device__ __forceinline__ KeyBlocks FeatureQueryBlocks(const AttentionParams& p
       return Meet(SummarySpan<kBlockM>(policy.q_ranges, m * kBlockM), keys) == SegmentMeet::kNone;
     });
   }
+  // A per-query mask's block summary: the query blocks it hides from these
+  // keys for every query head of the group, from both ends.
+  if (f.mask_blocks && mb.hi > mb.lo) {
+    const int heads = f.mask_blocks_stride.head == 0 ? 1 : group;
+    const MaskBlocks first = SliceMaskBlocks(f, b, h);
+    TrimEmptyBlocks(&mb.lo, &mb.hi, [&](int m) {
+      MaskBlocks blocks = first;
+#pragma unroll 1
+      for (int g = 0; g < heads; ++g, blocks.entries += f.mask_blocks_stride.head)
+        if (blocks.Span(m * kBlockM, m * kBlockM + kBlockM, n0, n0 + kBlockN) & kMaskBlockSome) return false;
+      return true;
+    });
+  }
   return mb;
 }
 
@@ -909,8 +960,17 @@ __host__ __device__ __forceinline__ StepMaskBits<kBlockM> FeatureStepMask(const 
                ? Meet(SummarySpan<kBlockM>(policy.q_ranges, m0), SummarySpan<16>(policy.kv_ranges, warp_j0))
                : SegmentMeet::kSome;
   if (meet == SegmentMeet::kNone) return Bits(0);
-  if constexpr (kDenseMask)
+  if constexpr (kDenseMask) {
+    // The mask's block summary over the step's queries and the warp's 16
+    // keys: hidden whole (no pair to read), visible whole (none either), or
+    // read pair by pair.
+    if (dense && p.features.mask_blocks) {
+      const uint32_t bits = SliceMaskBlocks(p.features, b, h).Span(m0, m0 + kBlockM, warp_j0, warp_j0 + 16);
+      if (!(bits & kMaskBlockSome)) return Bits(0);
+      if (bits & kMaskBlockAll) dense = nullptr;
+    }
     if (dense) rows &= DenseStepMask<kBlockM>(p, dense, dense_row, policy.mask_col, m0, key, t);
+  }
   const bool ids = meet == SegmentMeet::kSome;
   if (!ids && !policy.NeedsBoundsCheck(m0, int64_t(m0) + kBlockM, warp_j0, int64_t(warp_j0) + 16)) return rows;
   const MaskPolicy bounds = policy.WithoutSegments();

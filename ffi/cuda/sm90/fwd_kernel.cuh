@@ -179,12 +179,23 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   // a block ahead like the key-id summaries.
   // kKeyMaskBeside: only the key-only row's address (null without a mask;
   // MaskArrayRows' other state made kMasksDropout spill at 128).
+  // A per-query mask with its block summary (AttentionFeatures::mask_blocks):
+  // the warpgroup's summary row, and the next block's entries, read a block
+  // ahead (blocks it hides whole or shows whole read no bytes).
   MaskArrayRows mask_rows{};
   const uint8_t* beside_keys = nullptr;
   MaskArrayRows::KeyBytes next_key_bytes{};
+  const uint8_t* summary_row = nullptr;
+  MaskBlockEntries next_entries{};
   if constexpr (kMaskArray) {
     mask_rows = MaskArrayRows::For(params, b, h, wg_m0 + row0);
     if (mask_rows.keys && n_blocks > 0) next_key_bytes = mask_rows.LoadKeys<kBlockN>((n_hi - 1) * kBlockN, lane);
+    const AttentionFeatures& f = params.features;
+    if (!mask_rows.keys && f.mask_blocks) {
+      const MaskBlocks blocks = SliceMaskBlocks(f, b, h);
+      summary_row = blocks.entries + min(wg_m0 / int(kMaskBlock), blocks.rows - 1) * blocks.cols;
+      if (n_blocks > 0) next_entries = MaskBlockEntries::Load<kBlockN>(summary_row, blocks.cols, (n_hi - 1) * kBlockN);
+    }
   }
   if constexpr (kKeyMaskBeside) {
     const AttentionFeatures& f = params.features;
@@ -216,7 +227,14 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
           next_key_bytes = mask_rows.LoadKeys<kBlockN>(max(n0 - kBlockN, 0), lane);
           MaskArrayRows::ApplyKeys(m, bytes, t);
         } else {
-          mask_rows.ApplyRows<kBlockN>(m, n0, t);
+          const uint32_t summary = next_entries.Bits();
+          next_entries = MaskBlockEntries::Load<kBlockN>(summary_row, params.features.mask_block_cols,
+                                                         max(n0 - kBlockN, 0));
+          if (!(summary & kMaskBlockSome)) {
+            m = {{0u, 0u}, true};  // hidden whole
+          } else if (!(summary & kMaskBlockAll)) {
+            mask_rows.ApplyRows<kBlockN>(m, n0, t);
+          }  // (visible whole: the structural answer stands)
         }
       }
       if constexpr (kKeyMaskBeside) {
@@ -518,7 +536,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
       auto keys_of = [&](int m0, int h, int b, int) {
         if constexpr (kAnyFeature) {
           return FeatureKeyBlocks<Tr::kBlockM, Tr::kBlockN,
-                                  kFeatures == Features::kMasksBoolean || TakesKeyMaskBeside(kFeatures)>(p, m0, b, h);
+                                  kFeatures == Features::kMasksBoolean || TakesKeyMaskBeside(kFeatures),
+                                  kFeatures == Features::kMasksBoolean>(p, m0, b, h);
         } else {
           return PlainKeyBlocks<Tr>(a, m0);
         }
