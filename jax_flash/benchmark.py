@@ -24,7 +24,8 @@ the reduction not timed apart); or `random`, the VJP of attention applied to a g
 random dO, the backward alone, as FlashAttention's benchmark and PyTorch's
 `out.backward(dout)` time it.
 
-Implementations (--impl): jax_flash (jax_flash_deterministic: deterministic=True,
+Implementations (--impl): jax_flash (jax_flash_sm80: forced onto the mma.sync kernels,
+implementation="sm80"; jax_flash_deterministic: deterministic=True,
 no dQ atomics; jax_flash_deterministic_sm80: the same on the sm80 kernels, the
 two-pass backward the Hopper one replaced); cudnn and xla, jax.nn.dot_product_attention's; fa3,
 FlashAttention-3's flash_mha / flash_mha_varlen from dew_flash_attn
@@ -97,10 +98,10 @@ import jax_flash
 from jax_flash import benchmark_decode
 
 IMPLEMENTATIONS = ("jax_flash", "cudnn", "xla")
-# Also selectable: jax_flash with deterministic=True (no dQ atomics in the backward), also
-# forced onto the sm80 kernels (implementation="sm80"), and FlashAttention-3 (in the default
-# list when it imports: default_implementations()).
-EXTRA_IMPLEMENTATIONS = ("jax_flash_deterministic", "jax_flash_deterministic_sm80", "fa3")
+# Also selectable: jax_flash forced onto the sm80 kernels (implementation="sm80"), jax_flash with
+# deterministic=True (no dQ atomics in the backward), also forced onto the sm80 kernels, and
+# FlashAttention-3 (in the default list when it imports: default_implementations()).
+EXTRA_IMPLEMENTATIONS = ("jax_flash_sm80", "jax_flash_deterministic", "jax_flash_deterministic_sm80", "fa3")
 # Only in --preset decode (benchmark_decode.py): paged_attention over a block pool.
 DECODE_ONLY_IMPLEMENTATIONS = ("jax_flash_paged",)
 # What jax_flash is compared with in the feature-cost table.

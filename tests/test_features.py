@@ -254,8 +254,9 @@ def _dense_mask(rng, b, n, t, s, prefix=False, blocks=False):
     (64, "bfloat16", dict(blocks=True)),
     (128, "bfloat16", dict(blocks=True, is_causal=True, broadcast_heads=True)),
     (128, "float16", dict(prefix=True, broadcast_heads=True, kv_lengths=True)),
+    (128, "bfloat16", dict(blocks=True, logits_soft_cap=20.0)),
 ], ids=["64-causal", "128-segments-window", "128-dropout", "64-prefix-lm", "64-blocks", "128-blocks-causal-[B,1,T,S]",
-        "128-prefix-lm-[B,1,T,S]-lengths"])
+        "128-prefix-lm-[B,1,T,S]-lengths", "128-blocks-softcap"])
 def test_dense_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
     """A per-query boolean mask ([B, N, T, S], or [B, 1, T, S]) over several
     key blocks and query steps, GQA 4:2, beside the other masks or dropout:
@@ -263,8 +264,8 @@ def test_dense_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
     reference. On the GPU the kernels take its block summary too
     (mask_block_summary), whose hidden and visible entries the patterns
     make."""
-    if impl == "sm90" and "dropout_rate" in extra:
-        pytest.skip("the sm90 forward takes no per-query mask beside dropout (its refusal is tested above)")
+    if impl == "sm90" and ("dropout_rate" in extra or "logits_soft_cap" in extra):
+        pytest.skip("the sm90 forward takes no per-query mask beside dropout or the soft cap (its refusal is tested)")
     b, t, s, n, kh = 2, 300, 520, 4, 2
     q, k, v = random_qkv(rng, b, t, s, n, kh, head_dim, dtype)
     extra = dict(extra, implementation=impl)
@@ -416,6 +417,29 @@ def test_feature_argument_errors(rng, kwargs, error, match):
     q, k, v = random_qkv(rng, B, T, S, N, K, H, "float32")
     with pytest.raises(error, match=match):
         jax_flash.attention(q, k, v, **kwargs)
+
+
+def test_vmap_over_a_per_query_mask(rng):
+    """vmap over 16-bit inputs and a per-query mask that differs per mapped
+    entry (on the GPU the kernels take its block summary, computed inside
+    the mapped call): each entry as its own call, out and the gradients."""
+    v_, b, t, n, h = 3, 1, 200, 2, 64
+    q, k, v = (jnp.asarray(rng.standard_normal((v_, b, t, n, h)), jnp.bfloat16) for _ in range(3))
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    prefixes = (20, 90, 150)  # prefix-LM masks, one per entry: blocks hidden, visible and mixed
+    mask = jnp.asarray(np.stack([(j < np.maximum(i + 1, p))[None, None] for p in prefixes]))  # [V, 1, 1, T, S]
+    dout = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
+    f = lambda q, k, v, m: jax_flash.attention(q, k, v, mask=m)
+    loss = lambda q, k, v, m, d: jnp.sum(f(q, k, v, m).astype(jnp.float32) * d.astype(jnp.float32))
+    got = jax.vmap(f)(q, k, v, mask)
+    grads = jax.vmap(jax.grad(loss, (0, 1, 2)))(q, k, v, mask, dout)
+    for e in range(v_):
+        np.testing.assert_allclose(np.asarray(got[e], np.float32), np.asarray(f(q[e], k[e], v[e], mask[e]), np.float32),
+                                   rtol=1e-2, atol=1e-2)
+        want = jax.grad(loss, (0, 1, 2))(q[e], k[e], v[e], mask[e], dout[e])
+        for name, a, w in zip(("dq", "dk", "dv"), grads, want):
+            np.testing.assert_allclose(np.asarray(a[e], np.float32), np.asarray(w, np.float32), rtol=2e-2, atol=2e-2,
+                                       err_msg=name)
 
 
 def test_nested_vmap_with_bias_mask_and_lengths(rng):
