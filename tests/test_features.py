@@ -255,8 +255,10 @@ def _dense_mask(rng, b, n, t, s, prefix=False, blocks=False):
     (128, "bfloat16", dict(blocks=True, is_causal=True, broadcast_heads=True)),
     (128, "float16", dict(prefix=True, broadcast_heads=True, kv_lengths=True)),
     (128, "bfloat16", dict(blocks=True, logits_soft_cap=20.0)),
+    (64, "bfloat16", dict(prefix=True, broadcast_batch=True)),
+    (128, "float16", dict(blocks=True, small=True)),
 ], ids=["64-causal", "128-segments-window", "128-dropout", "64-prefix-lm", "64-blocks", "128-blocks-causal-[B,1,T,S]",
-        "128-prefix-lm-[B,1,T,S]-lengths", "128-blocks-softcap"])
+        "128-prefix-lm-[B,1,T,S]-lengths", "128-blocks-softcap", "64-prefix-lm-[1,N,T,S]", "128-blocks-40x70"])
 def test_dense_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
     """A per-query boolean mask ([B, N, T, S], or [B, 1, T, S]) over several
     key blocks and query steps, GQA 4:2, beside the other masks or dropout:
@@ -267,11 +269,15 @@ def test_dense_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
     if impl == "sm90" and ("dropout_rate" in extra or "logits_soft_cap" in extra):
         pytest.skip("the sm90 forward takes no per-query mask beside dropout or the soft cap (its refusal is tested)")
     b, t, s, n, kh = 2, 300, 520, 4, 2
+    if extra.pop("small", False):  # one block summary entry down each side, both tails
+        t, s = 40, 70
     q, k, v = random_qkv(rng, b, t, s, n, kh, head_dim, dtype)
     extra = dict(extra, implementation=impl)
     mask = _dense_mask(rng, b, n, t, s, prefix=extra.pop("prefix", False), blocks=extra.pop("blocks", False))
     if extra.pop("broadcast_heads", False):
         mask = mask[:, :1]
+    if extra.pop("broadcast_batch", False):
+        mask = mask[:1]
     extra["mask"] = jnp.asarray(mask)
     if extra.pop("kv_lengths", False):
         extra["key_value_seq_lengths"] = jnp.asarray([s, 333], jnp.int32)
