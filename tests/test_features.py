@@ -320,6 +320,47 @@ def test_mask_block_summary(rng, shape):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("entries", ["right", "too few rows", "int32"])
+def test_mask_blocks_operand_is_checked_by_the_handlers(rng, monkeypatch, entries):
+    """The handlers' decoding of the mask_blocks operand (ffi/common/
+    feature_decode.h DecodeMaskBlocks), on this platform: the GPU branch
+    passes it, so here every call is given one the way the GPU branch would.
+    A right one changes nothing (the CPU kernels do not read it); a wrong
+    shape or dtype is a clear error naming it, in the forward and the
+    backward."""
+    from jax_flash import _kernel_call as kc
+
+    def gpu_like(q, k, feature_ops, static, on_gpu):
+        if not kc._takes_mask_blocks(q, k, feature_ops, static):
+            return jnp.zeros((1,), jnp.uint8), static.features
+        blocks = kc.mask_block_summary(feature_ops[1])
+        if entries == "too few rows":
+            blocks = blocks[..., :-1, :]
+        elif entries == "int32":
+            blocks = blocks.astype(jnp.int32)
+        return blocks, static.features | kc.HAS_MASK_BLOCKS
+
+    q, k, v = random_qkv(rng, 2, 130, 100, 2, 1, 16, "float32")
+    mask = jnp.asarray(_dense_mask(rng, 2, 2, 130, 100, prefix=True))
+    want = jax_flash.attention(q, k, v, mask=mask)
+    want_dq = jax.grad(lambda q: jnp.sum(jax_flash.attention(q, k, v, mask=mask)))(q)
+    monkeypatch.setattr(kc, "_mask_blocks", gpu_like)
+    jax.clear_caches()  # (the calls above were traced with the CPU's placeholder)
+    run = lambda: (jax_flash.attention(q, k, v, mask=mask),  # noqa: E731
+                   jax.grad(lambda q: jnp.sum(jax_flash.attention(q, k, v, mask=mask)))(q))
+    try:
+        if entries == "right":
+            got, got_dq = run()
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(got_dq, want_dq)
+        else:
+            with pytest.raises(Exception, match="mask_blocks .* must be uint8"):
+                jax.block_until_ready(run())
+    finally:  # no trace with these operands may serve a later test
+        monkeypatch.undo()
+        jax.clear_caches()
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="the sm90 forward's refusal needs a 9.x GPU")
 @pytest.mark.parametrize("extra", [dict(dropout_rate=0.1), dict(logits_soft_cap=5.0)], ids=["dropout", "softcap"])
 def test_sm90_forward_refuses_a_per_query_mask_beside(rng, extra):
