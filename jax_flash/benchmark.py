@@ -51,6 +51,8 @@ of the jitted functions (a closed-over array would be an XLA constant):
               j < max(i + 1, T / 4) (a prefix-LM, bidirectional over the first
               quarter and causal after it); the CUDA kernels skip its hidden
               blocks by its block summary (made inside the timed call).
+  prefix_lm_softcap  the same mask with logits_soft_cap 30 (PaliGemma 2's
+              attention: a Gemma 2 decoder with a prefix-LM mask).
   bias        a [1, N, T, S] bias in the inputs' dtype, the issue's. (Earlier runs:
               [B, N, T, S] float32, 4 GiB at B=4, T=4096; not comparable.)
   softcap     logits_soft_cap 30.
@@ -107,7 +109,8 @@ DECODE_ONLY_IMPLEMENTATIONS = ("jax_flash_paged",)
 # What jax_flash is compared with in the feature-cost table.
 PEERS = ("cudnn", "xla", "fa3")
 
-VARIANTS = ("plain", "segments", "window", "gqa", "kv_lengths", "mask", "prefix_lm", "bias", "softcap", "dropout")
+VARIANTS = ("plain", "segments", "window", "gqa", "kv_lengths", "mask", "prefix_lm", "prefix_lm_softcap", "bias",
+            "softcap", "dropout")
 VARIANT_ALIASES = {"key_padding_mask": "mask"}
 # The variants each peer runs (jax_flash runs all), and the feature a peer lacks otherwise.
 SUPPORTED = {
@@ -115,13 +118,14 @@ SUPPORTED = {
     "xla": ("plain", "window", "gqa", "kv_lengths", "mask", "prefix_lm", "bias"),
     "fa3": ("plain", "segments", "window", "gqa"),
 }
-FEATURES = {"segments": "segment ids", "kv_lengths": "key lengths", "mask": "mask", "prefix_lm": "mask", "bias": "bias",
+FEATURES = {"segments": "segment ids", "kv_lengths": "key lengths", "mask": "mask", "prefix_lm": "mask",
+            "prefix_lm_softcap": "logits soft cap", "bias": "bias",
             "softcap": "logits soft cap", "dropout": "dropout"}
 
 # The issue's table (--preset features): plain both ways, each feature with the causal flag it is used with.
 FEATURE_CASES = (("plain", True), ("segments", True), ("window", True), ("gqa", True),
                  ("plain", False), ("kv_lengths", False), ("mask", False), ("prefix_lm", False),
-                 ("bias", False), ("softcap", False), ("dropout", False))
+                 ("prefix_lm_softcap", False), ("bias", False), ("softcap", False), ("dropout", False))
 # Values of the options that default to None (so a preset can set them and a flag still wins).
 DEFAULTS = {"dtype": "bfloat16", "head_dim": [64, 128, 256], "seqlen": [1024, 4096, 16384],
             "tokens": 16384, "width": 2048, "cotangent": "sum"}
@@ -198,7 +202,7 @@ def visible_pairs(variant: str, seqlen: int, causal: bool, options: VariantOptio
         hi = np.minimum(hi, i + 1)
     elif variant in ("kv_lengths", "mask"):
         hi = np.minimum(hi, _valid_keys(seqlen))
-    elif variant == "prefix_lm":
+    elif variant in ("prefix_lm", "prefix_lm_softcap"):
         hi = np.minimum(hi, np.maximum(i + 1, _prefix_length(seqlen)))
     pairs = np.maximum(hi - lo, 0).astype(np.float64)
     if causal:
@@ -222,7 +226,7 @@ def variant_inputs(variant, batch, seqlen, heads, dtype, rng, options=VariantOpt
     elif variant == "mask":
         valid = np.arange(seqlen) < _valid_keys(seqlen)
         arrays["mask"] = jnp.asarray(np.broadcast_to(valid, (batch, 1, 1, seqlen)))
-    elif variant == "prefix_lm":
+    elif variant in ("prefix_lm", "prefix_lm_softcap"):
         i = np.arange(seqlen)
         visible = i[None, :] < np.maximum(i + 1, _prefix_length(seqlen))[:, None]
         arrays["mask"] = jnp.asarray(visible[None, None])
@@ -269,7 +273,7 @@ def _attention_fn(impl: str, causal: bool, variant: str = "plain", options: Vari
     (window, soft cap, dropout rate) are static. Raises Unsupported when impl lacks the variant."""
     window = (options.window, 0) if variant == "window" else None
     if impl.startswith("jax_flash"):
-        soft_cap = options.soft_cap if variant == "softcap" else None
+        soft_cap = options.soft_cap if variant in ("softcap", "prefix_lm_softcap") else None
         rate = options.dropout_rate if variant == "dropout" else 0.0
         deterministic = impl.startswith("jax_flash_deterministic")
         implementation = "sm80" if impl.endswith("_sm80") else None
