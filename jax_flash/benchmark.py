@@ -53,6 +53,9 @@ of the jitted functions (a closed-over array would be an XLA constant):
               blocks by its block summary (made inside the timed call).
   prefix_lm_softcap  the same mask with logits_soft_cap 30 (PaliGemma 2's
               attention: a Gemma 2 decoder with a prefix-LM mask).
+  striped_mask a per-query bool [1, 1, T, S] mask hiding key j from query i where
+              (i + j) % 10 == 0: 90% visible, every block mixed, so every
+              block reads its mask bytes (an arbitrary mask's worst case).
   bias        a [1, N, T, S] bias in the inputs' dtype, the issue's. (Earlier runs:
               [B, N, T, S] float32, 4 GiB at B=4, T=4096; not comparable.)
   softcap     logits_soft_cap 30.
@@ -109,23 +112,25 @@ DECODE_ONLY_IMPLEMENTATIONS = ("jax_flash_paged",)
 # What jax_flash is compared with in the feature-cost table.
 PEERS = ("cudnn", "xla", "fa3")
 
-VARIANTS = ("plain", "segments", "window", "gqa", "kv_lengths", "mask", "prefix_lm", "prefix_lm_softcap", "bias",
-            "softcap", "dropout")
+VARIANTS = ("plain", "segments", "window", "gqa", "kv_lengths", "mask", "prefix_lm", "prefix_lm_softcap",
+            "striped_mask", "bias", "softcap", "dropout")
 VARIANT_ALIASES = {"key_padding_mask": "mask"}
 # The variants each peer runs (jax_flash runs all), and the feature a peer lacks otherwise.
 SUPPORTED = {
-    "cudnn": ("plain", "window", "gqa", "kv_lengths", "mask", "prefix_lm", "bias"),
-    "xla": ("plain", "window", "gqa", "kv_lengths", "mask", "prefix_lm", "bias"),
+    "cudnn": ("plain", "window", "gqa", "kv_lengths", "mask", "prefix_lm", "striped_mask", "bias"),
+    "xla": ("plain", "window", "gqa", "kv_lengths", "mask", "prefix_lm", "striped_mask", "bias"),
     "fa3": ("plain", "segments", "window", "gqa"),
 }
 FEATURES = {"segments": "segment ids", "kv_lengths": "key lengths", "mask": "mask", "prefix_lm": "mask",
+            "striped_mask": "mask",
             "prefix_lm_softcap": "logits soft cap", "bias": "bias",
             "softcap": "logits soft cap", "dropout": "dropout"}
 
 # The issue's table (--preset features): plain both ways, each feature with the causal flag it is used with.
 FEATURE_CASES = (("plain", True), ("segments", True), ("window", True), ("gqa", True),
                  ("plain", False), ("kv_lengths", False), ("mask", False), ("prefix_lm", False),
-                 ("prefix_lm_softcap", False), ("bias", False), ("softcap", False), ("dropout", False))
+                 ("prefix_lm_softcap", False), ("striped_mask", False), ("bias", False), ("softcap", False),
+                 ("dropout", False))
 # Values of the options that default to None (so a preset can set them and a flag still wins).
 DEFAULTS = {"dtype": "bfloat16", "head_dim": [64, 128, 256], "seqlen": [1024, 4096, 16384],
             "tokens": 16384, "width": 2048, "cotangent": "sum"}
@@ -169,6 +174,10 @@ def _valid_keys(seqlen: int) -> int:
     return seqlen - seqlen // 8
 
 
+# The striped_mask variant hides key j from query i where (i + j) % STRIPE == 0.
+STRIPE = 10
+
+
 def _prefix_length(seqlen: int) -> int:
     """The prefix_lm variant's bidirectional prefix: the first quarter (at least one key)."""
     return max(1, seqlen // 4)
@@ -205,8 +214,15 @@ def visible_pairs(variant: str, seqlen: int, causal: bool, options: VariantOptio
     elif variant in ("prefix_lm", "prefix_lm_softcap"):
         hi = np.minimum(hi, np.maximum(i + 1, _prefix_length(seqlen)))
     pairs = np.maximum(hi - lo, 0).astype(np.float64)
+    diagonal_visible = (lo <= i) & (i < hi)
+    if variant == "striped_mask":
+        # Keys j with (i + j) % STRIPE == 0 hidden: those of [lo, hi) are j = r (mod STRIPE), r = -i mod STRIPE.
+        r = (-i) % STRIPE
+        hidden = np.floor_divide(hi - 1 - r, STRIPE) - np.floor_divide(lo - 1 - r, STRIPE)
+        pairs -= np.where(hi > lo, hidden, 0)
+        diagonal_visible &= (2 * i) % STRIPE != 0
     if causal:
-        pairs -= 0.5 * ((lo <= i) & (i < hi))
+        pairs -= 0.5 * diagonal_visible
     return float(pairs.sum())
 
 
@@ -230,6 +246,9 @@ def variant_inputs(variant, batch, seqlen, heads, dtype, rng, options=VariantOpt
         i = np.arange(seqlen)
         visible = i[None, :] < np.maximum(i + 1, _prefix_length(seqlen))[:, None]
         arrays["mask"] = jnp.asarray(visible[None, None])
+    elif variant == "striped_mask":
+        i = np.arange(seqlen)
+        arrays["mask"] = jnp.asarray(((i[:, None] + i[None, :]) % STRIPE != 0)[None, None])
     elif variant == "kv_lengths":
         arrays["kv_lengths"] = jnp.full((batch,), _valid_keys(seqlen), jnp.int32)
     elif variant == "segments":

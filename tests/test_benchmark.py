@@ -37,7 +37,8 @@ def test_tiny_run_writes_json_and_table(tmp_path):
 
 
 def test_deterministic_implementations_ask_for_their_backward(monkeypatch):
-    # jax_flash_sm80: implementation="sm80"; jax_flash_deterministic(_sm80): deterministic=True, the second also on sm80.
+    # jax_flash_sm80: implementation="sm80"; jax_flash_deterministic(_sm80): deterministic=True,
+    # the second also on sm80.
     seen = []
     monkeypatch.setattr(benchmark.jax_flash, "attention", lambda *a, **kw: seen.append(kw))
     x = jnp.zeros((1, 8, 2, 16))
@@ -142,7 +143,8 @@ def test_features_preset_runs_every_variant_and_writes_the_feature_cost_table(tm
         np.testing.assert_allclose(r["fwd_tflops"], f / r["fwd_ms"] / 1e9, rtol=1e-9)
     costs = {(c["impl"], c["variant"]): c for c in result["feature_cost"]}
     assert {v for i, v in costs if i == "jax_flash"} == set(benchmark.VARIANTS) - {"plain"}
-    assert {v for i, v in costs if i == "xla"} == {"window", "gqa", "kv_lengths", "mask", "prefix_lm", "bias"}
+    assert {v for i, v in costs if i == "xla"} == {
+        "window", "gqa", "kv_lengths", "mask", "prefix_lm", "striped_mask", "bias"}
     for c in costs.values():
         plain = next(r for r in rows if r["impl"] == c["impl"] and r["variant"] == "plain"
                      and r["causal"] == c["causal"])
