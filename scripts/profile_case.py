@@ -18,6 +18,12 @@ Cases (bf16, H=128, N=16; `grad` ones run the fused backward too):
                   last S/8 keys hidden by a [B, 1, 1, S] mask
   kvlen           the same padding as key_value_seq_lengths
   softcap         B=4 T=4096 non-causal, fwd, logits_soft_cap=30
+  prefix_lm       B=4 T=4096 non-causal, fwd, the benchmark's prefix-LM mask
+                  [1, 1, T, S] (keys j < max(i + 1, T / 4)): its block summary
+                  and the kernel (ncu: the summary's reductions are kernels
+                  of their own, `PROFILE_CASES="prefix_lm:."` lists them all)
+  striped         the same with the striped_mask variant's mask ((i + j) % 10
+                  hides: every block mixed)
   (default, dropout, keymask without `_grad`: their forward alone)
 scripts/profile_features.sh runs them under ncu and summarizes.
 """
@@ -36,7 +42,8 @@ b, t = (16, 1024) if case.endswith("1024") else (4, 4096)
 n, h = 16, 128
 rng = np.random.default_rng(0)
 q, k, v = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16) for _ in range(3))
-kwargs = dict(is_causal=not case.startswith(("det", "default", "dropout", "keymask", "padmask", "kvlen", "softcap")))
+kwargs = dict(is_causal=not case.startswith(("det", "default", "dropout", "keymask", "padmask", "kvlen", "softcap",
+                                              "prefix_lm", "striped")))
 if case.startswith("packed"):
     ids = jnp.asarray(np.repeat(np.arange(4), t // 4)[None].repeat(b, 0), jnp.int32)
     kwargs.update(q_segment_ids=ids, kv_segment_ids=ids)
@@ -53,6 +60,12 @@ elif case.startswith("padmask"):
     kwargs.update(mask=jnp.asarray(np.broadcast_to(np.arange(t) < t - t // 8, (b, 1, 1, t))))
 elif case.startswith("softcap"):
     kwargs.update(logits_soft_cap=30.0)
+elif case.startswith("prefix_lm"):
+    i = np.arange(t)
+    kwargs.update(mask=jnp.asarray((i[None, :] < np.maximum(i + 1, t // 4)[:, None])[None, None]))
+elif case.startswith("striped"):
+    i = np.arange(t)
+    kwargs.update(mask=jnp.asarray(((i[:, None] + i[None, :]) % 10 != 0)[None, None]))
 elif case.startswith("kvlen"):
     kwargs.update(key_value_seq_lengths=jnp.full((b,), t - t // 8, jnp.int32))
 
