@@ -198,67 +198,39 @@ if wants dense_mask; then
       python3 -m jax_flash.benchmark $bench_args --out /tmp/dense_patched | tail -14"
   fi
 fi
-if wants sm80_mask_blocks; then
+# A patch's A/B check: main's package built and timed (`bench` args of
+# jax_flash.benchmark), then the patched copy's built, the named tests run
+# on it (pytest -k `select`) and timed again; both tables in $OUT/<name>.log.
+#   patch_ab_check name limit bench tests select patch...
+patch_ab_check() {
+  local name=$1 limit=$2 bench=$3 tests=$4 select=$5 dir t paths=
+  shift 5
   export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
-  bench_args=${SM80_BENCH:-"--impl jax_flash_sm80 --head-dim 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 prefix_lm:0 mask:0 softcap:0 plain:1 segments:1 window:1"}
-  sm80_dir=$(patched_copy sm80mb sm80-mask-blocks.patch) || note "sm80_mask_blocks: the patch does not apply"
-  if [ -n "$sm80_dir" ]; then
-    run_check sm80_mask_blocks "${SM80_LIMIT:-540}" bash -c "
-      set -e
-      python3 -m pip install -q --no-build-isolation --no-deps '$root'
-      (cd /tmp && python3 -m jax_flash.benchmark $bench_args --out /tmp/sm80mb_main) | tail -16
-      python3 -m pip install -q --no-build-isolation --no-deps '$sm80_dir'
-      cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 8 '$sm80_dir/tests/test_features.py' -k 'mask or softcap'
-      python3 -m jax_flash.benchmark $bench_args --out /tmp/sm80mb_patched | tail -16"
-  fi
-fi
-if wants sm90_softcap_mask; then
-  export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
-  bench_args=${SOFTCAP_BENCH:-"--impl jax_flash --head-dim 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 softcap:0 mask:0 prefix_lm:0 prefix_lm_softcap:0"}
-  sc_dir=$(patched_copy softcapmask sm90-softcap-mask.patch) || note "sm90_softcap_mask: the patch does not apply"
-  if [ -n "$sc_dir" ]; then
-    run_check sm90_softcap_mask "${SOFTCAP_LIMIT:-540}" bash -c "
-      set -e
-      python3 -m pip install -q --no-build-isolation --no-deps '$root'
-      (cd /tmp && python3 -m jax_flash.benchmark $bench_args --out /tmp/softcapmask_main) | tail -10
-      python3 -m pip install -q --no-build-isolation --no-deps '$sc_dir'
-      cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 8 '$sc_dir/tests/test_features.py' -k 'mask or softcap'
-      python3 -m jax_flash.benchmark $bench_args --out /tmp/softcapmask_patched | tail -10"
-  fi
-fi
-if wants sm90_mask_rows; then
-  export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
-  bench_args=${ROWS_BENCH:-"--impl jax_flash --head-dim 64 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 striped_mask:0 prefix_lm:0 mask:0"}
-  rows_dir=$(patched_copy maskrows sm90-fwd-mask-rows.patch) || note "sm90_mask_rows: the patch does not apply"
-  if [ -n "$rows_dir" ]; then
-    run_check sm90_mask_rows "${ROWS_LIMIT:-540}" bash -c "
-      set -e
-      python3 -m pip install -q --no-build-isolation --no-deps '$root'
-      (cd /tmp && python3 -m jax_flash.benchmark $bench_args --out /tmp/maskrows_main) | tail -12
-      python3 -m pip install -q --no-build-isolation --no-deps '$rows_dir'
-      cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 8 '$rows_dir/tests/test_features.py' \
-        '$rows_dir/tests/test_attention.py' -k 'mask'
-      python3 -m jax_flash.benchmark $bench_args --out /tmp/maskrows_patched | tail -12"
-  fi
-fi
-if wants mask_patches; then
-  # Session 25's three mask patches in one copy, one build each side: the
-  # union of their tests and timings (a FAIL here: run their own checks).
-  export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
-  bench_args=${MASKS_BENCH:-"--impl jax_flash jax_flash_sm80 --head-dim 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 softcap:0 mask:0 prefix_lm:0 prefix_lm_softcap:0 striped_mask:0 plain:1 segments:1"}
-  masks_dir=$(patched_copy masks sm90-fwd-mask-rows.patch sm90-softcap-mask.patch sm80-mask-blocks.patch) ||
-    note "mask_patches: the patches do not apply together"
-  if [ -n "$masks_dir" ]; then
-    run_check mask_patches "${MASKS_LIMIT:-580}" bash -c "
-      set -e
-      python3 -m pip install -q --no-build-isolation --no-deps '$root'
-      (cd /tmp && python3 -m jax_flash.benchmark $bench_args --out /tmp/masks_main) | tail -22
-      python3 -m pip install -q --no-build-isolation --no-deps '$masks_dir'
-      cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 12 '$masks_dir/tests/test_features.py' \
-        '$masks_dir/tests/test_attention.py' '$masks_dir/tests/test_sm90_feature_mask.py' -k 'mask or softcap'
-      python3 -m jax_flash.benchmark $bench_args --out /tmp/masks_patched | tail -22"
-  fi
-fi
+  dir=$(patched_copy "$name" "$@") || { note "$name: the patch(es) do not apply (together)"; return; }
+  for t in $tests; do paths="$paths '$dir/tests/$t'"; done
+  run_check "$name" "$limit" bash -c "
+    set -e
+    python3 -m pip install -q --no-build-isolation --no-deps '$root'
+    (cd /tmp && python3 -m jax_flash.benchmark $bench --out /tmp/${name}_main) | tail -24
+    python3 -m pip install -q --no-build-isolation --no-deps '$dir'
+    cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 12 $paths -k '$select'
+    python3 -m jax_flash.benchmark $bench --out /tmp/${name}_patched | tail -24"
+}
+wants sm80_mask_blocks && patch_ab_check sm80_mask_blocks "${SM80_LIMIT:-540}" \
+  "${SM80_BENCH:-"--impl jax_flash_sm80 --head-dim 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 prefix_lm:0 mask:0 softcap:0 plain:1 segments:1 window:1"}" \
+  "test_features.py" "mask or softcap" sm80-mask-blocks.patch
+wants sm90_softcap_mask && patch_ab_check sm90_softcap_mask "${SOFTCAP_LIMIT:-540}" \
+  "${SOFTCAP_BENCH:-"--impl jax_flash --head-dim 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 softcap:0 mask:0 prefix_lm:0 prefix_lm_softcap:0"}" \
+  "test_features.py" "mask or softcap" sm90-softcap-mask.patch
+wants sm90_mask_rows && patch_ab_check sm90_mask_rows "${ROWS_LIMIT:-540}" \
+  "${ROWS_BENCH:-"--impl jax_flash --head-dim 64 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 striped_mask:0 prefix_lm:0 mask:0"}" \
+  "test_features.py test_attention.py" "mask" sm90-fwd-mask-rows.patch
+# Session 25's three mask patches in one copy, one build each side: the
+# union of their tests and timings (a FAIL here: run their own checks).
+wants mask_patches && patch_ab_check mask_patches "${MASKS_LIMIT:-580}" \
+  "${MASKS_BENCH:-"--impl jax_flash jax_flash_sm80 --head-dim 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 softcap:0 mask:0 prefix_lm:0 prefix_lm_softcap:0 striped_mask:0 plain:1 segments:1"}" \
+  "test_features.py test_attention.py test_sm90_feature_mask.py" "mask or softcap" \
+  sm90-fwd-mask-rows.patch sm90-softcap-mask.patch sm80-mask-blocks.patch
 if wants bias16; then
   export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
   wants suite || python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/bias16_build.log" 2>&1
