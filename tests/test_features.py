@@ -266,8 +266,8 @@ def test_dense_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
     reference. On the GPU the kernels take its block summary too
     (mask_block_summary), whose hidden and visible entries the patterns
     make."""
-    if impl == "sm90" and ("dropout_rate" in extra or "logits_soft_cap" in extra):
-        pytest.skip("the sm90 forward takes no per-query mask beside dropout or the soft cap (its refusal is tested)")
+    if impl == "sm90" and "dropout_rate" in extra:
+        pytest.skip("the sm90 forward takes no per-query mask beside dropout (its refusal is tested below)")
     b, t, s, n, kh = 2, 300, 520, 4, 2
     if extra.pop("small", False):  # one block summary entry down each side, both tails
         t, s = 40, 70
@@ -362,10 +362,11 @@ def test_mask_blocks_operand_is_checked_by_the_handlers(rng, monkeypatch, entrie
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the sm90 forward's refusal needs a 9.x GPU")
-@pytest.mark.parametrize("extra", [dict(dropout_rate=0.1), dict(logits_soft_cap=5.0)], ids=["dropout", "softcap"])
+@pytest.mark.parametrize("extra", [dict(dropout_rate=0.1)], ids=["dropout"])
 def test_sm90_forward_refuses_a_per_query_mask_beside(rng, extra):
-    """The sm90 forward takes a key-only mask beside dropout or the soft
-    cap, not one that differs per query: forced, that is a clear error."""
+    """The sm90 forward takes a key-only mask beside dropout, not one that
+    differs per query: forced, that is a clear error. (Beside the soft cap
+    it takes either: kMasksSoftcap reads it as kMasksBoolean does.)"""
     q, k, v = random_qkv(rng, 1, 64, 64, 2, 2, 64, "bfloat16")
     mask = jnp.asarray(rng.random((1, 2, 64, 64)) > 0.3)
     if "dropout_rate" in extra:

@@ -111,9 +111,11 @@ bool Sm90ForwardTakesFeatures(const AttentionParams& p) {
   const AttentionFeatures& f = p.features;
   if (!f.bias && !f.mask) return Sm90TakesFeatures(p);
   if (f.bias && f.mask) return false;
-  // A key-only boolean mask (key padding) beside dropout or the soft cap:
-  // their variants read its bytes (sm90::TakesKeyMaskBeside).
-  if (f.mask && f.mask_stride.row == 0 && f.mask_stride.col == 1 && (f.dropout_rate > 0.0 || f.softcap > 0.0)) {
+  // A boolean mask beside the soft cap (sm90::ReadsMaskArray: key-only or
+  // per query), or a key-only one (key padding) beside dropout
+  // (sm90::TakesKeyMaskBeside): their variants read its bytes.
+  if (f.mask && f.mask_stride.col == 1 &&
+      (f.softcap > 0.0 || (f.mask_stride.row == 0 && f.dropout_rate > 0.0))) {
     AttentionParams without = p;
     without.features.mask = nullptr;
     return Sm90TakesFeatures(without);
@@ -314,7 +316,7 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
         "sm_90a), float16/bfloat16 inputs, a head dim that is a multiple of 8 (at most 256), a "
         "positive scale, and features it takes (at head dims up to 128: lengths, segments, window, "
         "offsets, and either the soft cap, dropout, a bias or a boolean mask contiguous along the keys; "
-        "a key-only mask [B, N, 1, S] also beside the soft cap or dropout)");
+        "the mask also beside the soft cap, a key-only mask [B, N, 1, S] beside dropout)");
   }
 #ifdef JAX_FLASH_WITH_SM90
   if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {

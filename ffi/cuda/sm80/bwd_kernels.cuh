@@ -344,6 +344,22 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       m_start = int64_t(first) * Tr::kBlockCols;
       m_steps = end - first;
     }
+    // A per-query mask's block summary (mask_blocks): only the query blocks
+    // that see some of these keys for some query head of the group.
+    if (p.features.mask_blocks && m_steps > 0) {
+      int first = int(m_start / Tr::kBlockCols), end = first + m_steps;
+      const int64_t heads = p.features.mask_blocks_stride.head == 0 ? 1 : s.group();
+      TrimEmptyBlocks(&first, &end, [&](int m) {
+        for (int64_t i = 0; i < heads; ++i)
+          if (MaskBlocks::For(p.features, b, hk * s.group() + i)
+                  .Span(m * Tr::kBlockCols, (m + 1) * Tr::kBlockCols, int(n0), int(n0) + Tr::kBlockRows) &
+              kMaskBlockSome)
+            return false;
+        return true;
+      });
+      m_start = int64_t(first) * Tr::kBlockCols;
+      m_steps = end - first;
+    }
   }
   // Key-only masks (KeyMaskReader): this block's keys summarized once per
   // query head of the group (up to 32 heads; more are taken as mixed). A
@@ -643,6 +659,13 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       const int64_t head_in_group = pos.h - hk * s.group();
       if (head_in_group < 32 && (mask_all_visible >> head_in_group & 1u))
         policy.mask = nullptr;  // for NeedsCheck only: the mask hides none of the block's keys
+      // A per-query mask's block summary: a step it shows whole needs no
+      // mask check (read in the step, from the parameters: no state kept
+      // across the loop, where registers are scarce).
+      if (p.features.mask_blocks &&
+          (MaskBlocks::For(p.features, b, pos.h).Span(pos.m0, pos.m0 + Tr::kBlockCols, int(n0), int(n0) + Tr::kBlockRows) &
+           kMaskBlockAll))
+        policy.mask = nullptr;  // for NeedsCheck only
       if (policy.HasSegmentRanges()) {
         // The step's query ids were read at the previous step's start, so
         // their latency hid under it (the key block's come from L1).

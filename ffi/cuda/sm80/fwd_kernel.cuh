@@ -118,6 +118,15 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kD
     // Packed documents: only the key blocks of this block's documents.
     if (policy.HasSegmentRanges())
       TrimSegmentBlocks<Tr::kBlockN, false>(policy, policy.QueryIds(m0, m0 + Tr::kBlockM), &n_lo, &n_hi);
+    // A per-query mask's block summary (mask_blocks): the key blocks it
+    // hides for all of this block's rows, from both ends.
+    if (p.features.mask_blocks && n_hi > n_lo) {
+      const MaskBlocks blocks = MaskBlocks::For(p.features, b, h);
+      TrimEmptyBlocks(&n_lo, &n_hi, [&](int nb) {
+        return !(blocks.Span(int(m0), int(m0) + Tr::kBlockM, nb * Tr::kBlockN, (nb + 1) * Tr::kBlockN) &
+                 kMaskBlockSome);
+      });
+    }
   }
 
   // Where key block nb's K and V tiles live.
@@ -404,8 +413,21 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kD
     };
     IdSpan next_key_ids{0, 0};
     if (segment_ranges && n_hi > n_lo) next_key_ids = key_ids(first_policy, n_hi - 1);
+    // A per-query mask's block summary likewise: a block it hides whole is
+    // skipped, one it shows whole needs no mask check. (Read in the block,
+    // from the parameters: state kept across the loop for a read a block
+    // ahead made these kernels spill, up to 300 bytes more at 128.)
     for (int nb = n_hi - 1; nb >= n_lo; --nb) {
       MaskPolicy policy = MaskPolicy::For(p, b, h);
+      if (p.features.mask_blocks) {
+        const uint32_t bits = MaskBlocks::For(p.features, b, h)
+                                  .Span(int(m0), int(m0) + Tr::kBlockM, nb * Tr::kBlockN, (nb + 1) * Tr::kBlockN);
+        if (!(bits & kMaskBlockSome)) {
+          skip_block(nb);
+          continue;
+        }
+        if (bits & kMaskBlockAll) policy.mask = nullptr;  // for NeedsCheck only
+      }
       if (key_only_mask) {
         const KeyMaskBlock summary = key_mask.Summary();
         if (nb > n_lo) key_mask.Load(policy, int64_t(nb - 1) * Tr::kBlockN);

@@ -210,14 +210,16 @@ inline bool IsKeyOnlyMask(const AttentionFeatures& f) { return f.mask && f.mask_
 // boolean mask kMasksBoolean (forward), dropout kMasksDropout; the pairs
 // among them that no variant takes stay on the sm80 kernels. `beside`: a
 // boolean mask the variant reads beside its own features: kKeyOnly (the
-// forward's kMasksSoftcap and kMasksDropout, TakesKeyMaskBeside) a
-// key-only one (IsKeyOnlyMask), kAny (the backward's kMasks, kMasksSoftcap
-// and kMasksDropout, FeatureStepMask) any.
-enum class MaskBeside { kNone, kKeyOnly, kAny };
+// forward's kMasksDropout, TakesKeyMaskBeside) a key-only one
+// (IsKeyOnlyMask), kAny (the backward's kMasks, kMasksSoftcap and
+// kMasksDropout, FeatureStepMask) any, kAnyForward (the forward's
+// kMasksSoftcap, ReadsMaskArray) any.
+enum class MaskBeside { kNone, kKeyOnly, kAny, kAnyForward };
 inline std::string UnsupportedFeatures(const AttentionParams& p, Features variant,
                                        MaskBeside beside = MaskBeside::kNone) {
   // (kMasksSoftcap's backward reads key-only masks only: FeatureStepMask's kDenseMask.)
   if (beside == MaskBeside::kAny && variant == Features::kMasksSoftcap) beside = MaskBeside::kKeyOnly;
+  if (beside == MaskBeside::kAnyForward) beside = MaskBeside::kAny;
   if ((beside == MaskBeside::kKeyOnly && IsKeyOnlyMask(p.features)) || (beside == MaskBeside::kAny && p.features.mask)) {
     AttentionParams without = p;
     without.features.mask = nullptr;
@@ -628,9 +630,54 @@ struct MaskArrayRows {
   }
 
   // Per-query rows: this thread's bytes of key block [n0, n0 + kBlockN).
+  // A block inside the keys loads all of its pairs (16-bit, the common
+  // case; bytes, a row at a time, for odd row addresses) before it uses
+  // any: with a bounds check per load, ptxas issued them two at a time,
+  // each waiting for the previous one's use (16 L2 round trips per row
+  // with pairs, 32 with bytes: a mixed block cost ~3x a plain one, v27).
   template <int kBlockN>
   __device__ __forceinline__ void ApplyRows(BlockMask& m, int n0, int t) const {
     const int limit = seqlen_k - n0 - 2 * t;  // columns 8j + e below it are keys
+    if (pairs && n0 + kBlockN <= seqlen_k) {
+      // Both rows' loads first (the rows are clamped into the sequence, so
+      // a row the bounds hide is read harmlessly): one round trip a block.
+      uint32_t x[2][kBlockN / 8];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j)
+          x[hh][j] = *reinterpret_cast<const uint16_t*>(row[hh] + (n0 + 2 * t + 8 * j));
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        uint32_t bits = 0;
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j)
+          bits |= uint32_t((x[hh][j] & 0xffu) != 0) << (2 * j) | uint32_t((x[hh][j] >> 8) != 0) << (2 * j + 1);
+        m.visible[hh] &= bits;
+      }
+      m.check = true;
+      return;
+    }
+    if (n0 + kBlockN <= seqlen_k) {
+      // Odd row addresses: bytes, a row's 2 kBlockN / 8 at once (both rows'
+      // would hold 64 registers).
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        uint32_t x[kBlockN / 8][2];
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) x[j][e] = row[hh][n0 + 2 * t + 8 * j + e];
+        uint32_t bits = 0;
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) bits |= uint32_t(x[j][e] != 0) << (2 * j + e);
+        m.visible[hh] &= bits;
+      }
+      m.check = true;
+      return;
+    }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       if (m.visible[hh] == 0) continue;  // the bounds hide the row's columns

@@ -113,11 +113,13 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
   constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
   using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
-  constexpr bool kMaskArray = kFeatures == Features::kMasksBoolean;
+  // kMasksBoolean, and kMasksSoftcap beside the soft cap, read a boolean
+  // mask (ReadsMaskArray: MaskArrayRows, as below, when the call has one).
+  constexpr bool kMaskArray = ReadsMaskArray(kFeatures);
   constexpr bool kDropout = kFeatures == Features::kMasksDropout;
-  // kMasksSoftcap and kMasksDropout take a key-only boolean mask (key
-  // padding) beside their features, when the call has one
-  // (UnsupportedFeatures' MaskBeside::kKeyOnly): MaskArrayRows' key bytes, as below.
+  // kMasksDropout takes a key-only boolean mask (key padding) beside
+  // dropout, when the call has one (UnsupportedFeatures' MaskBeside::kKeyOnly):
+  // MaskArrayRows' key bytes, as below.
   constexpr bool kKeyMaskBeside = TakesKeyMaskBeside(kFeatures);
   const int n_hi = keys.hi, n_blocks = keys.hi - keys.lo;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, t = lane % 4;
@@ -187,7 +189,10 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   MaskArrayRows::KeyBytes next_key_bytes{};
   const uint8_t* summary_row = nullptr;
   MaskBlockEntries next_entries{};
-  if constexpr (kMaskArray) {
+  // (kMasksSoftcap's calls may have no mask: params.features.mask tells,
+  // read from the parameters where needed.)
+  // (if constexpr: LoadKeys and MaskBlockEntries exist at kBlockN 128 only.)
+  if constexpr (kMaskArray) if (params.features.mask) {
     mask_rows = MaskArrayRows::For(params, b, h, wg_m0 + row0);
     if (mask_rows.keys && n_blocks > 0) next_key_bytes = mask_rows.LoadKeys<kBlockN>((n_hi - 1) * kBlockN, lane);
     const AttentionFeatures& f = params.features;
@@ -221,7 +226,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
       const SummaryEntries keys = next_keys;
       next_keys = key_summaries(max(n0 - kBlockN, 0));
       m = rows.Block<kBlockN>(params, b, n0, t, keys);
-      if constexpr (kMaskArray) {
+      if constexpr (kMaskArray) if (params.features.mask) {
         if (mask_rows.keys) {  // (the same for the whole warp: ballots)
           const MaskArrayRows::KeyBytes bytes = next_key_bytes;
           next_key_bytes = mask_rows.LoadKeys<kBlockN>(max(n0 - kBlockN, 0), lane);
@@ -535,9 +540,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
       if (threadIdx.x == 0) PrefetchTensorMaps(&q_map, &k_map, &v_map);
       auto keys_of = [&](int m0, int h, int b, int) {
         if constexpr (kAnyFeature) {
-          return FeatureKeyBlocks<Tr::kBlockM, Tr::kBlockN,
-                                  kFeatures == Features::kMasksBoolean || TakesKeyMaskBeside(kFeatures),
-                                  kFeatures == Features::kMasksBoolean>(p, m0, b, h);
+          return FeatureKeyBlocks<Tr::kBlockM, Tr::kBlockN, ReadsMaskArray(kFeatures) || TakesKeyMaskBeside(kFeatures),
+                                  ReadsMaskArray(kFeatures)>(p, m0, b, h);
         } else {
           return PlainKeyBlocks<Tr>(a, m0);
         }

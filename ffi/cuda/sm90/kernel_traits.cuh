@@ -16,17 +16,26 @@ enum class Schedule { kSerial, kOverlap, kPingPong };
 // inputs' 16-bit type (half the bias bytes: 1.28x kMasksBias's speed on
 // the H200, session 19); kMasksBoolean (forward) the masks and the boolean
 // mask array (MaskArrayRows, feature_mask.cuh); kMasksDropout the masks and
-// dropout (dropout.cuh). kMasksSoftcap and kMasksDropout also take a
-// key-only boolean mask (key padding, [B|1, N|1, 1, S]) beside their
-// features (TakesKeyMaskBeside; the backward's kMasks as well). A bias with
-// the soft cap, dropout with the soft cap or a bias, and a per-query boolean
-// mask with either, stay on the sm80 kernels.
+// dropout (dropout.cuh). kMasksSoftcap's forward also takes any boolean
+// mask beside the soft cap (ReadsMaskArray: kMasksBoolean's MaskArrayRows
+// and block summary), its backward a key-only one; kMasksDropout a
+// key-only one (key padding, [B|1, N|1, 1, S]; TakesKeyMaskBeside; the
+// backward's kMasks any). A bias with the soft cap, dropout with the soft
+// cap or a bias, and a per-query boolean mask with dropout (or with the
+// soft cap, backward), stay on the sm80 kernels.
 enum class Features { kNone, kMasks, kMasksSoftcap, kMasksBias, kMasksBias16, kMasksBoolean, kMasksDropout };
 
-// The forward variants that read a key-only boolean mask's bytes beside
-// their own features when the call has one (fwd_kernel.cuh's
-// MaskArrayRows keys; UnsupportedFeatures' MaskBeside::kKeyOnly).
-constexpr bool TakesKeyMaskBeside(Features f) { return f == Features::kMasksSoftcap || f == Features::kMasksDropout; }
+// The forward variants that read a boolean mask as kMasksBoolean does
+// (fwd_kernel.cuh's MaskArrayRows, key-only or per query, with a per-query
+// mask's block summary; UnsupportedFeatures' MaskBeside::kAny beside their
+// own features).
+constexpr bool ReadsMaskArray(Features f) { return f == Features::kMasksBoolean || f == Features::kMasksSoftcap; }
+
+// The forward variants that read only a key-only boolean mask's bytes beside
+// their own features, when the call has one (fwd_kernel.cuh's key word
+// alone, whose MaskArrayRows state made kMasksDropout spill at 128;
+// UnsupportedFeatures' MaskBeside::kKeyOnly).
+constexpr bool TakesKeyMaskBeside(Features f) { return f == Features::kMasksDropout; }
 
 // Consumer warpgroups of the plain forward at head dim 64 (FwdTraits<64>'s
 // default, hence ForwardSmemBytes): 3 (192-row tiles, FlashAttention-3's

@@ -71,9 +71,14 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
                                                                   : " with masks and soft cap") +
                            (kC == 2 ? "" : ", three consumer warpgroups");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
-  if (auto why = UnsupportedFeatures(p, kFeatures, TakesKeyMaskBeside(kFeatures) ? MaskBeside::kKeyOnly : MaskBeside::kNone); !why.empty()) return fail(why);
-  if (TakesKeyMaskBeside(kFeatures) && p.features.mask && p.features.mask_stride.col != 1)
-    return fail("the key-only boolean mask must be contiguous along the keys (MaskArrayRows::LoadKeys)");
+  // kMasksSoftcap reads any boolean mask beside the soft cap
+  // (ReadsMaskArray), kMasksDropout a key-only one (TakesKeyMaskBeside).
+  const MaskBeside beside = kFeatures == Features::kMasksSoftcap ? MaskBeside::kAnyForward
+                            : TakesKeyMaskBeside(kFeatures)      ? MaskBeside::kKeyOnly
+                                                                 : MaskBeside::kNone;
+  if (auto why = UnsupportedFeatures(p, kFeatures, beside); !why.empty()) return fail(why);
+  if (beside != MaskBeside::kNone && p.features.mask && p.features.mask_stride.col != 1)
+    return fail("the boolean mask must be contiguous along the keys (MaskArrayRows)");
   if (!(p.scale > 0.0)) return fail("needs scale > 0 (the row maxima are taken before scaling)");
   if (s.head_dim < 1 || s.head_dim > kHeadDim) return fail("head_dim must be in [1, kHeadDim]");
   if (s.num_heads_k < 1 || s.num_heads % s.num_heads_k != 0)
@@ -188,10 +193,11 @@ std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t str
     return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBias>(p, stream);
   }
   // A boolean mask: kMasksBoolean (its reads into the masks' bits; no soft
-  // cap or dropout with it, which that variant refuses), except a key-only
-  // one beside dropout or the soft cap, which their variants read
-  // (TakesKeyMaskBeside).
-  const bool mask_beside = IsKeyOnlyMask(p.features) && (p.features.dropout_rate > 0.0 || p.features.softcap > 0.0);
+  // cap or dropout with it, which that variant refuses), except beside the
+  // soft cap, which kMasksSoftcap reads (ReadsMaskArray), and a key-only
+  // one beside dropout, which kMasksDropout reads (TakesKeyMaskBeside).
+  const bool mask_beside =
+      p.features.softcap > 0.0 || (IsKeyOnlyMask(p.features) && p.features.dropout_rate > 0.0);
   if (p.features.mask && !mask_beside)
     return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBoolean>(p, stream);
   // Dropout (without the soft cap, which that variant refuses): kMasksDropout.
