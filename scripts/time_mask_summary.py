@@ -1,7 +1,8 @@
 """Times formulations of jax_flash._kernel_call.mask_block_summary on a device, without
 the package (no build needed): `old` is the one reduction over both axes that session 25
-measured the prefix-LM calls with, `two_stage_any` the landed one, `counts` one int32
-sum. Each is checked against the first; prints the best of 5 x 20 calls per shape."""
+measured the prefix-LM calls with, `two_stage_any` session 25's landed one, `counts` one
+int32 sum (landed in session 26: 47.6 against 220 us at [2, 4, 4096, 4096] on the H200).
+Each is checked against the first; prints the best of 5 x 20 calls per shape."""
 import time
 
 import jax
