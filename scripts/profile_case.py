@@ -24,6 +24,11 @@ Cases (bf16, H=128, N=16; `grad` ones run the fused backward too):
                   of their own, `PROFILE_CASES="prefix_lm:."` lists them all)
   striped         the same with the striped_mask variant's mask ((i + j) % 10
                   hides: every block mixed)
+  causal_mask     the same with a per-query causal mask [1, 1, T, S] (j <= i)
+                  and is_causal=False: the summary's trims against the causal
+                  kernel's own (plain causal's work, per-query mask path)
+  visible_mask    the same with an all-True [1, 1, T, S] mask: every block
+                  visible whole (the summary's cost over plain non-causal)
   (default, dropout, keymask without `_grad`: their forward alone)
 scripts/profile_features.sh runs them under ncu and summarizes.
 """
@@ -43,7 +48,7 @@ n, h = 16, 128
 rng = np.random.default_rng(0)
 q, k, v = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16) for _ in range(3))
 kwargs = dict(is_causal=not case.startswith(("det", "default", "dropout", "keymask", "padmask", "kvlen", "softcap",
-                                              "prefix_lm", "striped")))
+                                              "prefix_lm", "striped", "causal_mask", "visible_mask")))
 if case.startswith("packed"):
     ids = jnp.asarray(np.repeat(np.arange(4), t // 4)[None].repeat(b, 0), jnp.int32)
     kwargs.update(q_segment_ids=ids, kv_segment_ids=ids)
@@ -66,6 +71,11 @@ elif case.startswith("prefix_lm"):
 elif case.startswith("striped"):
     i = np.arange(t)
     kwargs.update(mask=jnp.asarray(((i[:, None] + i[None, :]) % 10 != 0)[None, None]))
+elif case.startswith("causal_mask"):
+    i = np.arange(t)
+    kwargs.update(mask=jnp.asarray((i[None, :] <= i[:, None])[None, None]))
+elif case.startswith("visible_mask"):
+    kwargs.update(mask=jnp.ones((1, 1, t, t), bool))
 elif case.startswith("kvlen"):
     kwargs.update(key_value_seq_lengths=jnp.full((b,), t - t // 8, jnp.int32))
 
