@@ -2,7 +2,7 @@
 # Every GPU kernel of scripts/profile_case.py's cases with its duration (Nsight
 # Compute, one metric: quick, ~20 s a case): where a call's time goes outside
 # its attention kernel (a mask's block summary, XLA's converts and pads).
-# profile_case.py runs the call twice; the second run's kernels are the warm ones.
+# profile_case.py runs the call twice; the last launches are the warm run's.
 #
 #   KERNEL_CASES="prefix_lm striped softcap" bash scripts/kernel_times.sh   # the installed package
 set -uo pipefail
@@ -21,9 +21,11 @@ head, rows = rows[0], rows[1:]
 name, unit, value = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
 scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
 times = [(r[name], float(r[value].replace(",", "")) * scale.get(r[unit], 1.0)) for r in rows]
-half = times[len(times) // 2:]  # the second of the two runs
-for kernel, us in half:
-    print(f"{us:10.1f} us  {kernel[:110]}")
-print(f"{sum(us for _, us in half):10.1f} us  total of the second run ({len(half)} kernels)")
+# Every launch in order; the second run's are the last ones (the first run
+# may hold one-time kernels, e.g. a constant's broadcast, so halves can be uneven).
+for index, (kernel, us) in enumerate(times):
+    print(f"{index:3d} {us:10.1f} us  {kernel[:110]}")
+half = times[len(times) // 2:]
+print(f"    {sum(us for _, us in half):10.1f} us  total of the last {len(half)} launches")
 PY
 done
