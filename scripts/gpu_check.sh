@@ -2,7 +2,8 @@
 # One device call: build with CUDA, run the whole test suite on the GPU, then
 # the benchmark points given in BENCH_ARGS. Logs ($LOGS) and JSON ($OUT) are written as each
 # step runs, so a call cut off by its time limit still brings back what ran.
-# Steps, each optional but the build (SKIP_BUILD=1 reuses the last install): TESTS=0 skips pytest; BENCH_ARGS,
+# Steps, each optional but the build (SKIP_BUILD=1 reuses the last install): PROBES=0 skips the device
+# probe (tests/cuda/sm90_key_blocks_probe.cu), TESTS=0 skips pytest; BENCH_ARGS,
 # BENCH2_ARGS, LONG_ARGS, NCU=1, EXAMPLES=1 add the benchmark (and a second
 # one), the 128k run, a profile, SANITIZE=1 compute-sanitizer's race, barrier
 # and memory checks, and issue 5's training comparison.
@@ -26,6 +27,17 @@ start=$(date +%s)
 if [ -z "${SKIP_BUILD:-}" ]; then  # SKIP_BUILD=1: a second call in one device run reuses the install
 python3 -m pip install --no-build-isolation --no-deps -v . > "$LOGS/build.log" 2>&1 || { tail -50 "$LOGS/build.log"; exit 1; }
 note "build: $(( $(date +%s) - start )) s"
+fi
+
+# The mask summary's trims on the device (warp votes the host check cannot
+# run; v29 found them a no-op by this probe): ~20 s to build.
+if [ "${PROBES:-1}" != 0 ]; then
+  jaxlib_include=$(python3 -c "import jaxlib, os; print(os.path.dirname(jaxlib.__file__) + '/include')")
+  nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Iffi -isystem "$jaxlib_include" \
+    tests/cuda/sm90_key_blocks_probe.cu -o /tmp/sm90_key_blocks_probe > "$LOGS/probe.log" 2>&1 &&
+    LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-} \
+      /tmp/sm90_key_blocks_probe >> "$LOGS/probe.log" 2>&1
+  note "sm90_key_blocks_probe rc=$?: $(tail -1 "$LOGS/probe.log")"
 fi
 
 cd /tmp  # import the installed package, not the source tree

@@ -97,6 +97,37 @@ struct MaskBlocks {
     return (some & kMaskBlockSome) | all;
   }
 
+  // Span(i0, i0 + kRows, j0, j0 + kCols) for the kernels' compile-time block
+  // sizes: every entry the block can overlap, unrolled, each index clamped
+  // to the block's last entry (a repeated entry changes neither the union
+  // nor the intersection), so there is no trip count to compute. kAligned:
+  // i0 and j0 are multiples of kMaskBlock (kRows / kMaskBlock entries per
+  // side, rounded up; else one more). Span's loops compiled wrong on sm_90a
+  // (nvcc 13.0): the inner trip count came out as c1 + cols + 1 instead of
+  // c1 - c0 + 1, so a block near a row's end also read the next row's first
+  // entries, and no trim of the Hopper forward ever happened (session 27's
+  // tests/cuda/sm90_key_blocks_probe.cu: tile 0 of a causal mask kept all 32
+  // key blocks).
+  template <int kRows, int kCols, bool kAligned = false>
+  JAX_FLASH_HOST_DEVICE uint32_t SpanOf(int i0, int j0) const {
+    constexpr int kB = int(kMaskBlock);
+    constexpr int kR = (kRows + kB - 1) / kB + (kAligned ? 0 : 1), kC = (kCols + kB - 1) / kB + (kAligned ? 0 : 1);
+    const int r1 = Min((i0 + kRows - 1) / kB, rows - 1), c1 = Min((j0 + kCols - 1) / kB, cols - 1);
+    const int r0 = Min(i0 / kB, r1), c0 = Min(j0 / kB, c1);
+    uint32_t some = 0, all = kMaskBlockAll;
+#pragma unroll
+    for (int dr = 0; dr < kR; ++dr) {
+      const uint8_t* row = entries + Min(r0 + dr, r1) * cols;
+#pragma unroll
+      for (int dc = 0; dc < kC; ++dc) {
+        const uint32_t e = row[Min(c0 + dc, c1)];
+        some |= e;
+        all &= e;
+      }
+    }
+    return (some & kMaskBlockSome) | all;
+  }
+
  private:
   JAX_FLASH_HOST_DEVICE static int Min(int a, int b) { return a < b ? a : b; }
 };

@@ -284,6 +284,13 @@ long CheckBackward(const Spec& c, long* checked) {
       for (int rows : {64, 128, kBlockM})
         for (int i0 = 0; i0 < c.T; i0 += rows) {
           const uint32_t bits = blocks.Span(i0, i0 + rows, n0, n0 + kBlockN);
+          // The kernels' unrolled form (SpanOf) gives the same bits, aligned and not.
+          const uint32_t unrolled = rows == 64    ? blocks.SpanOf<64, kBlockN, true>(i0, n0)
+                                    : rows == 128 ? blocks.SpanOf<128, kBlockN, true>(i0, n0)
+                                                  : blocks.SpanOf<kBlockM, kBlockN, true>(i0, n0);
+          if (unrolled != bits) fail("SpanOf differs from Span", n0, i0, -1, -1);
+          if (i0 + 40 < c.T && n0 + 56 < c.S && blocks.SpanOf<128, 16>(i0 + 40, n0 + 56) != blocks.Span(i0 + 40, i0 + 168, n0 + 56, n0 + 72))
+            fail("SpanOf differs from Span (unaligned)", n0, i0 + 40, -1, -1);
           if (!(bits & kMaskBlockSome) && !MaskAll(c, i0, i0 + rows, n0, n0 + kBlockN, false))
             fail("the summary hides a block with a visible pair", n0, i0, -1, -1);
           if ((bits & kMaskBlockAll) && !MaskAll(c, i0, i0 + rows, n0, n0 + kBlockN, true))

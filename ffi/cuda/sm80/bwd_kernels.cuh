@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       TrimEmptyBlocks(&first, &end, [&](int m) {
         for (int64_t i = 0; i < heads; ++i)
           if (MaskBlocks::For(p.features, b, hk * s.group() + i)
-                  .Span(m * Tr::kBlockCols, (m + 1) * Tr::kBlockCols, int(n0), int(n0) + Tr::kBlockRows) &
+                  .template SpanOf<Tr::kBlockCols, Tr::kBlockRows, true>(m * Tr::kBlockCols, int(n0)) &
               kMaskBlockSome)
             return false;
         return true;
@@ -663,7 +663,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       // mask check (read in the step, from the parameters: no state kept
       // across the loop, where registers are scarce).
       if (p.features.mask_blocks &&
-          (MaskBlocks::For(p.features, b, pos.h).Span(pos.m0, pos.m0 + Tr::kBlockCols, int(n0), int(n0) + Tr::kBlockRows) &
+          (MaskBlocks::For(p.features, b, pos.h).template SpanOf<Tr::kBlockCols, Tr::kBlockRows, true>(pos.m0, int(n0)) &
            kMaskBlockAll))
         policy.mask = nullptr;  // for NeedsCheck only
       if (policy.HasSegmentRanges()) {

@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kD
     if (p.features.mask_blocks && n_hi > n_lo) {
       const MaskBlocks blocks = MaskBlocks::For(p.features, b, h);
       TrimEmptyBlocks(&n_lo, &n_hi, [&](int nb) {
-        return !(blocks.Span(int(m0), int(m0) + Tr::kBlockM, nb * Tr::kBlockN, (nb + 1) * Tr::kBlockN) &
+        return !(blocks.SpanOf<Tr::kBlockM, Tr::kBlockN, true>(int(m0), nb * Tr::kBlockN) &
                  kMaskBlockSome);
       });
     }
@@ -421,7 +421,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kD
       MaskPolicy policy = MaskPolicy::For(p, b, h);
       if (p.features.mask_blocks) {
         const uint32_t bits = MaskBlocks::For(p.features, b, h)
-                                  .Span(int(m0), int(m0) + Tr::kBlockM, nb * Tr::kBlockN, (nb + 1) * Tr::kBlockN);
+                                  .template SpanOf<Tr::kBlockM, Tr::kBlockN, true>(int(m0), nb * Tr::kBlockN);
         if (!(bits & kMaskBlockSome)) {
           skip_block(nb);
           continue;

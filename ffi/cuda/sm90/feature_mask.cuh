@@ -193,7 +193,7 @@ __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, 
     if (kDenseMask && f.mask_blocks && kb.hi > kb.lo) {
       const MaskBlocks blocks = SliceMaskBlocks(f, b, h);
       TrimEmptyBlocks(&kb.lo, &kb.hi, [&](int nb) {
-        return !(blocks.Span(m0, m0 + kBlockM, nb * kBlockN, nb * kBlockN + kBlockN) & kMaskBlockSome);
+        return !(blocks.SpanOf<kBlockM, kBlockN, true>(m0, nb * kBlockN) & kMaskBlockSome);
       });
     }
   }
@@ -917,7 +917,7 @@ __device__ __forceinline__ KeyBlocks FeatureQueryBlocks(const AttentionParams& p
       MaskBlocks blocks = first;
 #pragma unroll 1
       for (int g = 0; g < heads; ++g, blocks.entries += f.mask_blocks_stride.head)
-        if (blocks.Span(m * kBlockM, m * kBlockM + kBlockM, n0, n0 + kBlockN) & kMaskBlockSome) return false;
+        if (blocks.SpanOf<kBlockM, kBlockN, true>(m * kBlockM, n0) & kMaskBlockSome) return false;
       return true;
     });
   }
@@ -1012,7 +1012,7 @@ __host__ __device__ __forceinline__ StepMaskBits<kBlockM> FeatureStepMask(const 
     // keys: hidden whole (no pair to read), visible whole (none either), or
     // read pair by pair.
     if (dense && p.features.mask_blocks) {
-      const uint32_t bits = SliceMaskBlocks(p.features, b, h).Span(m0, m0 + kBlockM, warp_j0, warp_j0 + 16);
+      const uint32_t bits = SliceMaskBlocks(p.features, b, h).SpanOf<kBlockM, 16, true>(m0, warp_j0);
       if (!(bits & kMaskBlockSome)) return Bits(0);
       if (bits & kMaskBlockAll) dense = nullptr;
     }
