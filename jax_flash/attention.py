@@ -114,13 +114,13 @@ def attention(
         that supports the inputs. On Hopper GPUs that is the sm90 forward
         (with sequence lengths, segment ids, windows, position offsets, and
         either a soft cap, dropout, or a bias or a boolean mask that is not
-        broadcast along the keys and comes without a soft cap or dropout,
-        except a key-only mask, which may come with either; only at head
+        broadcast along the keys; a boolean mask also beside a soft cap,
+        a key-only one, [B|1, N|1, 1, S], beside dropout; only at head
         dims up to 128), and the sm90 backward for calls at head
-        dims up to 128 with those features but a per-query boolean mask
-        beside a soft cap (a key-only one, [B|1, N|1, 1, S], goes with
-        either) or dropout with a soft cap (a bias contiguous along the
-        keys included, its gradient on the
+        dims up to 128 with those features (a per-query boolean mask also
+        beside dropout) but a per-query boolean mask beside a soft cap at
+        head dims up to 64 or dropout with a soft cap (a bias contiguous
+        along the keys included, its gradient on the
         sm90 bias-gradient pass), and its deterministic variant for
         ``deterministic`` plain calls. ``"sm90"`` forces the Hopper (wgmma /
         TMA) forward (compute capability 9.x, 16-bit, head dim a multiple of

@@ -102,12 +102,12 @@ struct MaskBlocks {
   // to the block's last entry (a repeated entry changes neither the union
   // nor the intersection), so there is no trip count to compute. kAligned:
   // i0 and j0 are multiples of kMaskBlock (kRows / kMaskBlock entries per
-  // side, rounded up; else one more). Span's loops compiled wrong on sm_90a
-  // (nvcc 13.0): the inner trip count came out as c1 + cols + 1 instead of
-  // c1 - c0 + 1, so a block near a row's end also read the next row's first
-  // entries, and no trim of the Hopper forward ever happened (session 27's
+  // side, rounded up; else one more). Span's loops, right on the host, never
+  // hid a block in the Hopper forward's trim on the H200 (session 27's
   // tests/cuda/sm90_key_blocks_probe.cu: tile 0 of a causal mask kept all 32
-  // key blocks).
+  // key blocks); its sm_90a SASS (nvcc 13.0) reads as taking the inner trip
+  // count from max(~c0, cols, ~c1) where -cols belongs, i.e. past the
+  // block's entries into the next row's. SpanOf passes that probe.
   template <int kRows, int kCols, bool kAligned = false>
   JAX_FLASH_HOST_DEVICE uint32_t SpanOf(int i0, int j0) const {
     constexpr int kB = int(kMaskBlock);

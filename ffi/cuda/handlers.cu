@@ -178,10 +178,12 @@ bool Sm90BiasVariantsTake(const AttentionParams& p) {
 bool Sm90BackwardSupports(ffi::DataType dtype, const AttentionParams& p) {
   // A boolean mask: the feature variants read its bytes per S^T row
   // (sm90::FeatureStepMask; a key-only one, [B|1, N|1, 1, S], one byte per
-  // key, any other one byte per pair; the soft cap's variant key-only ones
-  // only), beside the features they take otherwise.
+  // key, any other one byte per pair; the soft cap's variant at head dim 64
+  // key-only ones only, sm90::ReadsDenseStepMask), beside the features
+  // they take otherwise.
   AttentionParams without_mask = p;
-  if (p.features.mask && !p.features.bias && (p.features.mask_stride.row == 0 || !(p.features.softcap > 0.0)))
+  if (p.features.mask && !p.features.bias &&
+      (p.features.mask_stride.row == 0 || !(p.features.softcap > 0.0) || p.shape.head_dim > 64))
     without_mask.features.mask = nullptr;
   return Sm90BackwardKernelsServe(dtype, p) &&
          (Sm90TakesFeatures(without_mask) || (p.features.bias && Sm90BiasVariantsTake(p))) && !p.deterministic &&

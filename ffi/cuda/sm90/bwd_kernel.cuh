@@ -981,7 +981,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     [[maybe_unused]] StepMaskBits<kBlockM> visible = ~StepMaskBits<kBlockM>(0);
     if constexpr (kAnyFeature) {
       const int warp_j0 = wg_n0 + 16 * warp;
-      visible = FeatureStepMask<kBlockM, kFeatures != Features::kMasksSoftcap>(p, int(Opaque(uint32_t(tile.b))),
+      visible = FeatureStepMask<kBlockM, ReadsDenseStepMask(kFeatures, kHeadDim)>(p, int(Opaque(uint32_t(tile.b))),
                                          int(Opaque(uint32_t(steps.head(i, tile.hk, a.group)))), m0,
                                          Tr::kDqSplitRows ? int(Opaque(uint32_t(warp_j0))) : warp_j0, wg_n0 + row0, t);
     }

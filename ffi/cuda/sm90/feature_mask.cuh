@@ -217,8 +217,9 @@ inline bool IsKeyOnlyMask(const AttentionFeatures& f) { return f.mask && f.mask_
 enum class MaskBeside { kNone, kKeyOnly, kAny, kAnyForward };
 inline std::string UnsupportedFeatures(const AttentionParams& p, Features variant,
                                        MaskBeside beside = MaskBeside::kNone) {
-  // (kMasksSoftcap's backward reads key-only masks only: FeatureStepMask's kDenseMask.)
-  if (beside == MaskBeside::kAny && variant == Features::kMasksSoftcap) beside = MaskBeside::kKeyOnly;
+  // (kMasksSoftcap's backward at head dim 64 reads key-only masks only: ReadsDenseStepMask.)
+  if (beside == MaskBeside::kAny && variant == Features::kMasksSoftcap && p.shape.head_dim <= 64)
+    beside = MaskBeside::kKeyOnly;
   if (beside == MaskBeside::kAnyForward) beside = MaskBeside::kAny;
   if ((beside == MaskBeside::kKeyOnly && IsKeyOnlyMask(p.features)) || (beside == MaskBeside::kAny && p.features.mask)) {
     AttentionParams without = p;
@@ -973,9 +974,8 @@ __host__ __device__ __forceinline__ StepMaskBits<kBlockM> DenseStepMask(const At
   }
   return visible;
 }
-// kDenseMask: the variant takes a per-query mask too (not kMasksSoftcap,
-// whose consumers at 64 then spilled 10 local accesses per step: its
-// UnsupportedFeatures refuses one).
+// kDenseMask: the variant takes a per-query mask too
+// (ReadsDenseStepMask).
 template <int kBlockM, bool kDenseMask = true>
 __host__ __device__ __forceinline__ StepMaskBits<kBlockM> FeatureStepMask(const AttentionParams& p, int b, int h,
                                                                           int m0, int warp_j0, int key, int t) {

@@ -37,6 +37,16 @@ constexpr bool ReadsMaskArray(Features f) { return f == Features::kMasksBoolean 
 // UnsupportedFeatures' MaskBeside::kKeyOnly).
 constexpr bool TakesKeyMaskBeside(Features f) { return f == Features::kMasksDropout; }
 
+// The backward variants that read a per-query boolean mask's bytes per pair
+// (feature_mask.cuh's FeatureStepMask, DenseStepMask) beside their own
+// features; the others read key-only masks only (UnsupportedFeatures
+// refuses a per-query one). kMasksSoftcap at head dim 64: its consumers
+// then spilled 10 local accesses per step (sm90_locals.py; at 128 one, as
+// kMasks's).
+constexpr bool ReadsDenseStepMask(Features f, int head_dim) {
+  return f != Features::kMasksSoftcap || head_dim > 64;
+}
+
 // Consumer warpgroups of the plain forward at head dim 64 (FwdTraits<64>'s
 // default, hence ForwardSmemBytes): 3 (192-row tiles, FlashAttention-3's
 // choice at 64, where the softmax is large next to each wgmma and a third
