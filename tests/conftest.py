@@ -1,8 +1,9 @@
 """Test configuration shared by every test module.
 
 Set before jax is imported: four host devices (pmap/shard_map tests on the
-CPU), float64 enabled (the ground truth), and output poisoning so any element
-a kernel forgets to write is NaN and fails the comparison.
+CPU), float64 enabled (the ground truth), output poisoning so any element
+a kernel forgets to write is NaN and fails the comparison, and under
+pytest-xdist no GPU memory preallocation (the workers share the GPU).
 """
 
 import os
@@ -17,6 +18,12 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 ).strip()
 os.environ.setdefault("JAX_FLASH_POISON_OUTPUTS", "1")
+# pytest-xdist workers share one GPU: each would otherwise preallocate 75% of
+# its memory, the later ones fail to start a GPU backend and fall back to the
+# CPU, and their differing parametrizations (ON_GPU, ON_HOPPER) end the run
+# with "Different tests were collected" (session 27, -n 12 on the H200).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
