@@ -102,11 +102,12 @@ bool Sm90TakesFeatures(const AttentionParams& p) {
 // The forward's: those, or with the masks' features either a bias (the
 // kMasksBias variant, feature_mask.cuh's BiasRows, for a float32 one;
 // kMasksBias16 for one of the inputs' 16-bit dtype, read at half the bytes;
-// without the soft cap) or a boolean mask (kMasksBoolean, MaskArrayRows:
-// without the soft cap), not both, contiguous along the keys (broadcast
-// over batch, heads or queries), at head dims up to 128. The backward of
-// such a call stays on sm80's (the same logits and visibility, hence out
-// and lse).
+// without the soft cap or dropout) or a boolean mask (kMasksBoolean,
+// MaskArrayRows; beside the soft cap kMasksSoftcap reads it, beside dropout
+// kMasksDropout a key-only one), not both, contiguous along the keys
+// (broadcast over batch, heads or queries), at head dims up to 128. The
+// backward (Sm90BackwardSupports) decides for itself: any family's gives
+// the same gradients of the same out and lse.
 bool Sm90ForwardTakesFeatures(const AttentionParams& p) {
   const AttentionFeatures& f = p.features;
   if (!f.bias && !f.mask) return Sm90TakesFeatures(p);
