@@ -8,14 +8,15 @@
 #   bash pending/fwd_order_poly.sh ROOT DIR
 set -euo pipefail
 root=$1 dir=$2
-bench=(--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random)
+# (ORDER_POLY_BENCH replaces the shape options: a dry run on a CPU, say.)
+read -r -a bench <<< "--impl jax_flash ${ORDER_POLY_BENCH:---head-dim 128 --seqlen 4096} --cotangent random"
 bf16=(plain:0 softcap:0 prefix_lm:0 prefix_lm_softcap:0 striped_mask:0)
 f16=(plain:0 softcap:0)
 table() {  # dtype label cases...
   local dtype=$1 label=$2
   shift 2
   python3 -m jax_flash.benchmark "${bench[@]}" --dtype "$dtype" --cases "$@" --out "/tmp/order_poly_${label}_$dtype" |
-    grep -A12 'Feature cost' | grep -E '^\| (plain|softcap|prefix|striped)' || true
+    grep -A30 'Feature cost' | grep -E '^\| (plain|softcap|prefix|striped)' || true
 }
 python3 -m pip install -q --no-build-isolation --no-deps "$root"
 cd /tmp
