@@ -14,6 +14,8 @@ import numpy as np
 from jax_flash import reference
 
 ON_GPU = jax.default_backend() == "gpu"
+# A compute capability 9.x GPU: where the sm90 (Hopper) kernels run.
+ON_HOPPER = ON_GPU and jax.devices()[0].compute_capability.startswith("9")
 CPU = jax.devices("cpu")[0]
 
 # Relative tolerance per dtype for outputs; gradients get GRAD_FACTOR times

@@ -13,6 +13,7 @@ from helpers import (
     FLOAT_DTYPES,
     GRAD_FACTOR,
     ON_GPU,
+    ON_HOPPER,
     assert_close,
     random_qkv,
     reference_f64,
@@ -136,9 +137,6 @@ def test_forced_sm80_rejects_unsupported_inputs(rng):
     q, k, v = random_qkv(rng, 1, 8, 8, 2, 2, 64, "float32")
     with pytest.raises(Exception, match="implementation='sm80' needs float16/bfloat16"):
         jax.block_until_ready(jax_flash.attention(q, k, v, implementation="sm80"))
-
-
-ON_HOPPER = ON_GPU and jax.devices()[0].compute_capability.startswith("9")
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the sm90 family needs a compute capability 9.x GPU")

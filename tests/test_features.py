@@ -11,7 +11,7 @@ import pytest
 
 import jax_flash
 from jax_flash import reference
-from helpers import GRAD_FACTOR, ON_GPU, assert_close, random_qkv, to_f64_cpu
+from helpers import GRAD_FACTOR, ON_GPU, ON_HOPPER, assert_close, random_qkv, to_f64_cpu
 
 
 B, T, S, N, K, H = 2, 45, 70, 4, 2, 32
@@ -122,7 +122,6 @@ def test_dropout_matches_reference_mask(rng, dtype):
         assert_close(name, a, r, dtype, factor=GRAD_FACTOR)
 
 
-ON_HOPPER = ON_GPU and jax.devices()[0].compute_capability.startswith("9")
 # Kernel families the many-block dropout test forces (None: the default;
 # on the H200 that is the sm90 kernels' kMasksDropout variants).
 DROPOUT_IMPLS = ([None, "sm80"] + (["sm90"] if ON_HOPPER else [])) if ON_GPU else [None]

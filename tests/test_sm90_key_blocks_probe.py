@@ -13,9 +13,7 @@ import subprocess
 import jax
 import pytest
 
-from helpers import ON_GPU
-
-ON_HOPPER = ON_GPU and jax.devices()[0].compute_capability.startswith("9")
+from helpers import ON_HOPPER
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None or not ON_HOPPER, reason="needs nvcc and a Hopper GPU")
