@@ -2,8 +2,8 @@
 # One device call: build with CUDA, run the whole test suite on the GPU, then
 # the benchmark points given in BENCH_ARGS. Logs ($LOGS) and JSON ($OUT) are written as each
 # step runs, so a call cut off by its time limit still brings back what ran.
-# Steps, each optional but the build (SKIP_BUILD=1 reuses the last install): PROBES=0 skips the device
-# probe (tests/cuda/sm90_key_blocks_probe.cu), TESTS=0 skips pytest; BENCH_ARGS,
+# Steps, each optional but the build (SKIP_BUILD=1 reuses the last install): PROBES=1 runs the device
+# probe (tests/cuda/sm90_key_blocks_probe.cu; by default with TESTS=0 only), TESTS=0 skips pytest; BENCH_ARGS,
 # BENCH2_ARGS, LONG_ARGS, NCU=1, EXAMPLES=1 add the benchmark (and a second
 # one), the 128k run, a profile, SANITIZE=1 compute-sanitizer's race, barrier
 # and memory checks, and issue 5's training comparison.
@@ -30,8 +30,10 @@ note "build: $(( $(date +%s) - start )) s"
 fi
 
 # The mask summary's trims on the device (warp votes the host check cannot
-# run; v29 found them a no-op by this probe): ~20 s to build.
-if [ "${PROBES:-1}" != 0 ]; then
+# run; v29 found them a no-op by this probe): ~20 s to build. By default only
+# when the suite does not run (its tests/test_sm90_key_blocks_probe.py is
+# the same program).
+if [ "${PROBES:-$([ "${TESTS:-1}" = 0 ] && echo 1 || echo 0)}" != 0 ]; then
   jaxlib_include=$(python3 -c "import jaxlib, os; print(os.path.dirname(jaxlib.__file__) + '/include')")
   nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Iffi -isystem "$jaxlib_include" \
     tests/cuda/sm90_key_blocks_probe.cu -o /tmp/sm90_key_blocks_probe > "$LOGS/probe.log" 2>&1 &&

@@ -84,7 +84,7 @@ struct MaskBlocks {
   // The bits of queries [i0, i1) x keys [j0, j1) (i0 < i1, j0 < j1, i0 and
   // j0 inside the mask; ends past it are clamped): kMaskBlockSome when an
   // entry it overlaps has a visible pair, kMaskBlockAll when every entry is
-  // visible whole.
+  // visible whole. The host's reference (the tests); kernels call SpanOf.
   JAX_FLASH_HOST_DEVICE uint32_t Span(int i0, int i1, int j0, int j1) const {
     const int r1 = Min((i1 - 1) / int(kMaskBlock), rows - 1), c1 = Min((j1 - 1) / int(kMaskBlock), cols - 1);
     uint32_t some = 0, all = kMaskBlockAll;
