@@ -60,13 +60,16 @@ of the jitted functions (a closed-over array would be an XLA constant):
               [B, N, T, S] float32, 4 GiB at B=4, T=4096; not comparable.)
   softcap     logits_soft_cap 30.
   dropout     dropout_rate 0.1 with a fixed dropout_rng.
+  sinks       attention sinks (gpt-oss): one float32 logit per query head, drawn
+              from a standard normal, joining every row's softmax with no value.
 An implementation without a variant's feature gets an "unsupported" row (n/a in
 the tables), not a failure: jax.nn.dot_product_attention has no segment ids,
 soft cap or dropout; dew_flash_attn's calls take is_causal and window_size (and
 the varlen offsets), no mask, bias, key lengths, soft cap or dropout.
 --preset features selects the issue's table: bf16, B=4, T=S=4096, N=16, H=128,
---cotangent random, FEATURE_CASES (plain, segments, window, gqa causal; plain,
-kv_lengths, mask, bias, softcap, dropout not).
+--cotangent random, FEATURE_CASES (plain, segments, window, gqa, sinks causal;
+plain, kv_lengths, mask, prefix_lm (also with the soft cap), striped_mask, bias,
+softcap, dropout not).
 
 FLOPs count only the query-key pairs the masks leave visible: forward
 4*B*N*H*pairs, pairs per (batch, head), backward 2.5x forward. A causal mask
@@ -113,7 +116,7 @@ DECODE_ONLY_IMPLEMENTATIONS = ("jax_flash_paged",)
 PEERS = ("cudnn", "xla", "fa3")
 
 VARIANTS = ("plain", "segments", "window", "gqa", "kv_lengths", "mask", "prefix_lm", "prefix_lm_softcap",
-            "striped_mask", "bias", "softcap", "dropout")
+            "striped_mask", "bias", "softcap", "dropout", "sinks")
 VARIANT_ALIASES = {"key_padding_mask": "mask"}
 # The variants each peer runs (jax_flash runs all), and the feature a peer lacks otherwise.
 SUPPORTED = {
@@ -124,10 +127,10 @@ SUPPORTED = {
 FEATURES = {"segments": "segment ids", "kv_lengths": "key lengths", "mask": "mask", "prefix_lm": "mask",
             "striped_mask": "mask",
             "prefix_lm_softcap": "logits soft cap", "bias": "bias",
-            "softcap": "logits soft cap", "dropout": "dropout"}
+            "softcap": "logits soft cap", "dropout": "dropout", "sinks": "attention sinks"}
 
 # The table (--preset features): plain both ways, each feature with the causal flag it is used with.
-FEATURE_CASES = (("plain", True), ("segments", True), ("window", True), ("gqa", True),
+FEATURE_CASES = (("plain", True), ("segments", True), ("window", True), ("gqa", True), ("sinks", True),
                  ("plain", False), ("kv_lengths", False), ("mask", False), ("prefix_lm", False),
                  ("prefix_lm_softcap", False), ("striped_mask", False), ("bias", False), ("softcap", False),
                  ("dropout", False))
@@ -146,7 +149,7 @@ PRESETS = {
 # The positional order of a variant's arrays after (q, k, v) in the jitted functions, None where a
 # variant has none. The first three are the earlier fixed (bias, mask, kv_lengths), which
 # scripts/backward_timing.py still passes.
-ARRAY_ROLES = ("bias", "mask", "kv_lengths", "segment_ids", "cu_seqlens", "dropout_rng")
+ARRAY_ROLES = ("bias", "mask", "kv_lengths", "segment_ids", "cu_seqlens", "dropout_rng", "sinks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +262,8 @@ def variant_inputs(variant, batch, seqlen, heads, dtype, rng, options=VariantOpt
         arrays["cu_seqlens"] = jnp.asarray(np.arange(0, batch * seqlen + 1, length, dtype=np.int32))
     elif variant == "dropout":
         arrays["dropout_rng"] = jax.random.key(int(rng.integers(2**31)))
+    elif variant == "sinks":
+        arrays["sinks"] = jnp.asarray(rng.standard_normal(heads), jnp.float32)
     return tuple(arrays.get(role) for role in ARRAY_ROLES)
 
 
@@ -303,7 +308,7 @@ def _attention_fn(impl: str, causal: bool, variant: str = "plain", options: Vari
                 q, k, v, x["bias"], x["mask"], is_causal=causal, key_value_seq_lengths=x["kv_lengths"],
                 local_window_size=window, q_segment_ids=x["segment_ids"], kv_segment_ids=x["segment_ids"],
                 logits_soft_cap=soft_cap, dropout_rate=rate, dropout_rng=x["dropout_rng"],
-                deterministic=deterministic, implementation=implementation,
+                deterministic=deterministic, implementation=implementation, sinks=x["sinks"],
             )
         return attn
     if variant not in SUPPORTED[impl]:

@@ -47,11 +47,8 @@
 #                    (DENSE_BENCH: prefix_lm beside the cases the change could
 #                    slow), then the patched one built, its mask tests and the
 #                    host check run, and timed again, the two tables in the log
-#   fwd_order_poly   (session 27) pending/sm90-fwd-mask-descending.patch and
-#                    pending/sm90-poly-exp2.patch together: main timed, then the
-#                    copy built per POLY_EVERY (default "2 0"), tested once, timed
-#                    (pending/fwd_order_poly.sh)
-#                    (ORDER_POLY_LIMIT, default 560 s)
+#   (session 27's fwd_order_poly ran in session 29: both its patches slower,
+#   dropped; its body is in git history, pending/fwd_order_poly.sh)
 #   (session 25's sm80_mask_blocks, sm90_softcap_mask, sm90_mask_rows and
 #   mask_patches landed in session 26; patch_ab_check below is their A/B
 #   body: main's package timed, the patched copy built, tested and timed)
@@ -205,22 +202,6 @@ patch_ab_check() {
     cd /tmp && python3 -m pytest -q -p no:cacheprovider -n 12 $paths -k '$select'
     python3 -m jax_flash.benchmark $bench --out /tmp/${name}_patched | tail -24"
 }
-# fwd_order_poly (session 27): pending/sm90-fwd-mask-descending.patch (a
-# per-query mask's tiles from the last query block, the heaviest first) and
-# pending/sm90-poly-exp2.patch (the soft cap forward's exp2 partly on the FMA
-# pipe, PolyExp2) on one copy; main's package timed, then the copy built once
-# per POLY_EVERY value (CMAKE_ARGS: -DJAX_FLASH_POLY_EXP2_EVERY; 0 is the
-# descending order alone), its mask and soft cap tests and the PolyExp2 host
-# check run on the first, and timed; the mask cases read the order's effect,
-# the soft cap ones the polynomial's.
-if wants fwd_order_poly; then
-  export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
-  if dir=$(patched_copy order_poly sm90-fwd-mask-descending.patch sm90-poly-exp2.patch); then
-    run_check fwd_order_poly "${ORDER_POLY_LIMIT:-560}" bash pending/fwd_order_poly.sh "$root" "$dir"
-  else
-    note "fwd_order_poly: the patches do not apply (together)"
-  fi
-fi
 if wants bias16; then
   export CMAKE_BUILD_PARALLEL_LEVEL=16 XLA_PYTHON_CLIENT_PREALLOCATE=false
   wants suite || python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/bias16_build.log" 2>&1

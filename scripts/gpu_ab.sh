@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A/B of kernel versions in one device call: builds each source tree named in
 # AB_DIRS (made here with scripts/export_refs.sh; ab/ is git-ignored, so pass
-# carry=["ab"] to the device run), runs the same benchmark points (BENCH_ARGS;
+# carry=["ab"] to the device run), or installs the wheel a folder of AB_DIRS
+# holds instead (built here by scripts/ab_wheel.sh: no compile time on the
+# device; AB_TESTS then needs a source tree beside it), runs the same benchmark points (BENCH_ARGS;
 # several sets separated by ';'; AB_ROUNDS rounds, default 1) with each, and
 # optionally each tree's tests against its own build (AB_TESTS: test files
 # relative to the tree, e.g. "tests/test_attention.py"; AB_K: a pytest -k
@@ -24,8 +26,14 @@ export CMAKE_BUILD_PARALLEL_LEVEL=$(( 16 / ${#dirs[@]} > 2 ? 16 / ${#dirs[@]} : 
 start=$(date +%s)
 for dir in "${dirs[@]}"; do
   name=$(basename "$dir")
-  python3 -m pip install --no-build-isolation --no-deps --target "/tmp/ab_site/$name" "$root/$dir" \
-    > "/tmp/ab_build_$name.log" 2>&1 || touch "/tmp/ab_build_$name.failed" &
+  wheel=$(ls "$root/$dir"/*.whl 2> /dev/null | head -1)
+  if [ -n "$wheel" ]; then  # built on the CPU machine (scripts/ab_wheel.sh): installed, not compiled
+    python3 -m pip install --no-deps --target "/tmp/ab_site/$name" "$wheel" \
+      > "/tmp/ab_build_$name.log" 2>&1 || touch "/tmp/ab_build_$name.failed" &
+  else
+    python3 -m pip install --no-build-isolation --no-deps --target "/tmp/ab_site/$name" "$root/$dir" \
+      > "/tmp/ab_build_$name.log" 2>&1 || touch "/tmp/ab_build_$name.failed" &
+  fi
 done
 wait
 echo "== builds: $(( $(date +%s) - start )) s" | tee -a "$LOG"

@@ -132,7 +132,7 @@ def test_features_preset_runs_every_variant_and_writes_the_feature_cost_table(tm
     assert [(r["variant"], r["causal"]) for r in rows[::2]] == list(benchmark.FEATURE_CASES)
     assert result["meta"]["cotangent"] == "random" and all(r["dtype"] == "float32" for r in rows)
     for r in rows:
-        if r["impl"] == "xla" and r["variant"] in ("segments", "softcap", "prefix_lm_softcap", "dropout"):
+        if r["impl"] == "xla" and r["variant"] in ("segments", "softcap", "prefix_lm_softcap", "dropout", "sinks"):
             assert r["unsupported"] and r["error"].startswith("unsupported: xla takes no"), r
             continue
         assert "error" not in r and r["fwd_ms"] > 0 and r["bwd_ms"] > 0, r
@@ -201,6 +201,19 @@ def test_visible_pairs_count_what_the_variant_inputs_leave_visible(variant):
         weight = np.where(np.eye(seqlen, dtype=bool) & causal, 0.5, 1.0)
         expected = float(np.sum(np.asarray(visible[0, 0]) * weight))
         assert benchmark.visible_pairs(variant, seqlen, causal, options) == expected, (seqlen, causal, options)
+
+
+def test_sinks_variant_times_attention_with_its_sinks():
+    """The sinks rows call jax_flash with the variant's [N] float32 sinks: the output of a direct
+    call with them (the sinks' share of every row's softmax is in it), not plain's."""
+    rng = np.random.default_rng(5)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 32, 2, 16)), jnp.float32) for _ in range(3))
+    extra = benchmark.variant_inputs("sinks", 1, 32, 2, jnp.float32, rng)
+    sinks = benchmark._named(extra)["sinks"]
+    assert sinks.shape == (2,) and sinks.dtype == jnp.float32
+    out = benchmark._attention_fn("jax_flash", True, "sinks")(q, k, v, *extra)
+    np.testing.assert_array_equal(out, jax_flash.attention(q, k, v, is_causal=True, sinks=sinks))
+    assert not np.allclose(out, jax_flash.attention(q, k, v, is_causal=True), atol=1e-3)
 
 
 def test_plain_flops_keep_the_earlier_convention():
