@@ -31,9 +31,9 @@ import numpy as np
 
 from jax_flash import _decode_scratch
 from jax_flash import _registration
-from jax_flash._kernel_call import _result_type
+from jax_flash._kernel_call import _result_type, with_sinks
 from jax_flash._paged_gather import paged_attention_by_gather
-from jax_flash.attention import MAX_HEAD_DIM, SUPPORTED_DTYPES, _soft_cap, _static_scale
+from jax_flash.attention import MAX_HEAD_DIM, SUPPORTED_DTYPES, _sinks, _soft_cap, _static_scale
 
 __all__ = ["paged_attention", "PagedConfig"]
 
@@ -65,6 +65,7 @@ def paged_attention(
     scale: float | None = None,
     logits_soft_cap: float | None = None,
     local_window_size: int | tuple[int, int] | None = None,
+    sinks: jax.Array | None = None,
     return_residual: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Attention of each sequence's newest ``Tq`` tokens over its paged KV cache.
@@ -95,6 +96,13 @@ def paged_attention(
       logits_soft_cap: positive float ``c``: logits become ``c * tanh(logits / c)``.
       local_window_size: ``w`` (or ``(w, 0)``): a query at position ``p`` sees
         keys ``p - w <= j <= p``. The window's right side is always 0 (causal).
+      sinks: attention sinks (gpt-oss, StreamingLLM): float ``[N]``, one
+        logit per query head (not scaled, not soft-capped) that joins every
+        query's softmax denominator with no value, as in
+        ``jax_flash.attention``. A query that sees no key then returns
+        zeros with logsumexp ``sinks[n]``. Applied to the kernels' output
+        and float32 logsumexp (a pass over the output; not yet inside the
+        decode kernels).
       return_residual: also return the natural-log logsumexp of each query's
         visible logits, ``[B, Tq, N]`` in the query's dtype (``-inf`` for a
         query that sees nothing), as ``jax_flash.attention`` does; it lets
@@ -124,9 +132,14 @@ def paged_attention(
         softcap=_soft_cap(logits_soft_cap),
         window_left=_window_left(local_window_size),
     )
+    stats = jnp.promote_types(query.dtype, jnp.float32)
+    sinks = _sinks(sinks, query.shape[2], stats)
     out, lse = _paged(query, key_cache, value_cache, block_tables, key_value_seq_lengths, config)
+    if sinks is not None:  # (with_sinks takes lse as [..., N, Tq])
+        out, lse = with_sinks(out, jnp.swapaxes(lse, -1, -2), sinks)
+        lse = jnp.swapaxes(lse, -1, -2)
     if return_residual:
-        return out, lse
+        return out, lse.astype(query.dtype)
     return out
 
 
@@ -140,7 +153,15 @@ def paged_attention(
 def _paged(query, key_cache, value_cache, block_tables, lengths, config):
     # CUDA: the split-KV decode kernels for 16-bit inputs, the gather through
     # attention's forward for float32 (which the tensor-core kernels do not take).
-    on_cuda = (_native if query.dtype in (jnp.float16, jnp.bfloat16) else paged_attention_by_gather)
+    # lse in the row statistics' type (float32, float64 for float64 queries)
+    # on both, cast to the query's by paged_attention after the sinks.
+    stats = jnp.promote_types(query.dtype, jnp.float32)
+
+    def gather(*args, config):
+        out, lse = paged_attention_by_gather(*args, config=config)
+        return out, lse.astype(stats)
+
+    on_cuda = (_native if query.dtype in (jnp.float16, jnp.bfloat16) else gather)
     return jax.lax.platform_dependent(
         query, key_cache, value_cache, block_tables, lengths,
         cpu=functools.partial(_native, config=config, scratch=0),
@@ -159,7 +180,8 @@ def _paged_jvp(config, primals, tangents):
 
 def _native(query, key_cache, value_cache, block_tables, lengths, *, config, scratch=None):
     """The native kernel (the CPU's, or on CUDA the split-KV decode kernels):
-    out [..., B, Tq, N, H] and lse [..., B, Tq, N] (query dtype). `scratch`:
+    out [..., B, Tq, N, H] (query dtype) and lse [..., B, Tq, N] (float32, or
+    float64 for float64 queries). `scratch`:
     the decode partials' float32 elements (None: as CUDA needs them)."""
     *lead, tq, n, h = query.shape
     stats = jnp.promote_types(query.dtype, jnp.float32)
@@ -177,7 +199,7 @@ def _native(query, key_cache, value_cache, block_tables, lengths, *, config, scr
     call = jax.ffi.ffi_call(_registration.PAGED_FWD_TARGET, result_types,
                             vmap_method="broadcast_all")
     out, lse, _ = call(query, key_cache, value_cache, block_tables, lengths, **config.attributes())
-    return out, jnp.swapaxes(lse, -1, -2).astype(query.dtype)
+    return out, jnp.swapaxes(lse, -1, -2)
 
 
 # --- argument checks ---------------------------------------------------------

@@ -121,12 +121,13 @@ def dropout_factor(seed, b, n, t, s, rate, shared=False):
 
 def paged_attention(query, key_cache, value_cache, block_tables, key_value_seq_lengths, *,
                     scale=None, logits_soft_cap=None, local_window_size=None,
-                    return_residual=False):
+                    sinks=None, return_residual=False):
     """Reference ``jax_flash.paged_attention``: gathers every sequence's whole
     table into ``[B, M * bs, K, H]`` in position order and masks by position.
 
     Same clamping as the kernels (lengths into ``[0, M * bs]``, block ids into
-    ``[0, P)``). ``local_window_size`` is ``w`` or ``(w, 0)``. Returns ``out``
+    ``[0, P)``). ``local_window_size`` is ``w`` or ``(w, 0)``; ``sinks`` as in
+    :func:`attention`. Returns ``out``
     or ``(out, lse)`` with ``lse`` ``[B, Tq, N]`` in the compute dtype.
     """
     b, tq = query.shape[:2]
@@ -143,7 +144,7 @@ def paged_attention(query, key_cache, value_cache, block_tables, key_value_seq_l
         left = local_window_size if isinstance(local_window_size, int) else local_window_size[0]
         vis = vis & (j[None, None, :] >= pos[:, :, None] - left)
     result = attention(query, keys, values, scale=scale, logits_soft_cap=logits_soft_cap,
-                       mask=vis[:, None], return_residual=return_residual)
+                       mask=vis[:, None], sinks=sinks, return_residual=return_residual)
     if return_residual:
         out, lse = result
         return out, jnp.swapaxes(lse, -1, -2)

@@ -158,6 +158,69 @@ def test_decode_step_equals_contiguous_attention(rng):
     assert_close("out", got, np.asarray(want, np.float64), "float32", 2.0)
 
 
+@pytest.mark.parametrize("options", [{}, dict(local_window_size=5, logits_soft_cap=3.0)],
+                         ids=["plain", "window-softcap"])
+@pytest.mark.parametrize("pool", POOLS[:2], ids=lambda p: f"bs{p[0]}")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sinks_match_the_reference(rng, dtype, pool, options):
+    """sinks (gpt-oss decoding): every query's softmax also counts one logit
+    per query head, with no value; against the float64 reference with the
+    sinks as an extra key column. A query that sees no key (the sequence
+    shorter than Tq) returns zeros and the sink as its logsumexp."""
+    block_size, max_blocks = pool
+    kc, vc, tables = random_pool(rng, 4, max_blocks, block_size, 2, H, dtype)
+    lengths = ragged_lengths(rng, max_blocks * block_size, 8, block_size)
+    q = jnp.asarray(rng.standard_normal((4, 8, 4, H)), dtype)
+    # Above the logits' typical range: each sink takes a real share of its rows.
+    sinks = jnp.asarray(rng.standard_normal(4) + 2.0, jnp.float32)
+    out, lse = jax.jit(lambda *a: jax_flash.paged_attention(*a, sinks=sinks, return_residual=True, **options))(
+        q, kc, vc, tables, lengths)
+    r_out, r_lse = reference.paged_attention(
+        to_f64_cpu(q), to_f64_cpu(kc), to_f64_cpu(vc), jax.device_put(tables, CPU), jax.device_put(lengths, CPU),
+        sinks=to_f64_cpu(sinks), return_residual=True, **options)
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.dtype == q.dtype
+    assert_close("out vs float64 reference", out, np.asarray(r_out), dtype)
+    check_lse("lse vs float64 reference", lse, np.asarray(r_lse), dtype)
+    assert np.all(np.isfinite(np.asarray(lse, np.float32)))  # every row has its sink
+    positions = np.asarray(lengths)[:, None] - q.shape[1] + np.arange(q.shape[1])
+    empty = positions < 0  # [B, Tq]: no key visible
+    assert empty.any()
+    assert np.all(np.asarray(out, np.float32)[empty] == 0)
+    np.testing.assert_array_equal(np.asarray(lse)[empty],
+                                  np.broadcast_to(np.asarray(sinks.astype(q.dtype)), np.asarray(lse)[empty].shape))
+    plain = jax_flash.paged_attention(q, kc, vc, tables, lengths, **options)
+    assert not np.allclose(np.asarray(out, np.float32), np.asarray(plain, np.float32), atol=1e-2)
+
+
+def test_sinks_decode_step_equals_contiguous_attention(rng):
+    """Tq = 1 with sinks against jax_flash.attention's sinks on the cache
+    gathered in position order (the contiguous kernels as the oracle)."""
+    block_size, max_blocks = 16, 6
+    kc, vc, tables = random_pool(rng, 3, max_blocks, block_size, 2, H, "float32")
+    lengths = jnp.asarray([96, 1, 41], jnp.int32)
+    q = jnp.asarray(rng.standard_normal((3, 1, 4, H)), jnp.float32)
+    sinks = jnp.asarray(rng.standard_normal(4) + 2.0, jnp.float32)
+    j = np.arange(max_blocks * block_size)
+    blocks = np.asarray(tables)[:, j // block_size]
+    keys, values = kc[blocks, j % block_size], vc[blocks, j % block_size]
+    want = jax_flash.attention(q, keys, values, key_value_seq_lengths=lengths, sinks=sinks)
+    got = jax_flash.paged_attention(q, kc, vc, tables, lengths, sinks=sinks)
+    assert_close("out", got, np.asarray(want, np.float64), "float32", 2.0)
+
+
+def test_sinks_under_vmap(rng):
+    """vmap over queries and tables sharing one pool and one set of sinks."""
+    kc, vc, tables = random_pool(rng, 2, 3, 16, 2, H, "float32")
+    qs = jnp.asarray(rng.standard_normal((3, 2, 4, 4, H)), jnp.float32)
+    lens = jnp.asarray(rng.integers(1, 49, (3, 2)), jnp.int32)
+    sinks = jnp.asarray(rng.standard_normal(4), jnp.float32)
+    fn = jax.vmap(lambda q, l: jax_flash.paged_attention(q, kc, vc, tables, l, sinks=sinks))
+    got = jax.jit(fn)(qs, lens)
+    for i in range(3):
+        want = jax_flash.paged_attention(qs[i], kc, vc, tables, lens[i], sinks=sinks)
+        np.testing.assert_allclose(np.asarray(got[i]), np.asarray(want), rtol=1e-6, atol=1e-6)
+
+
 def test_out_of_range_ids_and_lengths_are_clamped(rng):
     """Block ids outside the pool read the nearest end of it, lengths beyond
     the table use the whole table, negative or zero lengths see nothing:
@@ -263,6 +326,8 @@ def test_bad_arguments_raise_clear_errors(rng, change, error, message):
 
 
 @pytest.mark.parametrize("options,error,message", [
+    (dict(sinks=jnp.zeros(3)), ValueError, r"sinks must have shape \[N\] = \(4,\), one logit per query head; got \(3,\)"),
+    (dict(sinks=jnp.zeros(4, jnp.int32)), TypeError, "sinks must be a float array; got int32"),
     (dict(local_window_size=(4, 2)), ValueError, "causal: local_window_size's right side must be 0"),
     (dict(local_window_size=-1), ValueError, "local_window_size must be non-negative"),
     (dict(local_window_size="wide"), TypeError, "local_window_size must be an int or"),
