@@ -50,11 +50,14 @@ from jax_flash._kernel_call import (
     KernelConfig,
     _backward_call,
     _forward_call,
+    sinks_gradient,
+    with_sinks,
 )
 from jax_flash.attention import (
     IMPLEMENTATIONS,
     _check_inputs,
     _int32_array,
+    _sinks,
     _soft_cap,
     _static_scale,
     _window,
@@ -78,6 +81,7 @@ def ring_attention(
     kv_segment_ids: jax.Array | None = None,
     local_window_size: int | tuple[int, int] | None = None,
     logits_soft_cap: float | None = None,
+    sinks: jax.Array | None = None,
     layout: str = "zigzag",
     implementation: str | None = None,
     deterministic: bool = False,
@@ -107,6 +111,10 @@ def ring_attention(
         nothing.
       return_residual: also return the global logsumexp ``[B, T, N]`` in the
         output dtype (no gradient), as ``jax_flash.attention`` does.
+      sinks: attention sinks, float ``[N]`` as in ``jax_flash.attention``:
+        one logit per query head for the whole sequence (replicated over the
+        ring, or sharded with the heads), applied once to the merged output
+        and logsumexp; its gradient sums every device's rows.
 
     ``local_window_size`` is relative to global positions, as in
     ``jax_flash.attention`` on the whole sequence (every ring step still
@@ -184,7 +192,8 @@ def ring_attention(
         windowed=windowed,
         chunks=2 if windowed and layout == "zigzag" and axis_size > 1 else 1,
     )
-    out, lse = _ring(query, key, value, q_segment_ids, kv_segment_ids, cfg)
+    sinks = _sinks(sinks, query.shape[2], jnp.promote_types(query.dtype, jnp.float32))
+    out, lse = _ring(query, key, value, q_segment_ids, kv_segment_ids, sinks, cfg)
     if unbatched:
         out, lse = out[0], lse[0]
     if not return_residual:
@@ -286,21 +295,41 @@ class _RingConfig:
     chunks: int = 1  # chunks per shard (zigzag: 2) where positions matter to the window
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _ring(q, k, v, q_ids, kv_ids, cfg):
-    return _ring_forward(q, k, v, q_ids, kv_ids, cfg)
+# With sinks, the merged (out, lse) become the sink-inclusive ones once, after
+# the ring (with_sinks), and the backward ring runs on those: P = exp(logits -
+# lse) and delta = rowsum(dO * out) are then the sinks' softmax and its delta,
+# as in attention's custom_vjp, so dq, dk, dv need nothing more.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _ring(q, k, v, q_ids, kv_ids, sinks, cfg):
+    return with_sinks(*_ring_forward(q, k, v, q_ids, kv_ids, cfg), sinks)
 
 
-def _ring_fwd(q, k, v, q_ids, kv_ids, cfg):
-    out, lse = _ring_forward(q, k, v, q_ids, kv_ids, cfg)
-    return (out, lse), (q, k, v, q_ids, kv_ids, out, lse)
+def _ring_fwd(q, k, v, q_ids, kv_ids, sinks, cfg):
+    out, lse = with_sinks(*_ring_forward(q, k, v, q_ids, kv_ids, cfg), sinks)
+    return (out, lse), (q, k, v, q_ids, kv_ids, sinks, out, lse)
 
 
 def _ring_bwd(cfg, residuals, cotangents):
-    q, k, v, q_ids, kv_ids, out, lse = residuals
+    q, k, v, q_ids, kv_ids, sinks, out, lse = residuals
     dout, _ = cotangents  # lse leaves ring_attention under stop_gradient
-    dq, dk, dv = _ring_backward(q, k, v, q_ids, kv_ids, out, lse, dout.astype(q.dtype), cfg)
-    return dq, dk, dv, None, None
+    dout = dout.astype(q.dtype)
+    dq, dk, dv = _ring_backward(q, k, v, q_ids, kv_ids, out, lse, dout, cfg)
+    dsinks = None if sinks is None else _summed_like(sinks_gradient(out, lse, dout, sinks), sinks)
+    return dq, dk, dv, None, None, dsinks
+
+
+def _summed_like(g, primal):
+    """A cotangent summed over the mesh axes it varies over and its primal
+    does not: the sinks' gradient from this device's rows, summed over the
+    ring's devices (and any batch axis) when the sinks are the same on all
+    of them. Where jax does not track varying axes (shard_map with
+    check_vma=False, older jax) shard_map's transpose sums the cotangent of
+    a replicated input itself."""
+    g_axes, primal_axes = _varying_axes(g), _varying_axes(primal)
+    if g_axes is None or primal_axes is None:
+        return g
+    extra = tuple(sorted(g_axes - primal_axes, key=str))
+    return lax.psum(g, extra) if extra else g
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)

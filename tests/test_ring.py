@@ -171,6 +171,48 @@ def test_window_low_precision(rng):
     _compare(rng, q, k, v, 4, is_causal=True, local_window_size=(40, 0))
 
 
+@pytest.mark.parametrize("check_vma", [True, False], ids=["vma", "unchecked"])
+@pytest.mark.parametrize("layout,options", [
+    ("zigzag", dict(is_causal=True)),
+    ("contiguous", dict(is_causal=True)),
+    ("zigzag", dict(is_causal=True, local_window_size=(20, 0))),
+], ids=["zigzag", "contiguous", "zigzag-window"])
+def test_sinks(rng, layout, options, check_vma):
+    """Attention sinks around the ring: out, lse and dq, dk, dv, dsinks against
+    jax_flash.attention's sinks on the whole sequence. The sinks enter
+    shard_map replicated (one logit per head for the whole sequence), so
+    their gradient must sum the rows of every device."""
+    ring = 4
+    q, k, v = random_qkv(rng, 2, 64, 64, 4, 2, 16, "float64")
+    sinks = jnp.asarray(rng.standard_normal(4) + 2.0, jnp.float64)
+    order = (lambda x: zigzag(x, ring)) if layout == "zigzag" else (lambda x: x)
+    restore = (lambda x: unzigzag(x, ring)) if layout == "zigzag" else (lambda x: x)
+    extra = {"check_vma": check_vma} if hasattr(jax, "shard_map") else {"check_rep": check_vma}
+    f = _shard_map()(
+        lambda q, k, v, s: jax_flash.ring_attention(q, k, v, axis_name="sp", layout=layout, sinks=s,
+                                                    return_residual=True, **options),
+        mesh=_mesh(ring), in_specs=(SPEC,) * 3 + (P(),), out_specs=(SPEC, SPEC), **extra,
+    )
+
+    def ring_global(q, k, v, s):
+        out, lse = f(order(q), order(k), order(v), s)
+        return restore(out), restore(lse)
+
+    out, lse = jax.jit(ring_global)(q, k, v, sinks)
+    want_out, want_lse = jax_flash.attention(q, k, v, sinks=sinks, return_residual=True, **options)
+    assert_close("out", out, want_out, q.dtype)
+    assert_close("lse", lse, want_lse, q.dtype)
+    plain = jax_flash.attention(q, k, v, **options)
+    assert not np.allclose(np.asarray(out), np.asarray(plain), atol=1e-3)  # the sinks take a real share
+    dout = jnp.asarray(rng.standard_normal(q.shape), q.dtype)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(ring_global(*a)[0] * dout), argnums=(0, 1, 2, 3)))(
+        q, k, v, sinks)
+    want = jax.grad(lambda q, k, v, s: jnp.sum(jax_flash.attention(q, k, v, sinks=s, **options) * dout),
+                    argnums=(0, 1, 2, 3))(q, k, v, sinks)
+    for name, g, w in zip(("dq", "dk", "dv", "dsinks"), grads, want):
+        assert_close(name, g, w, q.dtype, 2.0)
+
+
 def test_ring_of_one_is_plain_attention(rng):
     q, k, v = random_qkv(rng, 2, 48, 48, 2, 2, 32, "float32")
     dout = jnp.asarray(rng.standard_normal(q.shape), q.dtype)
