@@ -35,7 +35,7 @@ def load_model(checkpoint_dir: str, corpus: CharCorpus):
     with open(os.path.join(checkpoint_dir, "metrics.json")) as f:
         flags = argparse.Namespace(**json.load(f)["args"])
     model = GPT(corpus.vocab, flags.seq_len, flags.width, flags.depth, flags.heads, "flash", flags.positions,
-                jnp.dtype(flags.dtype), nnx.Rngs(0))
+                jnp.dtype(flags.dtype), nnx.Rngs(0), sinks=getattr(flags, "sinks", False))
     restore_params(model, os.path.join(checkpoint_dir, "checkpoint.msgpack"))
     return model, flags
 

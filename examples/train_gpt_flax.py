@@ -20,6 +20,10 @@ not that many accelerators (it must be on the command line: jax reads it as
 it starts):
 
     python examples/train_gpt_flax.py --host-devices 4 --mesh data=2,seq=2
+
+`--sinks` gives every layer learned attention sinks (gpt-oss): one logit
+per head in every query's softmax, trained with the model, and used as
+they are by the ring (`--mesh`) and by the paged-cache decoding.
 """
 
 from __future__ import annotations
@@ -82,11 +86,17 @@ def parse_mesh(text: str, devices) -> Mesh:
 
 class CausalSelfAttention(nnx.Module):
     def __init__(self, width: int, heads: int, attention: str, rope: bool, dtype, rngs: nnx.Rngs,
-                 mesh: Mesh | None = None):
+                 mesh: Mesh | None = None, sinks: bool = False):
         self.heads, self.attention, self.rope, self.dtype = heads, attention, rope, dtype
         self.mesh = mesh  # with a mesh: ring attention over its "seq" axis
         self.qkv = nnx.Linear(width, 3 * width, use_bias=False, dtype=dtype, rngs=rngs)
         self.proj = nnx.Linear(width, width, use_bias=False, dtype=dtype, rngs=rngs)
+        # Attention sinks (gpt-oss): a learned float32 logit per head, from 0
+        # (a sink as likely as a key whose logit is 0).
+        self.sinks = nnx.Param(jnp.zeros((heads,), jnp.float32)) if sinks else None
+
+    def _sinks(self):
+        return None if self.sinks is None else self.sinks[...]
 
     def _heads(self, x, positions=None):  # x [B, T, C] -> q, k, v [B, T, N, H]
         b, t, c = x.shape
@@ -107,9 +117,11 @@ class CausalSelfAttention(nnx.Module):
             ring = functools.partial(jax_flash.ring_attention, axis_name="seq", is_causal=True,
                                      layout="contiguous")
             spec = P("data", "seq", None, None)
-            y = _shard_map()(ring, mesh=self.mesh, in_specs=(spec,) * 3, out_specs=spec)(q, k, v)
+            sinks = () if self.sinks is None else (self._sinks(),)  # replicated: P()
+            y = _shard_map()(lambda q, k, v, *s: ring(q, k, v, sinks=s[0] if s else None), mesh=self.mesh,
+                             in_specs=(spec,) * 3 + (P(),) * len(sinks), out_specs=spec)(q, k, v, *sinks)
         elif self.attention == "flash":
-            y = jax_flash.attention(q, k, v, is_causal=True)
+            y = jax_flash.attention(q, k, v, is_causal=True, sinks=self._sinks())
         else:
             y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.attention)
         return self.proj(y.reshape(b, t, c))
@@ -131,18 +143,18 @@ class CausalSelfAttention(nnx.Module):
         q, k, v = self._heads(x, positions)
         cache = write_pages(cache, pages, positions, k, v)
         if prefill:
-            y = jax_flash.attention(q, k, v, is_causal=True,
+            y = jax_flash.attention(q, k, v, is_causal=True, sinks=self._sinks(),
                                     local_window_size=None if window is None else (window, 0))
         else:
             y = jax_flash.paged_attention(q, *cache, pages.block_tables, pages.lengths,
-                                          local_window_size=window)
+                                          local_window_size=window, sinks=self._sinks())
         return self.proj(y.reshape(b, t, c)), cache
 
 
 class Block(nnx.Module):
-    def __init__(self, width, heads, attention, rope, dtype, rngs, mesh=None):
+    def __init__(self, width, heads, attention, rope, dtype, rngs, mesh=None, sinks=False):
         self.norm1 = nnx.LayerNorm(width, rngs=rngs)
-        self.attn = CausalSelfAttention(width, heads, attention, rope, dtype, rngs, mesh)
+        self.attn = CausalSelfAttention(width, heads, attention, rope, dtype, rngs, mesh, sinks)
         self.norm2 = nnx.LayerNorm(width, rngs=rngs)
         self.fc = nnx.Linear(width, 4 * width, dtype=dtype, rngs=rngs)
         self.out = nnx.Linear(4 * width, width, dtype=dtype, rngs=rngs)
@@ -162,12 +174,12 @@ class Block(nnx.Module):
 
 class GPT(nnx.Module):
     def __init__(self, vocab, seq_len, width, depth, heads, attention, positions, dtype, rngs,
-                 mesh=None):
+                 mesh=None, sinks=False):
         self.dtype = dtype
         self.tok = nnx.Embed(vocab, width, rngs=rngs)
         # Learned positions, or none here and rotary embeddings inside attention.
         self.pos = nnx.Embed(seq_len, width, rngs=rngs) if positions == "learned" else None
-        blocks = [Block(width, heads, attention, positions == "rope", dtype, rngs, mesh) for _ in range(depth)]
+        blocks = [Block(width, heads, attention, positions == "rope", dtype, rngs, mesh, sinks) for _ in range(depth)]
         self.blocks = nnx.List(blocks) if hasattr(nnx, "List") else blocks  # nnx.List: flax >= 0.12
         self.norm = nnx.LayerNorm(width, rngs=rngs)
         self.head = nnx.Linear(width, vocab, use_bias=False, rngs=rngs)
@@ -264,7 +276,11 @@ def main(argv=None):
                         "sequence over seq by ring attention; needs --attention flash)")
     p.add_argument("--host-devices", type=int, default=0,
                    help="N CPU devices for --mesh (read as the script starts)")
+    p.add_argument("--sinks", action="store_true",
+                   help="learned attention sinks in every layer (gpt-oss; needs --attention flash)")
     args = p.parse_args(argv)
+    if args.sinks and args.attention != "flash":
+        p.error("--sinks needs --attention flash (jax.nn.dot_product_attention has no sinks)")
 
     corpus = CharCorpus()
     chars = corpus.chars
@@ -278,7 +294,7 @@ def main(argv=None):
           f"attention={args.attention}" + (f"; mesh {dict(mesh.shape)}" if mesh else ""))
 
     model = GPT(corpus.vocab, args.seq_len, args.width, args.depth, args.heads, args.attention,
-                args.positions, jnp.dtype(args.dtype), nnx.Rngs(args.seed), mesh)
+                args.positions, jnp.dtype(args.dtype), nnx.Rngs(args.seed), mesh, args.sinks)
     if mesh is not None:  # parameters replicated over the mesh (XLA all-reduces their gradients)
         state = nnx.state(model)
         nnx.update(model, jax.device_put(state, NamedSharding(mesh, P())))

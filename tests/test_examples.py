@@ -57,13 +57,15 @@ def test_rope_scores_depend_on_relative_position_only():
     assert abs(score(5, 2) - score(5, 3)) > 1e-4
 
 
-def test_flax_example_on_a_mesh_matches_the_unsharded_run():
+@pytest.mark.parametrize("extra", [[], ["--sinks"]], ids=["plain", "sinks"])
+def test_flax_example_on_a_mesh_matches_the_unsharded_run(extra):
     """--mesh data=2,seq=2 (data parallelism, ring attention over the
     sequence; conftest's 4 host devices): the same losses step for step as
-    one device."""
+    one device; with --sinks too (learned sinks, replicated into the ring,
+    their gradient summed over it)."""
     script = _load("train_gpt_flax")
     tiny = ["--batch-size", "4", "--seq-len", "64", "--width", "32", "--depth", "1", "--heads", "2",
-            "--steps", "6", "--warmup", "2", "--log-every", "1", "--no-progress", "--sample-chars", "0"]
+            "--steps", "6", "--warmup", "2", "--log-every", "1", "--no-progress", "--sample-chars", "0", *extra]
     sharded = script.main(tiny + ["--mesh", "data=2,seq=2", "--host-devices", "4"])
     single = script.main(tiny)
     for a, b in zip(sharded, single):
@@ -127,18 +129,23 @@ def _rerun_greedy(model, prompt, new_tokens, width):
     return tokens[len(prompt):]
 
 
-@pytest.mark.parametrize("positions", ["rope", "learned"])
-def test_cached_greedy_decoding_matches_rerunning_the_prefix(positions):
+@pytest.mark.parametrize("positions,sinks", [("rope", False), ("learned", False), ("rope", True)],
+                         ids=["rope", "learned", "rope-sinks"])
+def test_cached_greedy_decoding_matches_rerunning_the_prefix(positions, sinks):
     """GPT.extend over a paged pool (prefill, then paged_attention a token at
     a time) gives the tokens that re-running the prefix gives, float32, for
-    a batch of prompts of different lengths crossing several 4-position blocks."""
+    a batch of prompts of different lengths crossing several 4-position blocks;
+    with attention sinks (set away from their initial 0) in every path too."""
     script = _load("train_gpt_flax")
     import jax.numpy as jnp
     from flax import nnx
     from paged_decode import generate
 
     vocab, seq_len = 40, 32
-    model = script.GPT(vocab, seq_len, 32, 2, 2, "flash", positions, jnp.float32, nnx.Rngs(1))
+    model = script.GPT(vocab, seq_len, 32, 2, 2, "flash", positions, jnp.float32, nnx.Rngs(1), sinks=sinks)
+    if sinks:
+        for i, block in enumerate(model.blocks):
+            block.attn.sinks = nnx.Param(jnp.asarray([1.5, -0.5]) + i)
     prompts = [[3, 1, 4], [1, 5, 9, 2, 6, 5, 3], [5]]
     cached, stats = generate(model, prompts, 10, block_size=4)
     assert stats.prefill_calls == 1 and stats.decode_steps == 9
