@@ -23,15 +23,19 @@ class MultiheadAttention(eqx.nn.MultiheadAttention):
 
     Call: ``(query [q_seq, query_size], key_ [kv_seq, key_size], value
     [kv_seq, value_size], mask=None, *, key=None, inference=None,
-    deterministic=None, process_heads=None, is_causal=False) -> [q_seq,
-    output_size]``. ``mask`` is bool ``[q_seq, kv_seq]`` or ``[num_heads, q_seq,
-    kv_seq]``, True = attend; ``is_causal=True`` is the causal mask without
-    materializing one. Dropout (``dropout_p``, unless ``inference``) acts on the
-    attention probabilities, one mask per head, from ``key``.
+    deterministic=None, process_heads=None, is_causal=False, sinks=None) ->
+    [q_seq, output_size]``. ``mask`` is bool ``[q_seq, kv_seq]`` or
+    ``[num_heads, q_seq, kv_seq]``, True = attend; ``is_causal=True`` is the
+    causal mask without materializing one. Dropout (``dropout_p``, unless
+    ``inference``) acts on the attention probabilities, one mask per head,
+    from ``key``. ``sinks``: float ``[num_heads]`` attention sinks (gpt-oss),
+    as in ``jax_flash.attention``, with their gradient; a model keeps them as
+    its own parameter (the fields here stay equinox's, so that weights load
+    either way) and passes them in.
     """
 
     def __call__(self, query, key_, value, mask=None, *, key=None, inference=None,
-                 deterministic=None, process_heads=None, is_causal: bool = False):
+                 deterministic=None, process_heads=None, is_causal: bool = False, sinks=None):
         if deterministic is not None:  # deprecated spelling in equinox too
             inference = deterministic
         if inference is None:
@@ -62,6 +66,6 @@ class MultiheadAttention(eqx.nn.MultiheadAttention):
             raise RuntimeError("dropout needs a `key` (or pass inference=True)")
         attn = attention(
             q_heads, k_heads, v_heads, None, mask, is_causal=is_causal,
-            dropout_rate=rate, dropout_rng=key if rate > 0 else None,
+            dropout_rate=rate, dropout_rng=key if rate > 0 else None, sinks=sinks,
         )  # [q_seq, heads, vo_size]
         return jax.vmap(self.output_proj)(attn.reshape(q_seq, -1))

@@ -163,6 +163,33 @@ def test_equinox_causal_flag_and_dropout():
     assert not np.allclose(a, ours(x, x, x, inference=True))
 
 
+def test_equinox_sinks_under_vmap_with_their_gradient():
+    """sinks passed at call time, shared over a vmapped batch: the module's
+    projections around the float64 reference with the sinks as an extra key
+    column, and d loss / d sinks (summed over the batch) against the
+    reference's through jax.grad."""
+    from jax_flash import reference
+
+    ours, _ = _eqx_pair()
+    x = _inputs((3, 10, 32))
+    sinks = jnp.asarray([1.0, -0.5, 2.0, 0.3], jnp.float32)
+
+    def heads(proj, x):
+        return jax.vmap(proj)(x).reshape(x.shape[0], 4, -1)
+
+    def want(x, s):  # one sequence: [10, 32] -> [10, 32]
+        q, k, v = (heads(p, x).astype(jnp.float64) for p in (ours.query_proj, ours.key_proj, ours.value_proj))
+        o = reference.attention(q[None], k[None], v[None], is_causal=True, sinks=s.astype(jnp.float64))[0]
+        return jax.vmap(ours.output_proj)(o.reshape(10, -1).astype(jnp.float32))
+
+    call = lambda s: jax.vmap(lambda x: ours(x, x, x, is_causal=True, sinks=s))(x)  # noqa: E731
+    np.testing.assert_allclose(call(sinks), jax.vmap(lambda x: want(x, sinks))(x), rtol=2e-5, atol=2e-5)
+    assert not np.allclose(call(sinks), call(None), atol=1e-3)
+    g = jax.grad(lambda s: jnp.sum(call(s) ** 2))(sinks)
+    g_want = jax.grad(lambda s: jnp.sum(jax.vmap(lambda x: want(x, s))(x) ** 2))(sinks)
+    np.testing.assert_allclose(g, g_want, rtol=1e-4, atol=5e-5)
+
+
 def test_flax_adapter_several_batch_dims():
     """[batch1, batch2, T, N, H] with a mask broadcast over the second batch dim."""
     q, k, v = (jax.random.normal(jax.random.key(i), (2, 3, 9, 2, 8), jnp.float32) for i in range(3))
