@@ -8,6 +8,8 @@
 #   bash scripts/ab_wheel.sh NAME [PATCH ...]    # -> ab/NAME/jax_flash-*.whl
 #   (then, on the device, carry ["ab"]:)
 #   AB_DIRS="ab/main ab/NAME" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash ..." bash scripts/gpu_ab.sh
+#   (AB_TESTS="tests/test_x.py" AB_TEST_DIRS=ab/NAME: the variant's own tests,
+#   copied beside its wheel, run against it there)
 #
 # NAME's wheel is main's commit (HEAD; uncommitted changes travel as PATCHes,
 # paths from the repository root or absolute) plus the patches, in order.
@@ -42,6 +44,8 @@ start=$(date +%s)
   { tail -30 "$raw/build.log"; git -C "$src" checkout -q -- . && git -C "$src" clean -qfd; exit 1; }
 rm -rf "$root/ab/$name" && mkdir -p "$root/ab/$name"
 mv "$raw"/*.whl "$root/ab/$name/"  # (pip wants the wheel's own file name)
+# The variant's tests beside it, for gpu_ab.sh's AB_TESTS (run against the wheel).
+cp -r "$src/tests" "$root/ab/$name/tests"
 rm -rf "$raw"
 # Back to main, so the next variant starts from it (its patched files get
 # new times: ninja rebuilds them then).
