@@ -102,6 +102,10 @@ def _segments(rng, b, t, s, n):
     return jnp.asarray(np.sort(rng.integers(0, 3, (b, t)), axis=1), jnp.int32)
 
 
+def _sinks(rng, b, t, s, n):
+    return jnp.asarray(rng.standard_normal(n) + 2.0, jnp.float32)
+
+
 CASES = {
     "batch": ((4,), ("b",), (B, T, T, N, N, H), P("b"), None, {}, dict(is_causal=True), True),
     "heads": ((4,), ("n",), (B, T, T, N, N, H), P(None, None, "n"), None, {}, {}, True),
@@ -141,6 +145,14 @@ CASES = {
         (2, 2), ("b", "n"), (B, T, T, N, N, H), P("b", None, "n"), None,
         {"q_segment_ids": (_segments, P("b")), "kv_segment_ids": (_segments, P("b"))},
         dict(is_causal=True), True,
+    ),
+    "sinks_heads": (  # attention sinks [N], split with the heads (forward epilogues)
+        (4,), ("n",), (B, T, T, N, N, H), P(None, None, "n"), None,
+        {"sinks": (_sinks, P("n"))}, dict(is_causal=True), True,
+    ),
+    "sinks_batch_heads": (  # replicated over "b"
+        (2, 2), ("b", "n"), (B, T, T, N, N, H), P("b", None, "n"), None,
+        {"sinks": (_sinks, P("n"))}, {}, True,
     ),
     "query_sequence": ((4,), ("t",), (B, T, T, N, N, H), P(None, "t"), P(), {}, {}, False),
     "key_sequence": ((4,), ("t",), (B, T, T, N, N, H), P(), P(None, "t"), {}, {}, False),
