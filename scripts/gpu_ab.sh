@@ -3,7 +3,8 @@
 # AB_DIRS (made here with scripts/export_refs.sh; ab/ is git-ignored, so pass
 # carry=["ab"] to the device run), or installs the wheel a folder of AB_DIRS
 # holds instead (built here by scripts/ab_wheel.sh: no compile time on the
-# device; ab_wheel.sh copies the variant's tests/ beside it for AB_TESTS), runs the same benchmark points (BENCH_ARGS;
+# device; ab_wheel.sh copies the variant's tests/ beside it for AB_TESTS),
+# runs the same benchmark points (BENCH_ARGS;
 # several sets separated by ';'; AB_ROUNDS rounds, default 1) with each, and
 # optionally each tree's tests against its own build (AB_TESTS: test files
 # relative to the tree, e.g. "tests/test_attention.py"; AB_K: a pytest -k
