@@ -18,7 +18,7 @@ namespace nb = nanobind;
 // exported with jax.export against another layout then fails to compile with
 // "no registered implementation for jax_flash_fwd_v<N>" instead of running
 // with misread operands. "v1" is the unversioned names of earlier releases.
-#define JAX_FLASH_ABI "v6"
+#define JAX_FLASH_ABI "v7"
 
 namespace {
 

@@ -20,6 +20,7 @@ DROPOUT_SHARED = 32
 HAS_SEGMENT_RANGES = 64
 HAS_POSITION_OFFSETS = 128  # query positions shifted against the keys (ring attention)
 HAS_MASK_BLOCKS = 256  # the mask_blocks operand is a per-query mask's block summary
+HAS_SINKS = 512  # the forward's sinks operand is real (its epilogues add them: ffi/common/row_end.h)
 # Positions per entry of the segment-id block summaries (ffi/common/params.h kSegmentBlock).
 SEGMENT_BLOCK = 64
 # Queries and keys per entry of a boolean mask's block summary (params.h kMaskBlock).
@@ -66,12 +67,12 @@ NUM_FEATURE_OPERANDS = 10
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4 + NUM_FEATURE_OPERANDS,))
 def flash_attention(q, k, v, sinks, *rest):
     *feature_ops, static = rest
-    return with_sinks(*_forward_call(q, k, v, feature_ops, static), sinks)
+    return _forward_call(q, k, v, feature_ops, static, sinks)
 
 
 def _flash_attention_fwd(q, k, v, sinks, *rest):
     *feature_ops, static = rest
-    out, lse = with_sinks(*_forward_call(q, k, v, feature_ops, static), sinks)
+    out, lse = _forward_call(q, k, v, feature_ops, static, sinks)
     return (out, lse), (q, k, v, sinks, out, lse, tuple(feature_ops))
 
 
@@ -79,10 +80,11 @@ def _flash_attention_bwd(static, residuals, cotangents):
     q, k, v, sinks, out, lse, feature_ops = residuals
     dout, _ = cotangents  # lse leaves attention() under stop_gradient
     dout = dout.astype(q.dtype)
-    # With sinks, out and lse are the sink-inclusive ones: the kernels'
-    # P = exp(logits - lse) and delta = rowsum(dO * out) are then the
-    # sinks' softmax and its delta, and dq, dk, dv, dbias need nothing more.
-    dq, dk, dv = _backward_call(q, k, v, out, lse, dout, feature_ops, static)
+    # With sinks, out and lse are the sink-inclusive ones (the forward's
+    # epilogues add the sinks): the kernels' P = exp(logits - lse) and delta
+    # = rowsum(dO * out) are then the sinks' softmax and its delta, and dq,
+    # dk, dv, dbias need nothing more.
+    dq, dk, dv, delta = _backward_call(q, k, v, out, lse, dout, feature_ops, static)
     bias = feature_ops[0]
     if static.features & HAS_BIAS:
         # A separate call, so that XLA drops it when nobody uses the bias gradient.
@@ -94,7 +96,7 @@ def _flash_attention_bwd(static, residuals, cotangents):
     dq, dk, dv, dbias = (
         part.like_type(g, x) for g, x in ((dq, q), (dk, k), (dv, v), (dbias, bias))
     )
-    dsinks = None if sinks is None else part.like_type(sinks_gradient(out, lse, dout, sinks), sinks)
+    dsinks = None if sinks is None else part.like_type(sinks_gradient(lse, delta, sinks), sinks)
     # Integer and bool operands (mask, lengths, segments, seed) get no cotangent.
     return (dq, dk, dv, dsinks, dbias) + (None,) * (len(feature_ops) - 1)
 
@@ -104,8 +106,10 @@ def with_sinks(out, lse, sinks):
     logit per query head, ``sinks`` [N] (attention sinks, gpt-oss), with no
     value: lse' = logaddexp(lse, sink), out' = out * exp(lse - lse'). out
     [..., T, N, H], lse [..., N, T] in the row statistics' float type; a row
-    with no visible key (lse -inf) stays zero, its lse' the sink. (A pass
-    over out after the kernels, in float32: not yet in their epilogues.)
+    with no visible key (lse -inf) stays zero, its lse' the sink. A pass over
+    out, for the results of calls that merge partial (out, lse) first (ring
+    attention, after its merge; paged attention's decode kernels): the
+    forward kernels take the sinks in their epilogues (_forward_call).
     Unchanged when sinks is None."""
     if sinks is None:
         return out, lse
@@ -116,16 +120,23 @@ def with_sinks(out, lse, sinks):
     return out, lse_sinks
 
 
-def sinks_gradient(out, lse, dout, sinks):
+def sinks_gradient(lse, delta, sinks):
     """d loss / d sinks [N]: the sink column's dS = P_sink (0 - delta) (its
-    value is zero, so dP_sink = 0), summed over batch and rows, with the
-    sink-inclusive out and lse (with_sinks) and delta = rowsum(dO * out)."""
+    value is zero, so dP_sink = 0), summed over batch and rows, from the
+    sink-inclusive lse and delta = rowsum(dO * out) of the sink-inclusive
+    out, both [..., N, T] (the backward call returns its delta; row_delta
+    makes one)."""
     stats = lse.dtype
-    delta = jnp.sum(dout.astype(stats) * out.astype(stats), axis=-1)  # [..., T, N]
     # (lse -inf only where the row and its sink both are: no share there.)
-    p_sink = jnp.where(lse == -jnp.inf, 0.0, jnp.exp(sinks.astype(stats)[:, None] - lse))  # [..., N, T]
-    per_row = p_sink * jnp.swapaxes(delta, -1, -2)
+    p_sink = jnp.exp(sinks.astype(stats)[:, None] - lse)  # [..., N, T]
+    per_row = jnp.where(lse == -jnp.inf, 0.0, p_sink * delta.astype(stats))
     return (-jnp.sum(per_row.reshape((-1,) + per_row.shape[-2:]), axis=(0, 2))).astype(sinks.dtype)
+
+
+def row_delta(out, dout, stats):
+    """delta = rowsum(dO * out) as [..., N, T] in `stats`, for callers whose
+    backward kernels do not hand theirs back (ring attention's steps)."""
+    return jnp.swapaxes(jnp.sum(dout.astype(stats) * out.astype(stats), axis=-1), -1, -2)
 
 
 flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
@@ -164,11 +175,21 @@ def _row_stats_type(q: jax.Array):
     return _result_type(q, (*batch, n, t), jnp.promote_types(q.dtype, jnp.float32))
 
 
-def _forward_call(q, k, v, feature_ops, static):
+def _forward_call(q, k, v, feature_ops, static, sinks=None):
     """out [..., T, N, H] and lse [..., N, T]: one forward call, partitioned
     by the rules of _partitioning.py under jit over a mesh (as is inside
-    shard_map or on one device)."""
-    return _FORWARD(static, q, k, v, *feature_ops)
+    shard_map or on one device). sinks: float [N] in the row statistics'
+    type, added by the kernels' epilogues (out and lse then sink-inclusive,
+    as with_sinks would make them), or None."""
+    if sinks is None:
+        return _FORWARD(static, q, k, v, *feature_ops, _no_sinks(q))
+    static = dataclasses.replace(static, features=static.features | HAS_SINKS)
+    return _FORWARD(static, q, k, v, *feature_ops, sinks)
+
+
+def _no_sinks(q):
+    """The sinks operand's placeholder (one element of the accumulator's type)."""
+    return jnp.zeros((1,), jnp.promote_types(q.dtype, jnp.float32))
 
 
 @functools.lru_cache(maxsize=None)
@@ -269,7 +290,7 @@ def _per_platform(cpu, gpu, split: bool):
     return jax.lax.platform_dependent(cpu=cpu, default=gpu)
 
 
-def _ffi_forward(q, k, v, feature_ops, static):
+def _ffi_forward(q, k, v, feature_ops, sinks, static):
     def call(scratch, feature_ops, on_gpu):
         mask_blocks, features = _mask_blocks(q, k, feature_ops, static, on_gpu)
         result_types = (
@@ -278,7 +299,7 @@ def _ffi_forward(q, k, v, feature_ops, static):
             _result_type(q, (max(scratch, 1),), jnp.float32),  # the decode path's partials (scratch)
         )
         ffi = jax.ffi.ffi_call(_registration.FWD_TARGET, result_types, vmap_method="broadcast_all")
-        out, lse, _ = ffi(q, k, v, *feature_ops, mask_blocks, **_attributes(static, features))
+        out, lse, _ = ffi(q, k, v, *feature_ops, mask_blocks, sinks, **_attributes(static, features))
         return out, lse
 
     scratch = _decode_scratch.forward_scratch_floats(q.shape, k.shape, q.dtype, static.implementation)
@@ -369,7 +390,9 @@ def deterministic_scratch_floats(q_shape) -> int:
 
 
 def _backward_call(q, k, v, out, lse, dout, feature_ops, static):
-    """dq, dk, dv: one backward call (partitioned like _forward_call)."""
+    """dq, dk, dv and delta = rowsum(dO * out) [..., N, T], which every
+    family's backward computes first (the sinks' gradient reads it): one
+    backward call (partitioned like _forward_call)."""
     return _BACKWARD(static, q, k, v, out, lse, dout, *feature_ops)
 
 
@@ -384,8 +407,9 @@ def _ffi_backward(q, k, v, out, lse, dout, feature_ops, static):
             _result_type(q, accum_shape, jnp.float32),  # dq_accum (scratch)
         )
         ffi = jax.ffi.ffi_call(_registration.BWD_TARGET, result_types, vmap_method="broadcast_all")
-        dq, dk, dv, _, _ = ffi(q, k, v, out, lse, dout, *feature_ops, mask_blocks, **_attributes(static, features))
-        return dq, dk, dv
+        dq, dk, dv, delta, _ = ffi(q, k, v, out, lse, dout, *feature_ops, mask_blocks, _no_sinks(q),
+                                   **_attributes(static, features))
+        return dq, dk, dv, delta
 
     cpu = lambda: call(k, v, (0,), feature_ops, on_gpu=False)  # noqa: E731
     if _takes_sm90_deterministic_scratch(q, static):
@@ -449,20 +473,20 @@ def key_head_copies(q_shape, k_shape, multiprocessors: int) -> int:
 
 
 def with_key_head_copies(backward, k, v, copies: int):
-    """backward(k, v) -> (dq, dk, dv) run on `copies` copies of each key head
-    (head hk * copies + c is key head hk: query head h then maps to copy
-    h // (G / copies), its own group's share), dk and dv summed over the
-    copies in float32 and rounded once."""
+    """backward(k, v) -> (dq, dk, dv, *rest) run on `copies` copies of each
+    key head (head hk * copies + c is key head hk: query head h then maps to
+    copy h // (G / copies), its own group's share), dk and dv summed over the
+    copies in float32 and rounded once (the rest, per query row, as it is)."""
     if copies == 1:
         return backward(k, v)
-    dq, dk, dv = backward(jnp.repeat(k, copies, axis=-2), jnp.repeat(v, copies, axis=-2))
+    dq, dk, dv, *rest = backward(jnp.repeat(k, copies, axis=-2), jnp.repeat(v, copies, axis=-2))
 
     def fold(g, like):
         *lead, kv_heads, h = like.shape
         summed = g.reshape(*lead, kv_heads, copies, h).sum(axis=-2, dtype=jnp.promote_types(g.dtype, jnp.float32))
         return summed.astype(like.dtype)
 
-    return dq, fold(dk, k), fold(dv, v)
+    return (dq, fold(dk, k), fold(dv, v), *rest)
 
 
 def _bias_gradient_call(q, k, v, out, lse, dout, feature_ops, static):
@@ -497,7 +521,8 @@ def _ffi_bias_gradient(q, k, v, out, lse, dout, feature_ops, static):
             _result_type(bias, accum, jnp.float32),  # dbias_accum (scratch)
         )
         ffi = jax.ffi.ffi_call(_registration.DBIAS_TARGET, result_types, vmap_method="broadcast_all")
-        dbias, _, _ = ffi(q, k, v, out, lse, dout, *feature_ops, mask_blocks, **_attributes(static, features))
+        dbias, _, _ = ffi(q, k, v, out, lse, dout, *feature_ops, mask_blocks, _no_sinks(q),
+                          **_attributes(static, features))
         return dbias
 
     bias = feature_ops[0]
@@ -588,12 +613,20 @@ def _bias_result_roles(bias_shape):
     return tuple(r if d != 1 else None for r, d in zip(roles, bias_shape))
 
 
+def _sinks_roles(static, sinks_shape, nl):
+    """The sinks operand: [lead dims of q but the last..., N] (broadcast_all's
+    batching gives it q's mapped dims), or the placeholder (private)."""
+    if not static.features & HAS_SINKS:
+        return (None,) * len(sinks_shape)
+    return tuple(part.lead(i) for i in range(nl - 1)) + (part.HEADS_Q,)
+
+
 def _forward_roles(static, shapes):
-    q, k, v, *features = shapes
+    q, k, v, *features, sinks = shapes
     nl = len(q) - 3
     qkv = (_q_roles(nl), _k_roles(nl), _k_roles(nl))
     return part.Roles(
-        operands=qkv + _feature_roles(features, q, k, static),
+        operands=qkv + _feature_roles(features, q, k, static) + (_sinks_roles(static, sinks, nl),),
         results=(_q_roles(nl), _stats_roles(nl)),
         splittable=_splittable(static),
     )
@@ -611,7 +644,7 @@ def _backward_roles(static, shapes):
     nl = len(shapes[0]) - 3
     return part.Roles(
         operands=_backward_operand_roles(static, shapes),
-        results=(_q_roles(nl), _k_roles(nl), _k_roles(nl)),
+        results=(_q_roles(nl), _k_roles(nl), _k_roles(nl), _stats_roles(nl)),
         splittable=_splittable(static),
     )
 
@@ -633,7 +666,7 @@ def _row_stats_shape(q):
 
 _FORWARD = part.op(
     "jax_flash_forward",
-    impl=lambda static, q, k, v, *f: _ffi_forward(q, k, v, f, static),
+    impl=lambda static, q, k, v, *f: _ffi_forward(q, k, v, f[:-1], f[-1], static),
     result_avals=lambda static, q, *_: (
         (0, q.shape, q.dtype),
         (0, _row_stats_shape(q), jnp.promote_types(q.dtype, jnp.float32)),
@@ -649,12 +682,12 @@ _BACKWARD = part.op(
     impl=lambda static, q, k, v, out, lse, dout, *f: _ffi_backward(
         q, k, v, out, lse, dout, f, static
     ),
-    result_avals=lambda static, q, k, v, *_: (
-        (0, q.shape, q.dtype), (1, k.shape, k.dtype), (2, v.shape, v.dtype),
+    result_avals=lambda static, q, k, v, out, lse, *_: (
+        (0, q.shape, q.dtype), (1, k.shape, k.dtype), (2, v.shape, v.dtype), (4, lse.shape, lse.dtype),
     ),
     roles=_backward_roles,
     result_roles=lambda static, shapes: (
-        (_q_roles(len(shapes[0]) - 3),) + (_k_roles(len(shapes[1]) - 3),) * 2,
+        (_q_roles(len(shapes[0]) - 3),) + (_k_roles(len(shapes[1]) - 3),) * 2 + (_stats_roles(len(shapes[0]) - 3),),
         _splittable(static),
     ),
 )

@@ -27,7 +27,7 @@ except ImportError as e:  # pragma: no cover - depends on how Python was started
         "`pip install --no-build-isolation .`"
     ) from e
 
-ABI_VERSION = 6  # v1: the unversioned names ("jax_flash_fwd", ...) of earlier releases; v3: position offsets; v4: the decode scratch result; v5: dbias's float32 accumulator result (and 16-bit biases); v6: the mask_blocks operand
+ABI_VERSION = 7  # v1: the unversioned names ("jax_flash_fwd", ...) of earlier releases; v3: position offsets; v4: the decode scratch result; v5: dbias's float32 accumulator result (and 16-bit biases); v6: the mask_blocks operand; v7: the sinks operand
 FWD_TARGET = f"jax_flash_fwd_v{ABI_VERSION}"
 BWD_TARGET = f"jax_flash_bwd_v{ABI_VERSION}"
 DBIAS_TARGET = f"jax_flash_dbias_v{ABI_VERSION}"

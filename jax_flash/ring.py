@@ -50,6 +50,7 @@ from jax_flash._kernel_call import (
     KernelConfig,
     _backward_call,
     _forward_call,
+    row_delta,
     sinks_gradient,
     with_sinks,
 )
@@ -314,7 +315,10 @@ def _ring_bwd(cfg, residuals, cotangents):
     dout, _ = cotangents  # lse leaves ring_attention under stop_gradient
     dout = dout.astype(q.dtype)
     dq, dk, dv = _ring_backward(q, k, v, q_ids, kv_ids, out, lse, dout, cfg)
-    dsinks = None if sinks is None else _summed_like(sinks_gradient(out, lse, dout, sinks), sinks)
+    if sinks is not None:  # (the steps' kernels do not hand back their delta)
+        dsinks = _summed_like(sinks_gradient(lse, row_delta(out, dout, lse.dtype), sinks), sinks)
+    else:
+        dsinks = None
     return dq, dk, dv, None, None, dsinks
 
 
@@ -578,7 +582,7 @@ def _fwd(q, k, v, q_ids, kv_ids, cfg, causal, offsets=None):
 
 def _bwd(q, k, v, out, lse, dout, q_ids, kv_ids, cfg, causal, offsets=None):
     ops = _feature_operands(q_ids, kv_ids, jnp.promote_types(q.dtype, jnp.float32), offsets)
-    return _backward_call(q, k, v, out, lse, dout, ops, _static(cfg, causal))
+    return _backward_call(q, k, v, out, lse, dout, ops, _static(cfg, causal))[:3]
 
 
 def _rows(x, axis, start, size):

@@ -44,8 +44,11 @@ start=$(date +%s)
   { tail -30 "$raw/build.log"; git -C "$src" checkout -q -- . && git -C "$src" clean -qfd; exit 1; }
 rm -rf "$root/ab/$name" && mkdir -p "$root/ab/$name"
 mv "$raw"/*.whl "$root/ab/$name/"  # (pip wants the wheel's own file name)
-# The variant's tests beside it, for gpu_ab.sh's AB_TESTS (run against the wheel).
-cp -r "$src/tests" "$root/ab/$name/tests"
+# The variant's tests beside it, for gpu_ab.sh's AB_TESTS (run against the
+# wheel), with what they read from the tree around them (the README's
+# snippets, the examples, the scripts they run, the sources the C++ and
+# CUDA tests compile).
+cp -r "$src/tests" "$src/examples" "$src/scripts" "$src/ffi" "$src/README.md" "$root/ab/$name/"
 rm -rf "$raw"
 # Back to main, so the next variant starts from it (its patched files get
 # new times: ninja rebuilds them then).

@@ -22,6 +22,7 @@ enum FeatureBits : int32_t {
   kHasSegmentRanges = 64,  // block summaries of the segment ids (with kHasSegments)
   kHasPositionOffsets = 128,  // query positions shifted against the keys, per batch entry
   kHasMaskBlocks = 256,  // the block summary of a per-query mask (with kHasMask)
+  kHasSinks = 512,  // attention sinks, [q's batch dims but the last..., num_heads] (forward)
 };
 
 // The optional operands and attributes, as the FFI delivers them.
@@ -37,6 +38,7 @@ struct FeatureOperands {
   const ffi::AnyBuffer& dropout_seed;
   const ffi::AnyBuffer& position_offsets;  // [batch] int32
   const ffi::AnyBuffer& mask_blocks;  // uint8 [mask's lead and heads, ceil(T / 64), ceil(S / 64)]
+  const ffi::AnyBuffer& sinks;        // the accumulator's float [q's batch dims but the last..., heads]
   int32_t features;
   int64_t window_left, window_right;
   double softcap, dropout_rate;
@@ -195,6 +197,21 @@ inline ffi::Error DecodeFeatures(const ffi::AnyBuffer& q, const FeatureOperands&
     if (auto e = int32_operand("position_offsets", o.position_offsets, s.batch, &f.position_offsets);
         e.failure())
       return e;
+  if (o.features & kHasSinks) {
+    // [batch dims of q but the last (B)..., num_heads]: [N] unbatched, [V, N]
+    // under vmap (broadcast_all), one row per B flat batch entries.
+    auto d = o.sinks.dimensions();
+    bool ok = o.sinks.element_type() == acc && int(d.size()) == f.num_batch_dims &&
+              d[d.size() - 1] == s.num_heads;
+    for (int i = 0; ok && i + 1 < f.num_batch_dims; ++i) ok = d[i] == qd[i];
+    if (!ok)
+      return ffi::Error::InvalidArgument("jax_flash: sinks " + DimsToString(d) +
+                                         " must be the accumulator's float type (float32; float64 for float64 "
+                                         "inputs) shaped [query's batch dims but the last..., heads] for query " +
+                                         DimsToString(qd));
+    f.sinks = o.sinks.untyped_data();
+    f.sinks_group = qd[f.num_batch_dims - 1];
+  }
   f.window_left = o.window_left;
   f.window_right = o.window_right;
   if (o.softcap < 0) return ffi::Error::InvalidArgument("jax_flash: logits_soft_cap must be > 0");

@@ -7,8 +7,8 @@
 //   jax_flash_dbias: q, k, v, out, lse, dout, <features>   -> dbias, delta, dbias_accum
 // <features>: bias, mask, q_seqlens, kv_seqlens, q_segment_ids,
 // kv_segment_ids, q_segment_ranges, kv_segment_ranges, dropout_seed,
-// position_offsets, mask_blocks operands (placeholders when unused) and the
-// attributes below.
+// position_offsets, mask_blocks, sinks operands (placeholders when unused;
+// sinks are read by the forward only) and the attributes below.
 #pragma once
 
 #include "xla/ffi/api/ffi.h"
@@ -25,6 +25,7 @@
       .Arg<xla::ffi::AnyBuffer>()      /* dropout_seed */ \
       .Arg<xla::ffi::AnyBuffer>()      /* position_offsets */ \
       .Arg<xla::ffi::AnyBuffer>()      /* mask_blocks */ \
+      .Arg<xla::ffi::AnyBuffer>()      /* sinks */ \
       .Attr<double>("scale")                      \
       .Attr<int32_t>("is_causal")                 \
       .Attr<int32_t>("implementation")            \
@@ -41,7 +42,7 @@
       xla::ffi::AnyBuffer kv_seqlens, xla::ffi::AnyBuffer q_segment_ids,               \
       xla::ffi::AnyBuffer kv_segment_ids, xla::ffi::AnyBuffer q_segment_ranges,         \
       xla::ffi::AnyBuffer kv_segment_ranges, xla::ffi::AnyBuffer dropout_seed,            \
-      xla::ffi::AnyBuffer position_offsets, xla::ffi::AnyBuffer mask_blocks, double scale, \
+      xla::ffi::AnyBuffer position_offsets, xla::ffi::AnyBuffer mask_blocks, xla::ffi::AnyBuffer sinks, double scale, \
       int32_t is_causal, int32_t implementation, int32_t features, int64_t window_left,  \
       int64_t window_right, double softcap, double dropout_rate, int32_t deterministic
 
@@ -49,7 +50,7 @@
 #define JAX_FLASH_FEATURE_OPERANDS                                                      \
   ::jax_flash::FeatureOperands {                                                        \
     bias, mask, q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids, q_segment_ranges, \
-        kv_segment_ranges, dropout_seed, position_offsets, mask_blocks,                 \
+        kv_segment_ranges, dropout_seed, position_offsets, mask_blocks, sinks,          \
         features, window_left, window_right, softcap, dropout_rate                      \
   }
 

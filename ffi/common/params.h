@@ -91,6 +91,15 @@ struct AttentionFeatures {
   const uint8_t* mask_blocks = nullptr;
   BroadcastStrides mask_blocks_stride;
   int32_t mask_block_rows = 0, mask_block_cols = 0;
+  // Attention sinks (gpt-oss), or null: one logit per query head in every
+  // row's softmax denominator, with no value, in the accumulator's type
+  // (float32; float64 for float64 inputs); [outer..., num_heads], one row
+  // per sinks_group flat batch entries (vmap's broadcast_all gives the
+  // operand the batch dims of q but the last). Forward epilogues only
+  // (row_end.h): the backward takes the sink-inclusive out and lse. Not in
+  // Any(): a sink changes no kernel choice.
+  const void* sinks = nullptr;
+  int64_t sinks_group = 1;
   const int32_t* q_seqlens = nullptr;       // [batch]
   const int32_t* kv_seqlens = nullptr;      // [batch]
   const int32_t* q_segment_ids = nullptr;   // [batch, seqlen_q]

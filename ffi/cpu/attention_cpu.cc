@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/mask_policy.h"
+#include "common/row_end.h"
 #include "cpu/block_math.h"
 #include "cpu/element.h"
 #include "cpu/parallel.h"
@@ -126,13 +127,12 @@ void ForwardTask(const AttentionParams& p, int64_t b, int64_t h, int64_t m_block
     GemmAcc(rows, dp, kBlockN, s_blk, kBlockN, v_blk, dp, o_acc, dp);  // O += P V
   }
 
+  const Acc sink2 = SinkLog2<Acc>(p.features, b, h, s.num_heads);  // -inf: no sinks
   for (int r = 0; r < rows; ++r) {
-    const Acc l = row_sum[r];
-    const Acc inv = l > 0 ? Acc(1) / l : Acc(0);
+    const RowEnd<Acc> end = EndRow(row_max[r], row_sum[r], sink2);
     Element* orow = out + (q0 + r) * p.q_stride.row;
-    for (int c = 0; c < d; ++c) orow[c] = FromFloat<Element>(o_acc[r * dp + c] * inv);
-    static_cast<Acc*>(p.lse)[p.row_stat_index(b, h, q0 + r)] =
-        l > 0 ? (row_max[r] + std::log2(l)) * Acc(kLn2F64) : NegInf<Acc>();
+    for (int c = 0; c < d; ++c) orow[c] = FromFloat<Element>(o_acc[r * dp + c] * end.scale);
+    static_cast<Acc*>(p.lse)[p.row_stat_index(b, h, q0 + r)] = end.lse;
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include <math_constants.h>
 
+#include "common/row_end.h"
 #include "cuda/decode/problem.cuh"
 #include "cuda/sm80/mma.cuh"
 
@@ -37,9 +38,14 @@ __global__ void __launch_bounds__(kCombineWarps * 32) CombineSplitsKernel(const 
     for (int k = lane; k < splits; k += 32) l += __expf(lse_s[k * all_rows] - m);
 #pragma unroll
   for (int w = 16; w >= 1; w /= 2) l += __shfl_xor_sync(0xffffffffu, l, w);
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-
   const int64_t t = row % s.seqlen_q, h = row / s.seqlen_q % s.num_heads, b = row / (s.seqlen_q * s.num_heads);
+  float inv = l > 0.0f ? 1.0f / l : 0.0f, lse = l > 0.0f ? m + logf(l) : -CUDART_INF_F;
+  // Attention sinks (row_end.h, in log2 units there): the row's denominator
+  // gains exp(sink - m); a row no split saw gets zeros and the sink's lse.
+  if (const float sink2 = SinkLog2<float>(p.features, b, h, s.num_heads); sink2 > -CUDART_INF_F) {
+    const RowEnd<float> end = EndRow(m * kLog2e, l, sink2);
+    inv = end.scale, lse = end.lse;
+  }
   Element* out = static_cast<Element*>(p.out) + b * p.q_stride.batch + t * p.q_stride.row + h * p.q_stride.head;
   const float* part = args.partial_out + row * d;  // split k at [k * all_rows * d]
   for (int c = 4 * lane; c < d; c += 128) {
@@ -57,7 +63,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) CombineSplitsKernel(const 
     packed.y = sm80::Pack2<Element>(acc.z, acc.w);
     *reinterpret_cast<uint2*>(out + c) = packed;
   }
-  if (lane == 0) static_cast<float*>(p.lse)[row] = l > 0.0f ? m + logf(l) : -CUDART_INF_F;
+  if (lane == 0) static_cast<float*>(p.lse)[row] = lse;
 }
 
 }  // namespace jax_flash::cuda::decode

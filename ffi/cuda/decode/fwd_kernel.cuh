@@ -23,6 +23,7 @@
 
 #include "common/mask_policy.h"
 #include "common/params.h"
+#include "common/row_end.h"
 #include "cuda/decode/kernel_traits.cuh"
 #include "cuda/decode/problem.cuh"
 #include "cuda/decode/q_fragments.cuh"
@@ -268,10 +269,13 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads)
         o0 += f * ow.x, o1 += f * ow.y;
       }
     }
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: zeros, lse -inf
-    const float lse = l > 0.0f ? (m + log2f(l)) * kLn2 : -CUDART_INF_F;
     const int packed = row0 + r, t = packed / group;
     const int64_t h = h0 + (packed - t * group);
+    // No visible key: zeros, lse -inf. The sinks join the final rows only
+    // (one split: here; several: the combine).
+    const RowEnd<float> end =
+        EndRow(m, l, args.splits == 1 ? SinkLog2<float>(p.features, b, h, s.num_heads) : -CUDART_INF_F);
+    const float inv = end.scale, lse = end.lse;
     const int64_t stat = p.row_stat_index(b, h, t);
     if (args.splits == 1) {
       Element* out = static_cast<Element*>(p.out) + b * p.q_stride.batch + t * p.q_stride.row + h * p.q_stride.head;

@@ -6,6 +6,7 @@
 #include <math_constants.h>
 
 #include "common/params.h"
+#include "common/row_end.h"
 #include "cuda/generic/block_io.cuh"
 #include "cuda/generic/kernel_traits.cuh"
 #include "cuda/logit_features.cuh"
@@ -92,19 +93,18 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
 
   Element* out = static_cast<Element*>(p.out) + b * p.q_stride.batch + h * p.q_stride.head;
 #pragma unroll
+  const float sink2 = SinkLog2<float>(p.features, b, h, s.num_heads);  // -inf: no sinks
   for (int r = 0; r < R; ++r) {
     const int64_t row = warp_row0 + r;
     const float l = WarpSum(lane_sum[r]);
     if (row >= s.seqlen_q) continue;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: zeros
+    const RowEnd<float> end = EndRow(row_max[r], l, sink2);  // no visible key: zeros (and the sink's lse)
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       const int col = c * 32 + lane;
-      if (col < d) out[row * p.q_stride.row + col] = FromFloat<Element>(acc[r][c] * inv);
+      if (col < d) out[row * p.q_stride.row + col] = FromFloat<Element>(acc[r][c] * end.scale);
     }
-    if (lane == 0)
-      static_cast<float*>(p.lse)[p.row_stat_index(b, h, row)] =
-          l > 0.0f ? (row_max[r] + log2f(l)) * kLn2 : -CUDART_INF_F;
+    if (lane == 0) static_cast<float*>(p.lse)[p.row_stat_index(b, h, row)] = end.lse;
   }
 }
 

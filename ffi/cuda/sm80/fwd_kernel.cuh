@@ -13,6 +13,7 @@
 
 #include "common/mask_policy.h"
 #include "common/params.h"
+#include "common/row_end.h"
 #include "cuda/logit_features.cuh"
 #include "cuda/row_stats.cuh"
 #include "cuda/sm80/block_order.cuh"
@@ -464,6 +465,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kD
   // sums (both were kept against the same row_max). The partner's last read
   // of pair_stats came before the last block's pair barrier.
   float* lse = static_cast<float*>(p.lse);
+  const float sink2 = SinkLog2<float>(p.features, b, h, s.num_heads);  // -inf: no sinks
   if constexpr (kPair) {
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt)
@@ -487,13 +489,12 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kFeatures, kTransforms, kD
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
       }
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: zeros
+      // No visible key: zeros (and the sink's lse; without sinks -inf).
+      const RowEnd<float> end = EndRow(row_max[mt][hh], l, sink2);
 #pragma unroll
-      for (int dt = 0; dt < kD; ++dt) o[mt][dt][2 * hh] *= inv, o[mt][dt][2 * hh + 1] *= inv;
+      for (int dt = 0; dt < kD; ++dt) o[mt][dt][2 * hh] *= end.scale, o[mt][dt][2 * hh + 1] *= end.scale;
       const int64_t row = m0 + warp_row + mt * 16 + g + hh * 8;
-      if (t == 0 && half == 0 && row < s.seqlen_q)
-        lse[p.row_stat_index(b, h, row)] =
-            l > 0.0f ? (row_max[mt][hh] + log2f(l)) * kLn2 : -CUDART_INF_F;
+      if (t == 0 && half == 0 && row < s.seqlen_q) lse[p.row_stat_index(b, h, row)] = end.lse;
     }
   Element* out = static_cast<Element*>(p.out) + b * p.q_stride.batch + h * p.q_stride.head;
   StoreAccumulator<Element, kM, kD * 8>(o, out + col_tile0 * 8, p.q_stride.row, m0 + warp_row,

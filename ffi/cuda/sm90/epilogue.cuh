@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/row_end.h"
 #include "cuda/sm90/kernel_traits.cuh"
 #include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/softmax.cuh"
@@ -19,22 +20,23 @@ namespace jax_flash::cuda::sm90 {
 // each thread then reads whole 16-byte chunks of a row for the global
 // stores (8 threads: one 128-byte row, a permutation of its chunks).
 // `row0`: the thread's first row within the warpgroup, `m0` the
-// warpgroup's first query row. Ends with this thread's reads of staging done.
+// warpgroup's first query row; `sink2` the head's attention sink in log2
+// units (SinkLog2; -inf: none). Ends with this thread's reads of staging done.
 template <typename Element, typename Tr>
 __device__ __forceinline__ void StoreOutput(const ForwardArgs& a,
                                             const OnlineSoftmax<Tr::kBlockN, Tr::kHeadDim>& softmax,
                                             float (&o)[Tr::kHeadDim / 2], uint32_t staging, int barrier_id,
-                                            int row0, int m0, int h, int b) {
+                                            int row0, int m0, int h, int b, float sink2) {
   constexpr int kHeadDim = Tr::kHeadDim;
   const int tid = threadIdx.x % 128, t = tid % 4;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    const float l = softmax.RowSum(hh);
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: zeros
+    // No visible key: zeros (and the sink's lse; without sinks -inf).
+    const RowEnd<float> end = EndRow(softmax.row_max[hh], softmax.RowSum(hh), sink2);
 #pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) o[4 * j + 2 * hh] *= inv, o[4 * j + 2 * hh + 1] *= inv;
+    for (int j = 0; j < kHeadDim / 8; ++j) o[4 * j + 2 * hh] *= end.scale, o[4 * j + 2 * hh + 1] *= end.scale;
     const int row = m0 + row0 + 8 * hh;
-    if (t == 0 && row < a.seqlen_q) a.lse[(int64_t(b) * a.num_heads + h) * a.seqlen_q + row] = softmax.Lse(hh, l);
+    if (t == 0 && row < a.seqlen_q) a.lse[(int64_t(b) * a.num_heads + h) * a.seqlen_q + row] = end.lse;
   }
   // Every warp of the warpgroup is past its last wgmma reading Q and past
   // its reads of the previous tile's staging.

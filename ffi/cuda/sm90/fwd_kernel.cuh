@@ -451,7 +451,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
     coord = scheduler.Decode(tile);
   }
   StoreOutput<Element, Tr>(a, softmax, o, staging, Tr::kEpilogueBarrier + warpgroup, row0, wg_m0, coord.h,
-                           coord.b);
+                           coord.b, SinkLog2<float>(params.features, coord.b, coord.h, a.num_heads));
   if constexpr (!Tr::kSeparateStaging) {
     // The warp's reads of the staging area (its Q rows) are done: the next
     // tile's Q may land there (the fence orders them before the copy

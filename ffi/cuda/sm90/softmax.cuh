@@ -144,10 +144,6 @@ struct OnlineSoftmax {
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     return l;
   }
-  // Natural-log logsumexp of row hh given its whole sum l (-inf: no visible key).
-  __device__ __forceinline__ float Lse(int hh, float l) const {
-    return l > 0.0f ? (row_max[hh] + log2f(l)) * kLn2 : -CUDART_INF_F;
-  }
 };
 
 }  // namespace jax_flash::cuda::sm90
