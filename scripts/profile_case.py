@@ -29,6 +29,8 @@ Cases (bf16, H=128, N=16; `grad` ones run the fused backward too):
                   kernel's own (plain causal's work, per-query mask path)
   visible_mask    the same with an all-True [1, 1, T, S] mask: every block
                   visible whole (the summary's cost over plain non-causal)
+  plain256_1024   B=16 T=1024 causal, N=8, H=256, fwd (v30: 0.74x of FA3; at 256
+                  Q is released only after both epilogues, PERF Next 4)
   (default, dropout, keymask without `_grad`: their forward alone)
 scripts/profile_features.sh runs them under ncu and summarizes.
 """
@@ -44,7 +46,7 @@ import jax_flash
 case = sys.argv[1]
 grad = case.endswith("grad") or "_grad_" in case
 b, t = (16, 1024) if case.endswith("1024") else (4, 4096)
-n, h = 16, 128
+n, h = (8, 256) if case.startswith("plain256") else (16, 128)
 rng = np.random.default_rng(0)
 q, k, v = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16) for _ in range(3))
 kwargs = dict(is_causal=not case.startswith(("det", "default", "dropout", "keymask", "padmask", "kvlen", "softcap",

@@ -274,6 +274,25 @@ def test_backward_long_rows(rng, head_dim, causal, deterministic):
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the sm90 family needs a compute capability 9.x GPU")
+@pytest.mark.parametrize("seqlen,heads,kv_heads", [(2048, 18, 18), (4096, 6, 2)], ids=["T2048", "T4096-gqa"])
+def test_sm90_forward_at_256_over_many_tiles(rng, seqlen, heads, kv_heads):
+    """The sm90 forward at 256 with several tiles per block (288 or 192
+    tiles of 128 query rows on 132 blocks), causal: at T = 2048 in the
+    L2-aware sections (launch.cuh's DefaultCausalOrder: 2 MiB of K/V per key
+    head; sections of 17 pairs and a last one of 1), at 4096 in order 0
+    (GQA 6:2); each tile's Q loaded while the previous tile's epilogue
+    stores O from the registers (epilogue.cuh). Output and lse against the
+    float64 reference, with rows past the last full tile (seqlen - 37)."""
+    t = seqlen - 37
+    q, k, v = random_qkv(rng, 1, t, t, heads, kv_heads, 256, "bfloat16")
+    out, residual = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, is_causal=True, return_residual=True,
+                                                                implementation="sm90"))(q, k, v)
+    ref_out, ref_lse = reference_f64(q, k, v, is_causal=True)
+    assert_close("out", out, ref_out, "bfloat16")
+    assert_close("lse", residual, np.swapaxes(ref_lse, -1, -2), "bfloat16")
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the sm90 family needs a compute capability 9.x GPU")
 @pytest.mark.parametrize("implementation", [None, "sm90"], ids=["auto", "sm90"])
 @pytest.mark.parametrize("lengths", [(333, 517), (130, 97)], ids=lambda t: f"{t[0]}x{t[1]}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -13,12 +13,57 @@
 
 namespace jax_flash::cuda::sm90 {
 
-// `staging`: the warpgroup's own 64 rows of a Q-shaped tile (the output
-// staging, or Q itself: no other warpgroup reads them), written in Q's
+// Thread t of a quad (t = lane % 4) holds a[u] = columns 8 (4g + u) + 2t,
+// + 1 of its row (u = 0 .. 3, two 16-bit values a word, the wgmma
+// accumulator's layout); afterwards it holds the whole 16-byte chunk
+// 4g + t of that row, columns 8 (4g + t) + 0 .. 7 in order: a 4 x 4
+// transpose over the quad, its 2 x 2 blocks swapped with lane t ^ 2, then
+// the elements within each block with lane t ^ 1 (four shuffles, no
+// dynamically indexed registers).
+__device__ __forceinline__ void QuadTranspose(uint32_t (&a)[4], int t) {
+  const bool hi = t & 2, lo = t & 1;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const uint32_t r = __shfl_xor_sync(0xffffffffu, hi ? a[e] : a[2 + e], 2);
+    if (hi) a[e] = r; else a[2 + e] = r;
+  }
+#pragma unroll
+  for (int f = 0; f < 2; ++f) {
+    const uint32_t r = __shfl_xor_sync(0xffffffffu, lo ? a[2 * f] : a[2 * f + 1], 1);
+    if (lo) a[2 * f] = r; else a[2 * f + 1] = r;
+  }
+}
+
+// One 16-byte chunk of an output row at `dst` (columns col .. col + 7; the
+// launch checks alignment), or, for a head dim that is not a multiple of 8,
+// the row's last partial chunk element by element (constant indices keep w
+// in registers).
+template <typename Element>
+__device__ __forceinline__ void StoreChunk(Element* dst, const uint32_t (&w)[4], int col, int head_dim) {
+  if (col + 8 <= head_dim) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+  } else {
+    uint16_t* dst16 = reinterpret_cast<uint16_t*>(dst);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (e < head_dim - col) dst16[e] = uint16_t(w[e / 2] >> (16 * (e % 2)));
+  }
+}
+
+// O normalized into [B, Tq, N, H] and the lse, for one consumer warpgroup.
+// With an output staging of its own (Tr::kSeparateStaging) through
+// `staging`, the warpgroup's own 64 rows of a Q-shaped tile, written in Q's
 // layout: row r's 16-byte chunk k of column chunk c sits at chunk k ^ (r % 8),
 // so a warp's fragment writes (8 rows x 4 pairs) hit 32 distinct banks, and
 // each thread then reads whole 16-byte chunks of a row for the global
 // stores (8 threads: one 128-byte row, a permutation of its chunks).
+// Without one (256: Q and the K/V ring fill shared memory) straight from
+// the registers, each quad's pairs transposed into 16-byte chunks
+// (QuadTranspose; a warp's store then covers 8 rows x 64 contiguous bytes),
+// so that no shared memory is written and Q is free at the tile's last S
+// (the staging in Q's rows held the next tile's Q back until both
+// warpgroups' epilogues: ~10% of the consumers' stall samples at 256, T =
+// 1024 causal, waited on q_full; PERF v31).
 // `row0`: the thread's first row within the warpgroup, `m0` the
 // warpgroup's first query row; `sink2` the head's attention sink in log2
 // units (SinkLog2; -inf: none). Ends with this thread's reads of staging done.
@@ -38,8 +83,26 @@ __device__ __forceinline__ void StoreOutput(const ForwardArgs& a,
     const int row = m0 + row0 + 8 * hh;
     if (t == 0 && row < a.seqlen_q) a.lse[(int64_t(b) * a.num_heads + h) * a.seqlen_q + row] = end.lse;
   }
-  // Every warp of the warpgroup is past its last wgmma reading Q and past
-  // its reads of the previous tile's staging.
+  Element* out = static_cast<Element*>(a.out) + int64_t(b) * a.out_stride.batch + int64_t(h) * a.out_stride.head;
+  if constexpr (!Tr::kSeparateStaging) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = m0 + row0 + 8 * hh;
+#pragma unroll
+      for (int g = 0; g < kHeadDim / 32; ++g) {
+        uint32_t w[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) w[u] = PackPair<Element>(o[4 * (4 * g + u) + 2 * hh], o[4 * (4 * g + u) + 2 * hh + 1]);
+        QuadTranspose(w, t);
+        const int col = 8 * (4 * g + t);
+        if (row < a.seqlen_q && col < a.head_dim)
+          StoreChunk(out + int64_t(row) * a.out_stride.row + col, w, col, a.head_dim);
+      }
+    }
+    return;
+  }
+  // Every warp of the warpgroup is past its reads of the previous tile's
+  // staging.
   NamedBarrierSync(barrier_id, 128);
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j)
@@ -52,7 +115,6 @@ __device__ __forceinline__ void StoreOutput(const ForwardArgs& a,
     }
   NamedBarrierSync(barrier_id, 128);
   constexpr int kRowChunks = kHeadDim / 8;  // 16-byte chunks per output row
-  Element* out = static_cast<Element*>(a.out) + int64_t(b) * a.out_stride.batch + int64_t(h) * a.out_stride.head;
 #pragma unroll
   for (int idx = tid; idx < 64 * kRowChunks; idx += 128) {
     const int r = idx / kRowChunks, k = idx % kRowChunks;
@@ -63,17 +125,7 @@ __device__ __forceinline__ void StoreOutput(const ForwardArgs& a,
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
                  : "r"(addr));
-    Element* dst = out + int64_t(row) * a.out_stride.row + col;
-    if (col + 8 <= a.head_dim) {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);  // the launch checks alignment
-    } else {
-      // A head dim that is not a multiple of 8: the row's last partial chunk,
-      // element by element (constant indices keep w in registers).
-      uint16_t* dst16 = reinterpret_cast<uint16_t*>(dst);
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        if (e < a.head_dim - col) dst16[e] = uint16_t(w[e / 2] >> (16 * (e % 2)));
-    }
+    StoreChunk(out + int64_t(row) * a.out_stride.row + col, w, col, a.head_dim);
   }
 }
 

@@ -23,10 +23,10 @@
 //     wait q_full; for each key block: wait k_full[s], S = Q K^T (wgmma,
 //     smem x smem), arrive k_empty[s]; mask, online softmax in registers,
 //     P to 16 bits (the A fragments); wait v_full[s], O += P V (wgmma,
-//     registers x smem), arrive v_empty[s]; arrive q_empty after the last S
-//     (or, at 256, where Q doubles as the output staging, after the
-//     epilogue), so the next tile's Q loads early; then the epilogue
-//     (epilogue.cuh), under which the next tile's first K/V stages load.
+//     registers x smem), arrive v_empty[s]; arrive q_empty after the last S,
+//     so the next tile's Q loads early; then the epilogue (epilogue.cuh:
+//     through a staging of its own, at 256 straight from the registers),
+//     under which the next tile's first K/V stages load.
 //
 // Schedules of the consumer loop (Schedule, kernel_traits.cuh):
 //   kSerial:   S_i, softmax_i, PV_i, one product in flight at a time.
@@ -287,14 +287,14 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
       WgmmaRS<Element, kHeadDim>(o, p[kk], VDescriptor<Tr>(v_tile, kk), 1);
     WgmmaCommit();
   };
-  // Q's last reader is the tile's last S when the output has its own
-  // staging; else the epilogue (below).
+  // Q's last reader is the tile's last S (the epilogue writes O through a
+  // staging of its own, or at 256 straight from the registers: StoreOutput).
   auto release_q = [&]() {
     if (lane == 0) MbarrierArrive(bars.q_empty());
   };
   auto release_k = [&](int i) {
     if (lane == 0) MbarrierArrive(bars.k_empty((pipe + i) % Tr::kStages));
-    if (Tr::kSeparateStaging && i == n_blocks - 1) release_q();
+    if (i == n_blocks - 1) release_q();
   };
   auto release_v = [&](int i) {
     if (lane == 0) MbarrierArrive(bars.v_empty((pipe + i) % Tr::kStages));
@@ -339,7 +339,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
     if (warpgroup == kConsumers - 1 && n_blocks > 1) NamedBarrierArrive(Tr::kTurnBarrier, 256);
 
   if constexpr (!kAnyFeature) MbarrierWait(bars.q_full(), tile_iter & 1);
-  if (Tr::kSeparateStaging && n_blocks == 0) release_q();
+  if (n_blocks == 0) release_q();
 
   if constexpr (kSchedule == Schedule::kSerial) {
     auto process_block = [&](int i, auto masked) {
@@ -452,14 +452,6 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   }
   StoreOutput<Element, Tr>(a, softmax, o, staging, Tr::kEpilogueBarrier + warpgroup, row0, wg_m0, coord.h,
                            coord.b, SinkLog2<float>(params.features, coord.b, coord.h, a.num_heads));
-  if constexpr (!Tr::kSeparateStaging) {
-    // The warp's reads of the staging area (its Q rows) are done: the next
-    // tile's Q may land there (the fence orders them before the copy
-    // engine's writes).
-    __syncwarp();
-    FenceProxyAsync();
-    release_q();
-  }
 }
 
 template <typename Element, int kHeadDim, int kBlockN, Schedule kSchedule, Features kFeatures = Features::kNone,

@@ -143,10 +143,11 @@ struct FwdTraits {
   static constexpr int kKvTileBytes = kKvChunkBytes * kChunks;
 
   // Output staging of its own (the Q tile's shape) where shared memory
-  // allows (64 with two or three consumers, 128 with 128 keys): Q is then
-  // free once a tile's last S = Q K^T is done, and the next tile's Q loads
-  // under the last P V and the epilogue. Elsewhere (256; 128 with 176 keys) the staging reuses Q (each
-  // warpgroup its own rows), and the next Q waits for the epilogue.
+  // allows (64 with two or three consumers, 128 with 128 keys). Elsewhere
+  // (256; 128 with 176 keys) the epilogue stores O straight from the
+  // registers (epilogue.cuh). Either way Q is free once a tile's last S =
+  // Q K^T is done, and the next tile's Q loads under the last P V and the
+  // epilogue.
   static constexpr int kRingBytes = 2 * kStages * kKvTileBytes;
   static constexpr bool kSeparateStaging = 2 * kQBytes + kRingBytes + 8 * (2 + 4 * kStages) + 1024 <= 227 * 1024;
 
@@ -156,7 +157,7 @@ struct FwdTraits {
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKvTileBytes;
-  static constexpr int kStagingOffset = kSeparateStaging ? kVOffset + kStages * kKvTileBytes : kQOffset;
+  static constexpr int kStagingOffset = kVOffset + kStages * kKvTileBytes;  // (kSeparateStaging only)
   static constexpr int kBarrierOffset = kVOffset + kStages * kKvTileBytes + (kSeparateStaging ? kQBytes : 0);
   // q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty.
   static constexpr int kBarriers = 2 + 4 * kStages;

@@ -27,12 +27,19 @@ inline std::string DescribeForward(const AttentionShape& s, int head_dim_padded)
 // block by query block over all heads), kSections FlashAttention-3's
 // L2-aware sections. kDefault: sections at head dims up to 128, where the
 // H200 measured them 1.10-1.16x faster at B=4 T=4096 causal (H=64 N=32: 409
-// vs 373 TFLOP/s; H=128 N=16: 615 vs 529) and even at T=1024 or N=16 at 64;
-// all heads at 256, where sections were 0.90x (599 vs 667; not yet
-// profiled). sm90_fwd_check times both.
+// vs 373 TFLOP/s; H=128 N=16: 615 vs 529) and even at T=1024 or N=16 at 64.
+// At 256 sections only while a key head's K and V take at most
+// kSectionsAt256Bytes (seqlen_k <= 2048 in 16 bits): measured (PERF v31,
+// B*T = 16384, N = 8, bf16, forward TFLOP/s all heads -> sections) 335 ->
+// 405 at T = 1024 and 457 -> 493 at 2048, where order 0's ~132 tiles in
+// flight span ~128 heads whose K/V (128 MiB) miss L2 on every tile (ncu:
+// DRAM 76% busy, 3.65 TB/s, the traffic of every tile reading its keys from
+// HBM), but 561 -> 547 at 4096, 638 -> 568 at 8192, 680 -> 656 at 16384,
+// where the tiles are long enough for order 0's reuse within a round.
 enum class CausalOrder { kDefault, kAllHeads, kSections };
-constexpr CausalOrder DefaultCausalOrder(int head_dim) {
-  return head_dim <= 128 ? CausalOrder::kSections : CausalOrder::kAllHeads;
+constexpr int64_t kSectionsAt256Bytes = int64_t(2) << 20;
+constexpr CausalOrder DefaultCausalOrder(int head_dim, int64_t kv_head_bytes) {
+  return head_dim <= 128 || kv_head_bytes <= kSectionsAt256Bytes ? CausalOrder::kSections : CausalOrder::kAllHeads;
 }
 
 // The consumer warpgroups of a variant: kConsumers if given, else the head
@@ -149,13 +156,14 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   // Sections of key heads whose K and V (the real head dim's bytes) fit in L2.
   // (Below 2^30 tiles: the sections' int32 tile counters may run one
   // section past the last tile.)
-  const bool sections = p.is_causal && scheduler.Tiles() < (int64_t(1) << 30) &&
-                        (order == CausalOrder::kDefault ? DefaultCausalOrder(kHeadDim) : order) == CausalOrder::kSections;
+  const int64_t kv_head_bytes = s.seqlen_k * 2 * s.head_dim * int64_t(sizeof(Element));
+  const bool sections =
+      p.is_causal && scheduler.Tiles() < (int64_t(1) << 30) &&
+      (order == CausalOrder::kDefault ? DefaultCausalOrder(kHeadDim, kv_head_bytes) : order) == CausalOrder::kSections;
   int pairs = 0;
   if (sections)
     pairs = section_pairs > 0 ? section_pairs
-                              : CausalSection(s.seqlen_k * 2 * s.head_dim * int64_t(sizeof(Element)), s.group(),
-                                              scheduler.m_blocks, s.num_heads * s.batch, blocks);
+                              : CausalSection(kv_head_bytes, s.group(), scheduler.m_blocks, s.num_heads * s.batch, blocks);
   scheduler.SetSections(pairs, int(blocks));
   kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, args, scheduler, p);
   if (auto e = CheckLaunch("sm90 forward kernel"); !e.empty()) return e + " (" + what + ")";
