@@ -29,6 +29,8 @@ Cases (bf16, H=128, N=16; `grad` ones run the fused backward too):
                   kernel's own (plain causal's work, per-query mask path)
   visible_mask    the same with an all-True [1, 1, T, S] mask: every block
                   visible whole (the summary's cost over plain non-causal)
+  window          B=4 T=4096 causal, fwd, local_window_size=(512, 0) (the
+                  benchmark's window case)
   plain256_1024   B=16 T=1024 causal, N=8, H=256, fwd (v30: 0.74x of FA3; at 256
                   Q is released only after both epilogues, PERF Next 4)
   (default, dropout, keymask without `_grad`: their forward alone)
@@ -57,6 +59,8 @@ if case.startswith("packed"):
 elif case.startswith("one_doc"):
     ids = jnp.zeros((b, t), jnp.int32)
     kwargs.update(q_segment_ids=ids, kv_segment_ids=ids)
+if case.startswith("window"):
+    kwargs.update(local_window_size=(512, 0))
 if case.startswith("det"):
     kwargs.update(deterministic=True)
 elif case.startswith("dropout"):
