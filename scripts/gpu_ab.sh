@@ -9,7 +9,8 @@
 # optionally each tree's tests against its own build (AB_TESTS: test files
 # relative to the tree, e.g. "tests/test_attention.py"; AB_K: a pytest -k
 # expression; AB_TEST_DIRS: only these trees, e.g. the candidate when the
-# base was tested before). Writes $OUT/ab.md (the comparison) and $OUT/ab.log.
+# base was tested before; AB_PYTEST_ARGS: more pytest arguments, e.g.
+# "-n 12"). Writes $OUT/ab.md (the comparison) and $OUT/ab.log.
 #
 #   AB_DIRS="ab/main ab/wip-x" BENCH_ARGS="--impl jax_flash --head-dim 128 --seqlen 16384 --causal 0" \
 #     bash scripts/gpu_ab.sh
@@ -58,7 +59,7 @@ if [ -n "${AB_TESTS:-}" ]; then
     name=$(basename "$dir")
     paths=()
     for t in $AB_TESTS; do paths+=("$root/$dir/$t"); done
-    (cd /tmp && PYTHONPATH="/tmp/ab_site/$name" python3 -m pytest -q "${paths[@]}" ${AB_K:+-k "$AB_K"} \
+    (cd /tmp && PYTHONPATH="/tmp/ab_site/$name" python3 -m pytest -q "${paths[@]}" ${AB_K:+-k "$AB_K"} ${AB_PYTEST_ARGS:-} \
       > "/tmp/ab_pytest_$name.log" 2>&1) &
   done
   wait
