@@ -38,9 +38,32 @@ LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;?\s*$")
 
 
+def parse(text: str) -> dict[str, list[tuple[int, str, tuple]]]:
+    """Per function of `nvdisasm -gi -c` output: (offset, instruction text,
+    inlining chain innermost first as (file, line) pairs)."""
+    functions: dict[str, list] = {}
+    name, chain, pending = None, (), []
+    for raw in text.splitlines():
+        line = raw.strip()
+        m = FUNCTION.match(line)
+        if m:
+            name, chain, pending = m.group(1), (), []
+            functions[name] = []
+            continue
+        m = LINE.search(line)
+        if m:
+            pending.append((m.group(1), int(m.group(2))))
+            continue
+        m = INSTRUCTION.search(line)
+        if m and name:
+            if pending:
+                chain, pending = tuple(pending), []
+            functions[name].append((int(m.group(1), 16), m.group(2), chain))
+    return functions
+
+
 def disassemble(path: str) -> dict[str, list[tuple[int, str, tuple]]]:
-    """Per function of the object or cubin at `path`: (offset, instruction
-    text, inlining chain innermost first as (file, line) pairs)."""
+    """parse() of every cubin of the object (or the cubin) at `path`."""
     with tempfile.TemporaryDirectory() as tmp:
         cubins = [path]
         if not path.endswith(".cubin"):
@@ -49,25 +72,8 @@ def disassemble(path: str) -> dict[str, list[tuple[int, str, tuple]]]:
             cubins = [os.path.join(tmp, f) for f in sorted(os.listdir(tmp)) if f.endswith(".cubin")]
         functions: dict[str, list] = {}
         for cubin in cubins:
-            text = subprocess.run(["nvdisasm", "-gi", "-c", cubin], check=True, capture_output=True,
-                                  text=True).stdout
-            name, chain, pending = None, (), []
-            for raw in text.splitlines():
-                line = raw.strip()
-                m = FUNCTION.match(line)
-                if m:
-                    name, chain, pending = m.group(1), (), []
-                    functions[name] = []
-                    continue
-                m = LINE.search(line)
-                if m:
-                    pending.append((m.group(1), int(m.group(2))))
-                    continue
-                m = INSTRUCTION.search(line)
-                if m and name:
-                    if pending:
-                        chain, pending = tuple(pending), []
-                    functions[name].append((int(m.group(1), 16), m.group(2), chain))
+            functions.update(parse(subprocess.run(["nvdisasm", "-gi", "-c", cubin], check=True,
+                                                  capture_output=True, text=True).stdout))
     return functions
 
 
