@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Session 30's three waiting forward patches (README.md) on the device from
-# wheels built here, in two calls of one stage each (carry ["ab"]):
+# Session 30's four waiting forward patches (README.md) on the device from
+# wheels built here, in three calls of one stage each (carry ["ab"]):
 #
-#   here:  for v in tma:sm90-fwd-tma-store rows:sm90-fwd-feature-rows cap:sm90-fwd-softcap-fold; do
+#   here:  for v in tma:sm90-fwd-tma-store rows:sm90-fwd-feature-rows cap:sm90-fwd-softcap-fold \
+#                   ud:sm90-fwd-uniform-desc; do
 #            bash scripts/ab_wheel.sh ${v%%:*} pending/${v#*:}.patch; done; bash scripts/ab_wheel.sh main
-#   device: bash pending/ab_session30.sh tests    # each candidate's tests against its wheel (~3 min)
-#           bash pending/ab_session30.sh bench    # main and the three, two rounds (~7 min)
+#   device: bash pending/ab_session30.sh tests    # each candidate's tests against its wheel (~4 min)
+#           bash pending/ab_session30.sh bench1   # main, tma, ud: T = 1024 and the short-tile features
+#           bash pending/ab_session30.sh bench2   # main, rows, cap: the feature cases
 #
 # $OUT/ab.md: the comparison (scripts/compare_bench.py), $OUT/ab.log the runs.
 set -uo pipefail
-stage=${1:?usage: bash pending/ab_session30.sh tests|bench}
+stage=${1:?usage: bash pending/ab_session30.sh tests|bench1|bench2}
 export OUT=${OUT:-/tmp/gpu_out}
 case "$stage" in
   tests)
@@ -20,10 +22,17 @@ case "$stage" in
     AB_DIRS="ab/rows" AB_TESTS="tests/test_features.py" AB_PYTEST_ARGS="-n 12" bash scripts/gpu_ab.sh
     AB_DIRS="ab/cap" AB_TESTS="tests/test_features.py tests/test_attention.py" AB_K="softcap or soft_cap" \
       AB_PYTEST_ARGS="-n 12" bash scripts/gpu_ab.sh
+    AB_DIRS="ab/ud" AB_TESTS="tests/test_attention.py tests/test_features.py" AB_PYTEST_ARGS="-n 12" \
+      bash scripts/gpu_ab.sh
     ;;
-  bench)
-    AB_DIRS="ab/main ab/tma ab/rows ab/cap" AB_ROUNDS=2 \
-      BENCH_ARGS="--impl jax_flash --head-dim 128 --seqlen 1024 --causal 0 1 --cotangent random;--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random --cases plain:1 segments:1 window:1 softcap:0 plain:0" \
+  bench1)
+    AB_DIRS="ab/main ab/tma ab/ud" AB_ROUNDS=2 \
+      BENCH_ARGS="--impl jax_flash --head-dim 128 256 --seqlen 1024 --causal 0 1 --cotangent random;--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random --cases plain:1 segments:1 window:1 plain:0" \
+      bash scripts/gpu_ab.sh
+    ;;
+  bench2)
+    AB_DIRS="ab/main ab/rows ab/cap" AB_ROUNDS=2 \
+      BENCH_ARGS="--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random --cases plain:1 segments:1 window:1 softcap:0 prefix_lm_softcap:0 plain:0" \
       bash scripts/gpu_ab.sh
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
