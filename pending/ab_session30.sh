@@ -5,6 +5,7 @@
 #   here:  for v in tma:sm90-fwd-tma-store rows:sm90-fwd-feature-rows cap:sm90-fwd-softcap-fold \
 #                   ud:sm90-fwd-uniform-desc; do
 #            bash scripts/ab_wheel.sh ${v%%:*} pending/${v#*:}.patch; done; bash scripts/ab_wheel.sh main
+#          bash scripts/ab_wheel.sh caponly pending/sm90-fwd-softcap-fold.patch pending/sm90-fwd-softcap-only.patch
 #   device: bash pending/ab_session30.sh tests    # each candidate's tests against its wheel (~4 min)
 #           bash pending/ab_session30.sh bench1   # main, tma, ud: T = 1024 and the short-tile features
 #           bash pending/ab_session30.sh bench2   # main, rows, cap: the feature cases
@@ -20,7 +21,7 @@ case "$stage" in
     AB_DIRS="ab/tma" AB_TESTS="tests/test_attention.py tests/test_features.py tests/test_sinks.py tests/test_paged.py" \
       AB_PYTEST_ARGS="-n 12" bash scripts/gpu_ab.sh
     AB_DIRS="ab/rows" AB_TESTS="tests/test_features.py" AB_PYTEST_ARGS="-n 12" bash scripts/gpu_ab.sh
-    AB_DIRS="ab/cap" AB_TESTS="tests/test_features.py tests/test_attention.py" AB_K="softcap or soft_cap" \
+    AB_DIRS="ab/cap ab/caponly" AB_TESTS="tests/test_features.py tests/test_attention.py" AB_K="softcap or soft_cap" \
       AB_PYTEST_ARGS="-n 12" bash scripts/gpu_ab.sh
     AB_DIRS="ab/ud" AB_TESTS="tests/test_attention.py tests/test_features.py" AB_PYTEST_ARGS="-n 12" \
       bash scripts/gpu_ab.sh
@@ -31,7 +32,7 @@ case "$stage" in
       bash scripts/gpu_ab.sh
     ;;
   bench2)
-    AB_DIRS="ab/main ab/rows ab/cap" AB_ROUNDS=2 \
+    AB_DIRS="ab/main ab/rows ab/cap ab/caponly" AB_ROUNDS=2 \
       BENCH_ARGS="--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random --cases plain:1 segments:1 window:1 softcap:0 prefix_lm_softcap:0 plain:0" \
       bash scripts/gpu_ab.sh
     ;;
