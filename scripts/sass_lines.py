@@ -8,9 +8,11 @@ The CSV is `ncu -i X.ncu-rep --page source --print-source sass --csv` (what
 scripts/profile_features.sh writes with PROFILE_SOURCE=1); the object (or
 cubin) is the same translation unit compiled here with `-lineinfo` (for
 sm_90a, the package's flags), which leaves the SASS as it was: the script
-checks that every profiled instruction equals the local one at its offset
-and refuses a mismatch, so a device build without line info can be read
-against a local build with it. Each instruction goes to its source line
+checks that the profiled instructions equal the local ones at their
+offsets (branch targets, addresses and reuse flags aside; at least 99.9%
+of them, all of them in every profile read so far) and refuses a worse
+match, so a device build without line info can be read against a local
+build with it. Each instruction goes to its source line
 (`nvdisasm -gi`'s inlining chain: by default the innermost frame, or with
 `--frame SUFFIX` the innermost frame in a file ending in SUFFIX, e.g. the
 kernel's own fwd_kernel.cuh line that inlined a helper). Printed per line:
