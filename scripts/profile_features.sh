@@ -6,6 +6,13 @@
 # logs bundled into $OUT/profile.tgz and the summaries on stdout.
 #
 #   PROFILE_CASES="packed:ForwardKernel plain_1024:ForwardKernel" bash scripts/profile_features.sh
+#
+# A wheel from scripts/ab_wheel.sh instead of a build here: install it with
+# `pip install --no-deps --target /tmp/ab_site/NAME ab/NAME/*.whl` and run
+# with PYTHONPATH=/tmp/ab_site/NAME SKIP_BUILD=1. With PROFILE_SOURCE=1 the
+# per-instruction CSVs in profile.tgz can be read per source line here:
+# scripts/sass_lines.py CSV OBJECT, the object the same translation unit
+# compiled here with -lineinfo (nvcc ... -lineinfo -c ffi/cuda/sm90/launch_*.cu).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-/tmp/profile_out}
