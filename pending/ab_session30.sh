@@ -11,6 +11,8 @@
 #           bash pending/ab_session30.sh bench2   # main, rows, cap: the feature cases
 #
 # $OUT/ab.md: the comparison (scripts/compare_bench.py), $OUT/ab.log the runs.
+# The six wheels with their tests, examples, scripts and ffi/ copies are
+# ~48 MB of the device call's 64 MiB carry: carry ab/ alone (no .peers).
 set -uo pipefail
 stage=${1:?usage: bash pending/ab_session30.sh tests|bench1|bench2}
 export OUT=${OUT:-/tmp/gpu_out}
