@@ -2,7 +2,9 @@
 on the host, order 0 and the L2-aware sectioned one: every tile dealt to
 exactly one block, causal tiles heaviest first within each section, a
 section's tiles its own heads', causal work balanced across blocks to within
-one tile per section; the section sizes (SectionHeads, CausalSection); the
+one tile per section; the section sizes (SectionHeads, CausalSection) and
+which causal order a call gets (DefaultCausalOrder: at 256 sections only up
+to 2 MiB of K/V per key head); the
 plain kernel's key blocks per tile and its first masked one per consumer
 warpgroup (fwd_kernel.cuh's PlainKeyBlocks, FirstMaskedKeyBlock) for 128-
 and 192-row tiles against brute force. nvcc

@@ -229,6 +229,24 @@ int main() {
   expect_causal(int64_t(1024) * 512 * 2, 1, 8, 256, 33);    // H=256 T=1024: 32 x 8 < 264 tiles, widened
   expect_causal(int64_t(4) << 20, 2, 8, 256, 34);           // 8 x 2 pairs widened by whole groups
   expect_causal(int64_t(65536) * 256 * 2, 1, 512, 64, 1);   // one key head over L2
+  // DefaultCausalOrder: sections up to head dim 128; at 256 up to 2 MiB of
+  // K/V per key head (T <= 2048 in 16 bits), order 0 above (PERF.md v31).
+  // The launch passes the kernel's head dim and the real head dim's bytes.
+  auto expect_order = [&](int kernel_dim, int head_dim, int64_t seqlen_k, CausalOrder want) {
+    const CausalOrder got = DefaultCausalOrder(kernel_dim, seqlen_k * 2 * head_dim * 2);
+    if (got == want) return;
+    ++failures;
+    std::printf("FAIL DefaultCausalOrder(%d, H=%d T=%lld) = %d, want %d\n", kernel_dim, head_dim,
+                (long long)seqlen_k, int(got), int(want));
+  };
+  expect_order(64, 64, 131072, CausalOrder::kSections);
+  expect_order(128, 128, 16384, CausalOrder::kSections);
+  expect_order(256, 256, 1024, CausalOrder::kSections);
+  expect_order(256, 256, 2048, CausalOrder::kSections);
+  expect_order(256, 256, 2049, CausalOrder::kAllHeads);
+  expect_order(256, 256, 4096, CausalOrder::kAllHeads);
+  expect_order(256, 200, 2600, CausalOrder::kSections);  // 2.08 MB of a padded head dim's real bytes
+  expect_order(256, 200, 2700, CausalOrder::kAllHeads);
   for (int rows : {128, 192}) {
     int most_masked = 0;
     failures += rows == 128 ? CheckKeyBlocks<128>(&configs, &most_masked) : CheckKeyBlocks<192>(&configs, &most_masked);

@@ -173,4 +173,25 @@ inline int CausalSection(int64_t kv_head_bytes, int64_t group, int64_t m_blocks,
   return s >= pairs ? 0 : int(s);
 }
 
+// The causal tile order (launch.cuh's LaunchForwardScheduled): kAllHeads is
+// order 0 (query block by query block over all heads), kSections
+// FlashAttention-3's L2-aware sections (TileScheduler::SetSections with
+// CausalSection's size). kDefault: sections at head dims up to 128, where the
+// H200 measured them 1.10-1.16x faster at B=4 T=4096 causal (H=64 N=32: 409
+// vs 373 TFLOP/s; H=128 N=16: 615 vs 529) and even at T=1024 or N=16 at 64.
+// At 256 sections only while a key head's K and V take at most
+// kSectionsAt256Bytes (seqlen_k <= 2048 in 16 bits): measured (PERF v31,
+// B*T = 16384, N = 8, bf16, forward TFLOP/s all heads -> sections) 335 ->
+// 405 at T = 1024 and 457 -> 493 at 2048, where order 0's ~132 tiles in
+// flight span ~128 heads whose K/V (128 MiB) miss L2 on every tile (ncu:
+// DRAM 76% busy, 3.65 TB/s, the traffic of every tile reading its keys from
+// HBM), but 561 -> 547 at 4096, 638 -> 568 at 8192, 680 -> 656 at 16384,
+// where the tiles are long enough for order 0's reuse within a round.
+// (Host-callable: tests/cpp/sm90_tile_scheduler_test.cu.)
+enum class CausalOrder { kDefault, kAllHeads, kSections };
+constexpr int64_t kSectionsAt256Bytes = int64_t(2) << 20;
+constexpr CausalOrder DefaultCausalOrder(int head_dim, int64_t kv_head_bytes) {
+  return head_dim <= 128 || kv_head_bytes <= kSectionsAt256Bytes ? CausalOrder::kSections : CausalOrder::kAllHeads;
+}
+
 }  // namespace jax_flash::cuda::sm90
