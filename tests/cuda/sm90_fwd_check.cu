@@ -446,7 +446,7 @@ int main(int argc, char** argv) {
     // The causal order: the sectioned one (default schedule) against the
     // default order (the same schedule's column: order 0 where
     // DefaultCausalOrder picks it), per causal shape.
-    std::printf("\ncausal tile order (default schedule; launch.cuh's DefaultCausalOrder: sections up to head "
+    std::printf("\ncausal tile order (default schedule; tile_scheduler.cuh's DefaultCausalOrder: sections up to head "
                 "dim 128, and at 256 up to 2 MiB of K/V per key head; all heads otherwise):\n");
     for (const TimingRow& r : timing_rows) {
       if (r.sections <= 0) continue;
