@@ -280,10 +280,10 @@ def test_sm90_forward_at_256_over_many_tiles(rng, seqlen, heads, kv_heads):
     tiles of 128 query rows on 132 blocks), causal: at T = 2048 in the
     L2-aware sections (tile_scheduler.cuh's DefaultCausalOrder: 2 MiB of
     K/V per key head; sections of 17 pairs and a last one of 1), at 4096 in
-    order 0
-    (GQA 6:2); each tile's Q loaded while the previous tile's epilogue
-    stores O from the registers (epilogue.cuh). Output and lse against the
-    float64 reference, with rows past the last full tile (seqlen - 37)."""
+    order 0 (GQA 6:2); each tile's Q loaded while the previous tile's
+    epilogue stores O from the registers (epilogue.cuh). Output and lse
+    against the float64 reference, with rows past the last full tile
+    (seqlen - 37)."""
     t = seqlen - 37
     q, k, v = random_qkv(rng, 1, t, t, heads, kv_heads, 256, "bfloat16")
     out, residual = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, is_causal=True, return_residual=True,
