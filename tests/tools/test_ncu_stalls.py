@@ -48,3 +48,14 @@ def test_summary_shares_by_reason_opcode_and_instruction():
 def test_output_without_the_source_page_reads_as_no_rows():
     m = load_script("ncu_stalls")
     assert m.read(["==ERROR== the report has no source page"]) == []
+
+
+def test_levels_group_instructions_by_how_often_they_ran():
+    m = load_script("ncu_stalls")
+    rows = m.read(_lines())
+    text = m.levels(rows)
+    lines = text.splitlines()
+    # 4096 runs (shown to two digits): the two HMMAs, 8192 of the 10240
+    # executed; 1024: the other two.
+    assert lines[1].split() == ["4100", "2", "80.0%", "50.0%"]
+    assert lines[2].split() == ["1000", "2", "20.0%", "50.0%"]
