@@ -38,7 +38,7 @@ for spec in ${PROFILE_CASES:-packed:ForwardKernel plain_1024:ForwardKernel one_d
   echo "== $name ($kernels)"; grep -E "$summary" "$LOGS/$name.txt" | grep -v "^ *--" | head -30
   if [ -n "${PROFILE_SOURCE:-}" ]; then
     ncu -i "$LOGS/$name.ncu-rep" --page source --print-source sass --csv > "$LOGS/${name}_sass.csv" 2>&1
-    python3 "$root/scripts/ncu_stalls.py" "$LOGS/${name}_sass.csv" --top 25
+    python3 "$root/scripts/ncu_stalls.py" "$LOGS/${name}_sass.csv" --top 25 --levels
   fi
   (cd "$LOGS" && tar czf "$OUT/profile.tgz" --exclude='*.ncu-rep' .)
 done
