@@ -185,6 +185,22 @@ struct MaskPolicy {
     return m;
   }
 
+  // kv_ranges of ForWithoutMaskArray(p, b) alone (ranges null without
+  // segment ids and both sides' summaries; the same formulas, written out
+  // there too: through this call the sm90 forward's producer warp, at its
+  // 24-40 registers, spilled more), for code that needs only the key side's
+  // summaries (the sm90 forward's consumers, once per tile) without the
+  // rest of the policy's loads and 64-bit arithmetic.
+  JAX_FLASH_HOST_DEVICE static SegmentRanges KeySegmentRanges(const AttentionParams& p, int64_t b) {
+    const AttentionFeatures& f = p.features;
+    SegmentRanges r;
+    if (f.q_segment_ids && f.kv_segment_ids && f.q_segment_ranges && f.kv_segment_ranges) {
+      r.blocks = (p.shape.seqlen_k + kSegmentBlock - 1) / kSegmentBlock;
+      r.ranges = f.kv_segment_ranges + 2 * b * r.blocks;
+    }
+    return r;
+  }
+
   // Keys [*lo, *hi) that query rows [i0, i1) may see (a superset of the
   // visible ones); empty when *lo >= *hi.
   JAX_FLASH_HOST_DEVICE void KeyRange(int64_t i0, int64_t i1, int64_t* lo, int64_t* hi) const {

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/row_end.h"
+#include "cuda/sm90/bulk_reduce.cuh"
 #include "cuda/sm90/kernel_traits.cuh"
 #include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/softmax.cuh"
@@ -53,10 +54,14 @@ __device__ __forceinline__ void StoreChunk(Element* dst, const uint32_t (&w)[4],
 // O normalized into [B, Tq, N, H] and the lse, for one consumer warpgroup.
 // With an output staging of its own (Tr::kSeparateStaging) through
 // `staging`, the warpgroup's own 64 rows of a Q-shaped tile, written in Q's
-// layout: row r's 16-byte chunk k of column chunk c sits at chunk k ^ (r % 8),
-// so a warp's fragment writes (8 rows x 4 pairs) hit 32 distinct banks, and
-// each thread then reads whole 16-byte chunks of a row for the global
-// stores (8 threads: one 128-byte row, a permutation of its chunks).
+// layout (TMA's 128-byte swizzle): row r's 16-byte chunk k of column chunk
+// c sits at chunk k ^ (r % 8), so a warp's fragment writes (8 rows x 4
+// pairs) hit 32 distinct banks; then one thread stores it by TMA through
+// `o_map` (a 64-row box of out), a bulk group the next tile's epilogue (or
+// the kernel's end) waits for before the staging is rewritten. (Until v31
+// every thread read 16-byte chunks back and stored them itself: ~270 of the
+// epilogue's ~570 instructions a tile and warp, 16% of the T = 1024
+// forward's, by scripts/sass_lines.py.)
 // Without one (256: Q and the K/V ring fill shared memory) straight from
 // the registers, each quad's pairs transposed into 16-byte chunks
 // (QuadTranspose; a warp's store then covers 8 rows x 64 contiguous bytes),
@@ -66,11 +71,12 @@ __device__ __forceinline__ void StoreChunk(Element* dst, const uint32_t (&w)[4],
 // 1024 causal, waited on q_full; PERF v31).
 // `row0`: the thread's first row within the warpgroup, `m0` the
 // warpgroup's first query row; `sink2` the head's attention sink in log2
-// units (SinkLog2; -inf: none). Ends with this thread's reads of staging done.
+// units (SinkLog2; -inf: none).
 template <typename Element, typename Tr>
 __device__ __forceinline__ void StoreOutput(const ForwardArgs& a,
                                             const OnlineSoftmax<Tr::kBlockN, Tr::kHeadDim>& softmax,
-                                            float (&o)[Tr::kHeadDim / 2], uint32_t staging, int barrier_id,
+                                            float (&o)[Tr::kHeadDim / 2], uint32_t staging,
+                                            const CUtensorMap* o_map, int barrier_id,
                                             int row0, int m0, int h, int b, float sink2) {
   constexpr int kHeadDim = Tr::kHeadDim;
   const int tid = threadIdx.x % 128, t = tid % 4;
@@ -83,8 +89,8 @@ __device__ __forceinline__ void StoreOutput(const ForwardArgs& a,
     const int row = m0 + row0 + 8 * hh;
     if (t == 0 && row < a.seqlen_q) a.lse[(int64_t(b) * a.num_heads + h) * a.seqlen_q + row] = end.lse;
   }
-  Element* out = static_cast<Element*>(a.out) + int64_t(b) * a.out_stride.batch + int64_t(h) * a.out_stride.head;
   if constexpr (!Tr::kSeparateStaging) {
+    Element* out = static_cast<Element*>(a.out) + int64_t(b) * a.out_stride.batch + int64_t(h) * a.out_stride.head;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int row = m0 + row0 + 8 * hh;
@@ -101,8 +107,9 @@ __device__ __forceinline__ void StoreOutput(const ForwardArgs& a,
     }
     return;
   }
-  // Every warp of the warpgroup is past its reads of the previous tile's
-  // staging.
+  // The previous tile's stores have read the staging (their issuing thread
+  // waits before the barrier).
+  if (tid == 0) BulkWaitRead<0>();
   NamedBarrierSync(barrier_id, 128);
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j)
@@ -113,19 +120,15 @@ __device__ __forceinline__ void StoreOutput(const ForwardArgs& a,
       const uint32_t v = PackPair<Element>(o[4 * j + 2 * hh], o[4 * j + 2 * hh + 1]);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
     }
+  // Every thread's writes, then one thread's TMA stores of the warpgroup's
+  // 64 rows, a 64-column chunk each (the staging is in the map's 128-byte
+  // swizzle; rows past seqlen_q and columns past head_dim are not written).
+  FenceProxyAsync();
   NamedBarrierSync(barrier_id, 128);
-  constexpr int kRowChunks = kHeadDim / 8;  // 16-byte chunks per output row
+  if (tid == 0) {
 #pragma unroll
-  for (int idx = tid; idx < 64 * kRowChunks; idx += 128) {
-    const int r = idx / kRowChunks, k = idx % kRowChunks;
-    const int row = m0 + r, col = 8 * k;
-    if (row >= a.seqlen_q || col >= a.head_dim) continue;
-    const uint32_t addr = staging + (k / 8) * Tr::kQChunkBytes + r * 128 + (((k % 8) ^ (r % 8)) * 16);
-    uint32_t w[4];
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                 : "r"(addr));
-    StoreChunk(out + int64_t(row) * a.out_stride.row + col, w, col, a.head_dim);
+    for (int c = 0; c < kHeadDim / 64; ++c) TmaStore4d(o_map, staging + c * Tr::kQChunkBytes, 64 * c, m0, h, b);
+    BulkCommit();
   }
 }
 

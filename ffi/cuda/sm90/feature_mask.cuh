@@ -264,7 +264,8 @@ inline std::string UnsupportedFeatures(const AttentionParams& p, Features varian
   }
   if (f.bias || f.mask || f.dropout_rate > 0.0)
     return "a bias, a boolean mask and dropout are not supported (the sm80 kernels serve them)";
-  if (f.softcap > 0.0 && variant != Features::kMasksSoftcap) return "the soft cap needs the kMasksSoftcap variant";
+  if (f.softcap > 0.0 && !AppliesSoftcap(variant)) return "the soft cap needs the kMasksSoftcap or kSoftcap variant";
+  if (variant == Features::kSoftcap && !(f.softcap > 0.0)) return "the kSoftcap variant needs the soft cap";
   return {};
 }
 
@@ -762,7 +763,9 @@ __host__ __device__ __forceinline__ uint32_t ColumnRangeBits(int lo, int hi) {
 // int32, computed once per tile (FeatureRows::For): rebuilding the policy
 // per key block (its loads of lengths and offsets, its 64-bit bounds) sat
 // in front of every block's S = Q K^T. The thread's rows are `row` and
-// `row` + 8 of the warp's 16 from `warp_i0`.
+// `row` + 8 of the warp's 16 from `warp_i0`; on the device the whole warp
+// calls For with one warp_i0 and row = warp_i0 + lane / 4 (the warp's
+// bounds come from lanes 0 and 31 by shuffles), on the host any row.
 struct FeatureRows {
   // Structural bounds (lengths, causal, window, offsets): row hh sees keys
   // [lo[hh], hi[hh]) (MaskPolicy::KeyRange of one query), clamped to
@@ -787,10 +790,20 @@ struct FeatureRows {
       policy.KeyRange(row + 8 * hh, int64_t(row) + 8 * hh + 1, &lo, &hi);
       r.lo[hh] = clamp(lo), r.hi[hh] = clamp(hi);
     }
+#ifdef __CUDA_ARCH__
+    // The warp's first and last rows are lane 0's first and lane 31's
+    // second (row = warp_i0 + lane / 4): their bounds by shuffles, not two
+    // more 64-bit KeyRange calls per thread (the whole warp calls For with
+    // one warp_i0).
+    const int first_hi = __shfl_sync(0xffffffffu, r.hi[0], 0);
+    const int last_lo = __shfl_sync(0xffffffffu, r.lo[1], 31), last_hi = __shfl_sync(0xffffffffu, r.hi[1], 31);
+    r.full_lo = last_lo, r.full_hi = std::min(first_hi, last_hi);
+#else
     policy.KeyRange(warp_i0, int64_t(warp_i0) + 1, &lo, &hi);
     r.full_hi = clamp(hi);
     policy.KeyRange(int64_t(warp_i0) + 15, int64_t(warp_i0) + 16, &lo, &hi);
     r.full_lo = clamp(lo), r.full_hi = std::min(r.full_hi, clamp(hi));
+#endif
     if (policy.HasSegmentRanges()) r.warp_ids = SummarySpan<16>(policy.q_ranges, warp_i0);
     if (policy.q_segments) {
       const int q_last = int(p.shape.seqlen_q) - 1;
@@ -852,15 +865,26 @@ __host__ __device__ __forceinline__ BlockMask FeatureBlockMask(const AttentionPa
   return FeatureRows::For<kBlockN>(p, b, warp_i0, row).template Block<kBlockN>(p, b, n0, t, KeyBlockSummaries<kBlockN>(p, b, n0));
 }
 
+// The softmax scale (log2 units) of logits ApplyFeatures soft-capped:
+// scale_log2 times cap / scale, the factor it leaves out (cap > 0, so the
+// row maxima commute with it as with the scale).
+__host__ __device__ __forceinline__ float SoftcapSoftmaxScale(float scale_log2, SoftcapFactors cap) {
+  return scale_log2 * cap.cap_over_scale;
+}
+
 // The features on S = Q K^T of one key block (raw logits): soft-capped
-// (kSoftcap), then -inf where `mask` hides the pair.
+// (kSoftcap), then -inf where `mask` hides the pair. The soft cap leaves
+// tanh(s scale / cap) alone, without its factor cap / scale: the caller's
+// softmax takes that factor into its scale (SoftcapSoftmaxScale), one
+// multiply per logit fewer (the soft cap's forward was 3 instructions a
+// logit beside the exponential: two multiplies and the tanh).
 template <typename Element, int kBlockN, bool kSoftcap>
 __device__ __forceinline__ void ApplyFeatures(float (&s)[kBlockN / 2], SoftcapFactors cap, const BlockMask& mask) {
   if constexpr (kSoftcap) {
 #pragma unroll
     for (int k = 0; k < kBlockN / 2; ++k) {
       const float x = s[k] * cap.scale_over_cap;
-      s[k] = (std::is_same_v<Element, __nv_bfloat16> ? TanhApprox(x) : FastTanh(x)) * cap.cap_over_scale;
+      s[k] = std::is_same_v<Element, __nv_bfloat16> ? TanhApprox(x) : FastTanh(x);
     }
   }
   if (!mask.check) return;

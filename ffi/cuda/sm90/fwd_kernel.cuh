@@ -54,6 +54,7 @@
 #include <type_traits>
 
 #include "common/params.h"
+#include "cuda/sm90/bulk_reduce.cuh"
 #include "cuda/sm90/dropout.cuh"
 #include "cuda/sm90/epilogue.cuh"
 #include "cuda/sm90/feature_mask.cuh"
@@ -108,7 +109,8 @@ template <typename Element, typename Tr, Schedule kSchedule, Features kFeatures>
 __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const AttentionParams& params,
                                             const TileScheduler& scheduler, Barriers<Tr> bars, uint32_t smem,
                                             int warpgroup, int tile, int m0, int h, int b, KeyBlocks keys,
-                                            int pipe, int tile_iter, const FeatureRows& rows) {
+                                            int pipe, int tile_iter, const FeatureRows& rows,
+                                            const CUtensorMap& o_map) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockN = Tr::kBlockN;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
   constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
@@ -130,7 +132,12 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   float o[kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
-  OnlineSoftmax<kBlockN, kHeadDim> softmax(a.scale_log2);
+  // (kMasksSoftcap, kSoftcap: their logits reach the softmax as tanh(s scale / cap),
+  // the factor cap / scale in the scale instead: ApplyFeatures.)
+  OnlineSoftmax<kBlockN, kHeadDim> softmax(
+      AppliesSoftcap(kFeatures)
+          ? SoftcapSoftmaxScale(a.scale_log2, SoftcapFactors{a.softcap_scale, a.softcap_unscale})
+          : a.scale_log2);
 
   // Plain kernel: key blocks from first_masked on need masks; block i of the
   // loop is key block n_hi - 1 - i. Feature variants: every block goes
@@ -159,8 +166,8 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   const int32_t* kv_ranges = nullptr;
   int kv_entries = 0;
   if constexpr (kAnyFeature) {
-    const MaskPolicy policy = MaskPolicy::ForWithoutMaskArray(params, b);
-    if (policy.HasSegmentRanges()) kv_ranges = policy.kv_ranges.ranges, kv_entries = int(policy.kv_ranges.blocks);
+    const SegmentRanges ranges = MaskPolicy::KeySegmentRanges(params, b);
+    kv_ranges = ranges.ranges, kv_entries = int(ranges.blocks);
   }
   auto key_summaries = [&](int n0) {
     SummaryEntries e{};
@@ -255,7 +262,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   auto mask = [&](float (&s)[kBlockN / 2], int i, const BlockMask& block_mask) {
     const int n0 = (n_hi - 1 - i) * kBlockN;
     if constexpr (kAnyFeature) {
-      ApplyFeatures<Element, kBlockN, kFeatures == Features::kMasksSoftcap>(
+      ApplyFeatures<Element, kBlockN, AppliesSoftcap(kFeatures)>(
           s, SoftcapFactors{a.softcap_scale, a.softcap_unscale}, block_mask);
     } else {
       MaskLogits<kBlockN>(s, 64 * warpgroup + row0, t, min(kBlockN, a.seqlen_k - n0), m0 - n0, a.is_causal);
@@ -267,24 +274,26 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   auto issue_qk = [&](float (&s)[kBlockN / 2], int i) {
     const int stage = (pipe + i) % Tr::kStages;
     MbarrierWait(bars.k_full(stage), ((pipe + i) / Tr::kStages) & 1);
-    const uint32_t k_tile = KTile<Tr>(smem, stage);
+    // (One descriptor per operand plus each step's constant offset: the
+    // feature variants rebuilt both from their addresses at every step, ~24
+    // uniform instructions a block, PERF v31.)
+    const UniformDescriptor q_desc(q_rows, 16, 1024), k_desc(KTile<Tr>(smem, stage), 16, 1024);
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      WgmmaSS<Element, kBlockN>(s, KMajorDescriptor<Tr>(q_rows, Tr::kQChunkBytes, kk),
-                                KMajorDescriptor<Tr>(k_tile, Tr::kKvChunkBytes, kk), kBias || kk > 0 ? 1 : 0);
+      WgmmaSS<Element, kBlockN>(s, q_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)),
+                                k_desc.At(KMajorOffset(Tr::kKvChunkBytes, kk)), kBias || kk > 0 ? 1 : 0);
     WgmmaCommit();
   };
   // O += P V for block i, issued and committed (V MN-major: VDescriptor).
   auto issue_pv = [&](uint32_t (&p)[kBlockN / 16][4], int i) {
     const int stage = (pipe + i) % Tr::kStages;
     MbarrierWait(bars.v_full(stage), ((pipe + i) / Tr::kStages) & 1);
-    const uint32_t v_tile = VTile<Tr>(smem, stage);
+    const UniformDescriptor v_desc(VTile<Tr>(smem, stage), Tr::kKvChunkBytes, 1024);
     FenceRegisters(o);
     WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      WgmmaRS<Element, kHeadDim>(o, p[kk], VDescriptor<Tr>(v_tile, kk), 1);
+    for (int kk = 0; kk < kBlockN / 16; ++kk) WgmmaRS<Element, kHeadDim>(o, p[kk], v_desc.At(MnMajorOffset(kk)), 1);
     WgmmaCommit();
   };
   // Q's last reader is the tile's last S (the epilogue writes O through a
@@ -450,7 +459,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
     asm volatile("" : "+r"(tile));  // an opaque value: decoded here, not carried from the top
     coord = scheduler.Decode(tile);
   }
-  StoreOutput<Element, Tr>(a, softmax, o, staging, Tr::kEpilogueBarrier + warpgroup, row0, wg_m0, coord.h,
+  StoreOutput<Element, Tr>(a, softmax, o, staging, &o_map, Tr::kEpilogueBarrier + warpgroup, row0, wg_m0, coord.h,
                            coord.b, SinkLog2<float>(params.features, coord.b, coord.h, a.num_heads));
 }
 
@@ -458,7 +467,8 @@ template <typename Element, int kHeadDim, int kBlockN, Schedule kSchedule, Featu
           int kConsumers = 2>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThreads, 1)
     ForwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                  const __grid_constant__ CUtensorMap v_map, const ForwardArgs a,
+                  const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
+                  const ForwardArgs a,
                   const TileScheduler scheduler, const __grid_constant__ AttentionParams p) {
   using Tr = FwdTraits<kHeadDim, kBlockN, kConsumers>;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
@@ -529,7 +539,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
     // One thread issues the copies; the feature variants run the whole warp
     // through the loop for FeatureKeyBlocks' votes.
     if (kAnyFeature ? threadIdx.x < 32 : threadIdx.x == 0) {
-      if (threadIdx.x == 0) PrefetchTensorMaps(&q_map, &k_map, &v_map);
+      if (threadIdx.x == 0) PrefetchTensorMaps(&q_map, &k_map, &v_map), PrefetchTensorMap(&o_map);
       auto keys_of = [&](int m0, int h, int b, int) {
         if constexpr (kAnyFeature) {
           return FeatureKeyBlocks<Tr::kBlockM, Tr::kBlockN, ReadsMaskArray(kFeatures) || TakesKeyMaskBeside(kFeatures),
@@ -596,13 +606,17 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
     };
     auto consume = [&](int tile, int m0, int h, int b, KeyBlocks keys, int pipe, int tile_iter, int) {
       ConsumeTile<Element, Tr, kSchedule, kFeatures>(a, p, scheduler, bars, smem, warpgroup, tile, m0, h, b, keys,
-                                                     pipe, tile_iter, rows);
+                                                     pipe, tile_iter, rows, o_map);
     };
     if (taken) {
       for_each_taken_tile([](int next_tile) { return next_tile; }, keys_of, consume);
     } else {
       for_each_tile(keys_of, consume);
     }
+    // The last tile's output stores read the staging until they are done:
+    // the block's shared memory must outlive them.
+    if constexpr (Tr::kSeparateStaging)
+      if (threadIdx.x % 128 == 0) BulkWaitRead<0>();
   }
 }
 

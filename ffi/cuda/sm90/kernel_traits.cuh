@@ -23,7 +23,15 @@ enum class Schedule { kSerial, kOverlap, kPingPong };
 // backward's kMasks any). A bias with the soft cap, dropout with the soft
 // cap or a bias, and a per-query boolean mask with dropout (or with the
 // soft cap, backward), stay on the sm80 kernels.
-enum class Features { kNone, kMasks, kMasksSoftcap, kMasksBias, kMasksBias16, kMasksBoolean, kMasksDropout };
+// kSoftcap (the forward only): kMasksSoftcap without the boolean mask's
+// paths, for the calls that have none (its loop was 2.1x kMasks's code,
+// 2644 against 1240 instructions at 128, the hot instructions spread over
+// ~106 KB; PERF.md v31). Appended, so that the values above, which are in
+// the kernels' mangled names, stay as they are.
+enum class Features { kNone, kMasks, kMasksSoftcap, kMasksBias, kMasksBias16, kMasksBoolean, kMasksDropout, kSoftcap };
+
+// The variants that soft-cap the logits.
+constexpr bool AppliesSoftcap(Features f) { return f == Features::kMasksSoftcap || f == Features::kSoftcap; }
 
 // The forward variants that read a boolean mask as kMasksBoolean does
 // (fwd_kernel.cuh's MaskArrayRows, key-only or per query, with a per-query

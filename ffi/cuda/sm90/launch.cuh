@@ -56,6 +56,7 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
                             : kFeatures == Features::kMasksBias16 ? " with masks and 16-bit bias"
                             : kFeatures == Features::kMasksBoolean ? " with masks and boolean mask"
                             : kFeatures == Features::kMasksDropout ? " with masks and dropout"
+                            : kFeatures == Features::kSoftcap      ? " with masks and soft cap, no boolean mask"
                                                                   : " with masks and soft cap") +
                            (kC == 2 ? "" : ", three consumer warpgroups");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
@@ -106,6 +107,15 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
       !e.empty())
     return e + " (" + what + ")";
 
+  // The output's map (q's strides, 64-row boxes: one consumer warpgroup's
+  // rows per store), for the epilogue's TMA stores from its own staging
+  // (Tr::kSeparateStaging; 256 stores from the registers).
+  alignas(64) CUtensorMap o_map;
+  if (auto e = EncodeBtnhMap(&o_map, kType, p.out, s.batch, s.seqlen_q, s.num_heads, s.head_dim, p.q_stride, 64,
+                             "out");
+      !e.empty())
+    return e + " (" + what + ")";
+
   ForwardArgs args;
   args.out = p.out;
   args.lse = static_cast<float*>(p.lse);
@@ -146,7 +156,7 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
     pairs = section_pairs > 0 ? section_pairs
                               : CausalSection(kv_head_bytes, s.group(), scheduler.m_blocks, s.num_heads * s.batch, blocks);
   scheduler.SetSections(pairs, int(blocks));
-  kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, args, scheduler, p);
+  kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, o_map, args, scheduler, p);
   if (auto e = CheckLaunch("sm90 forward kernel"); !e.empty()) return e + " (" + what + ")";
   return {};
 }
@@ -192,8 +202,13 @@ std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t str
   // Dropout (without the soft cap, which that variant refuses): kMasksDropout.
   if (p.features.dropout_rate > 0.0 && p.features.dropout_seed)
     return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksDropout>(p, stream);
-  if (p.features.softcap > 0.0)
-    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksSoftcap>(p, stream);
+  // The soft cap: kMasksSoftcap beside a boolean mask, kSoftcap (the same
+  // without the mask's code) otherwise.
+  if (p.features.softcap > 0.0) {
+    if (p.features.mask)
+      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksSoftcap>(p, stream);
+    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kSoftcap>(p, stream);
+  }
   return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasks>(p, stream);
 }
 

@@ -66,6 +66,17 @@ __device__ __forceinline__ void TmaLoad4d(uint32_t dst, const CUtensorMap* map, 
       : "memory");
 }
 
+// Copies the box at `src` in shared memory to coordinates (c0 innermost ..
+// c3) of a 4-D tensor map, as a bulk group of this thread (commit and wait
+// with bulk_reduce.cuh's BulkCommit / BulkWaitRead); elements outside the
+// tensor are not written.
+__device__ __forceinline__ void TmaStore4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
 // Orders this thread's generic-proxy shared-memory accesses before later
 // async-proxy ones (TMA, wgmma) that a barrier makes them precede.
 __device__ __forceinline__ void FenceProxyAsync() {

@@ -34,6 +34,30 @@ __device__ __forceinline__ uint64_t SmemDescriptor(uint32_t addr, uint32_t leadi
   return desc;
 }
 
+// A product's descriptors as one base per operand plus constant byte
+// offsets (the forward's products; the backward's uniform-descriptor
+// schedules, BwdUniformDescriptors).
+// SmemDescriptor(addr + offset) is the base's with offset >> 4 added to its
+// low word when offset is a multiple of 16 and addr + offset < 2^18 (every
+// shared address of a block is below 228 KiB, so the start field [0,14)
+// never carries into the leading field above it). One 32-bit add per
+// operand and wgmma instead of the field packing (mask, shifts, ors) of
+// each KMajorDescriptor / MnMajorDescriptor; with a warp-uniform base
+// (the warpgroup index broadcast by a shuffle) ptxas keeps both words in
+// uniform registers, where HGMMA reads them (no R2UR).
+struct UniformDescriptor {
+  uint32_t lo, hi;
+  __device__ __forceinline__ UniformDescriptor(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
+    const uint64_t d = SmemDescriptor(addr, leading_bytes, stride_bytes);
+    lo = uint32_t(d);
+    hi = uint32_t(d >> 32);
+  }
+  __device__ __forceinline__ uint64_t At(uint32_t offset) const { return uint64_t(hi) << 32 | (lo + (offset >> 4)); }
+};
+// The byte offsets of k16 step kk: KMajorDescriptor's and MnMajorDescriptor's.
+constexpr uint32_t KMajorOffset(int chunk_bytes, int kk) { return uint32_t((kk / 4) * chunk_bytes + (kk % 4) * 32); }
+constexpr uint32_t MnMajorOffset(int kk) { return uint32_t(kk * 16 * 128); }
+
 // Orders this thread's register writes (accumulators, A fragments) before
 // the next wgmma reads them.
 __device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
