@@ -10,10 +10,21 @@
 # Rebuild any that is missing here with scripts/ab_wheel.sh (the patches:
 # `git show 5d8a050:pending/sm90-fwd-<name>.patch > /tmp/<name>.patch`).
 #   bash pending/session31.sh ab
+#
+# The 256 backward (pending/sm90-bwd-256.patch; wheel ab/bwd256 = main +
+# the patch, `bash scripts/ab_wheel.sh bwd256 pending/sm90-bwd-256.patch`
+# here), two calls, carry ["ab/main", "ab/bwd256", ".peers"] (~35 MB):
+#   bash pending/session31.sh bwd256         # ~6 min
+#   bash pending/session31.sh bwd256_suite   # ~6 min (carry ["ab/bwd256"])
+# First its own 256 tests (fast, so that a wrong kernel shows in a minute),
+# then bwd256 beside FA3 and cuDNN and main (sm80's backward at 256), the
+# sanitizers on Backward256Kernel (after the timings: a sanitizer that
+# outlives its timeout must not share the GPU with them), the whole suite
+# against the wheel.
 # $OUT/ab_combo.md: before vs main, two rounds; ab_plain.md and ab_feat.md:
 # each patch alone on the cases it targets, one round.
 set -uo pipefail
-stage=${1:?usage: bash pending/session31.sh ab}
+stage=${1:?usage: bash pending/session31.sh ab|bwd256|bwd256_suite}
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -26,6 +37,30 @@ case "$stage" in
     cp "$OUT/ab.md" "$OUT/ab_plain.md"
     AB_DIRS="ab/before ab/rows ab/cap ab/caponly" AB_ROUNDS=1 BENCH_ARGS="$feat" bash scripts/gpu_ab.sh
     cp "$OUT/ab.md" "$OUT/ab_feat.md"
+    ;;
+  bwd256)
+    root=$(pwd)
+    for w in main bwd256; do
+      python3 -m pip install -q --no-deps --target /tmp/ab_site/$w ab/$w/*.whl || exit 1
+    done
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+    (cd /tmp && PYTHONPATH=/tmp/ab_site/bwd256 timeout 200 python3 -m pytest -q -x -n 8 -p no:cacheprovider \
+      "$root/ab/bwd256/tests/test_attention.py" -k "256" 2>&1 | tail -15)
+    export PYTHONPATH=/tmp/ab_site/bwd256:$root/.peers LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+    (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash fa3 cudnn --head-dim 256 --seqlen 1024 4096 16384 \
+      --causal 0 1 --cotangent random --out "$OUT/bench_bwd256" 2>&1 | grep "^|" | tail -14)
+    export PYTHONPATH=/tmp/ab_site/main:$root/.peers
+    (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash --head-dim 256 --seqlen 1024 4096 16384 \
+      --causal 0 1 --cotangent random --out "$OUT/bench_main256" 2>&1 | grep "^|" | tail -8)
+    PYTHONPATH=/tmp/ab_site/bwd256 SANITIZE_KERNELS=Backward256 SANITIZE_TOOLS="racecheck synccheck memcheck" \
+      timeout 240 bash scripts/sanitize_kernels.sh 2>&1 | tail -8
+    ;;
+  bwd256_suite)
+    root=$(pwd)
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/bwd256 ab/bwd256/*.whl || exit 1
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/bwd256
+    (cd /tmp && timeout 500 python3 -m pytest -q -n 12 -p no:cacheprovider "$root/ab/bwd256/tests" > "$OUT/pytest_bwd256.log" 2>&1)
+    tail -3 "$OUT/pytest_bwd256.log"; grep "^FAILED" "$OUT/pytest_bwd256.log" | head -20
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
