@@ -11,9 +11,12 @@
 # `git show 5d8a050:pending/sm90-fwd-<name>.patch > /tmp/<name>.patch`).
 #   bash pending/session31.sh ab
 #
-# The 256 backward (pending/sm90-bwd-256.patch; wheel ab/bwd256 = main +
-# the patch, `bash scripts/ab_wheel.sh bwd256 pending/sm90-bwd-256.patch`
-# here), two calls, carry ["ab/main", "ab/bwd256", ".peers"] (~35 MB):
+# The 256 backward (pending/sm90-bwd-256.patch, then its deterministic
+# variant pending/sm90-bwd-256-deterministic.patch; wheel ab/bwd256 = main
+# + both, `bash scripts/ab_wheel.sh bwd256 pending/sm90-bwd-256.patch
+# pending/sm90-bwd-256-deterministic.patch` here; ab/bwd256plain = main +
+# the first alone), two calls, carry ["ab/main", "ab/bwd256", ".peers"]
+# (~35 MB):
 #   bash pending/session31.sh bwd256         # ~6 min
 #   bash pending/session31.sh bwd256_suite   # ~6 min (carry ["ab/bwd256"])
 # First its own 256 tests (fast, so that a wrong kernel shows in a minute),
@@ -47,13 +50,13 @@ case "$stage" in
     (cd /tmp && PYTHONPATH=/tmp/ab_site/bwd256 timeout 200 python3 -m pytest -q -x -n 8 -p no:cacheprovider \
       "$root/ab/bwd256/tests/test_attention.py" -k "256" 2>&1 | tail -15)
     export PYTHONPATH=/tmp/ab_site/bwd256:$root/.peers LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-    (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash fa3 cudnn --head-dim 256 --seqlen 1024 4096 16384 \
-      --causal 0 1 --cotangent random --out "$OUT/bench_bwd256" 2>&1 | grep "^|" | tail -14)
+    (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash jax_flash_deterministic fa3 cudnn --head-dim 256 \
+      --seqlen 1024 4096 16384 --causal 0 1 --cotangent random --out "$OUT/bench_bwd256" 2>&1 | grep "^|" | tail -30)
     export PYTHONPATH=/tmp/ab_site/main:$root/.peers
     (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash --head-dim 256 --seqlen 1024 4096 16384 \
       --causal 0 1 --cotangent random --out "$OUT/bench_main256" 2>&1 | grep "^|" | tail -8)
-    PYTHONPATH=/tmp/ab_site/bwd256 SANITIZE_KERNELS=Backward256 SANITIZE_TOOLS="racecheck synccheck memcheck" \
-      timeout 240 bash scripts/sanitize_kernels.sh 2>&1 | tail -8
+    PYTHONPATH=/tmp/ab_site/bwd256 SANITIZE_KERNELS=256Kernel SANITIZE_TOOLS="racecheck synccheck memcheck" \
+      timeout 240 bash ab/bwd256/scripts/sanitize_kernels.sh 2>&1 | tail -8
     ;;
   bwd256_suite)
     root=$(pwd)
