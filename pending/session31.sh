@@ -12,11 +12,15 @@
 #   bash pending/session31.sh ab
 #
 # The 256 backward (pending/sm90-bwd-256.patch, then its deterministic
-# variant pending/sm90-bwd-256-deterministic.patch; wheel ab/bwd256 = main
-# + both, `bash scripts/ab_wheel.sh bwd256 pending/sm90-bwd-256.patch
-# pending/sm90-bwd-256-deterministic.patch` here; ab/bwd256plain = main +
-# the first alone), two calls, carry ["ab/main", "ab/bwd256", ".peers"]
-# (~35 MB):
+# variant pending/sm90-bwd-256-deterministic.patch and the operand-split
+# candidate pending/sm90-bwd-256-operand-split.patch; wheel ab/bwd256 =
+# main + the three, `bash scripts/ab_wheel.sh bwd256 pending/sm90-bwd-256.patch
+# pending/sm90-bwd-256-deterministic.patch
+# pending/sm90-bwd-256-operand-split.patch` here; ab/bwd256plain = main +
+# the first alone; ab/bwd256ops = main + all three 256 patches with the
+# operand split made the default, pending/ab-bwd256-operands-default.patch),
+# two calls, carry ["ab/main", "ab/bwd256", "ab/bwd256ops", ".peers"]
+# (~43 MB):
 #   bash pending/session31.sh bwd256         # ~6 min
 #   bash pending/session31.sh bwd256_suite   # ~6 min (carry ["ab/bwd256"])
 # First its own 256 tests (fast, so that a wrong kernel shows in a minute),
@@ -43,15 +47,20 @@ case "$stage" in
     ;;
   bwd256)
     root=$(pwd)
-    for w in main bwd256; do
+    for w in main bwd256 bwd256ops; do
       python3 -m pip install -q --no-deps --target /tmp/ab_site/$w ab/$w/*.whl || exit 1
     done
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
     (cd /tmp && PYTHONPATH=/tmp/ab_site/bwd256 timeout 200 python3 -m pytest -q -x -n 8 -p no:cacheprovider \
       "$root/ab/bwd256/tests/test_attention.py" -k "256" 2>&1 | tail -15)
+    (cd /tmp && PYTHONPATH=/tmp/ab_site/bwd256ops timeout 150 python3 -m pytest -q -x -n 8 -p no:cacheprovider \
+      "$root/ab/bwd256ops/tests/test_attention.py" -k "256 and not deterministic" 2>&1 | tail -4)
     export PYTHONPATH=/tmp/ab_site/bwd256:$root/.peers LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
     (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash jax_flash_deterministic fa3 cudnn --head-dim 256 \
       --seqlen 1024 4096 16384 --causal 0 1 --cotangent random --out "$OUT/bench_bwd256" 2>&1 | grep "^|" | tail -30)
+    export PYTHONPATH=/tmp/ab_site/bwd256ops:$root/.peers
+    (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash --head-dim 256 --seqlen 1024 4096 16384 \
+      --causal 0 1 --cotangent random --out "$OUT/bench_bwd256ops" 2>&1 | grep "^|" | tail -8)
     export PYTHONPATH=/tmp/ab_site/main:$root/.peers
     (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash --head-dim 256 --seqlen 1024 4096 16384 \
       --causal 0 1 --cotangent random --out "$OUT/bench_main256" 2>&1 | grep "^|" | tail -8)
