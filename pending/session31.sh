@@ -31,7 +31,7 @@
 # $OUT/ab_combo.md: before vs main, two rounds; ab_plain.md and ab_feat.md:
 # each patch alone on the cases it targets, one round.
 set -uo pipefail
-stage=${1:?usage: bash pending/session31.sh ab|bwd256|bwd256_suite}
+stage=${1:?usage: bash pending/session31.sh ab|bwd256|bwd256_suite|dethelper}
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -73,6 +73,15 @@ case "$stage" in
     export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/bwd256
     (cd /tmp && timeout 500 python3 -m pytest -q -n 12 -p no:cacheprovider "$root/ab/bwd256/tests" > "$OUT/pytest_bwd256.log" 2>&1)
     tail -3 "$OUT/pytest_bwd256.log"; grep "^FAILED" "$OUT/pytest_bwd256.log" | head -20
+    ;;
+  dethelper)
+    # pending/sm90-bwd-det-helper.patch's check program, built here (carry
+    # ["ab/dethelper"]; rebuild: from a tree with the patch applied,
+    # `OUT=$PWD/ab/dethelper STEP=build bash scripts/sm90_bwd_compare_check.sh
+    # deterministic`, 15-30 s on 2 cores): every case bit for bit run to run
+    # and against the default, then the timed table with the kHelperWarp
+    # column ("helper") beside kAtSend's (the package's).
+    OUT=ab/dethelper STEP=run bash scripts/sm90_bwd_compare_check.sh deterministic 2>&1 | tail -40
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
