@@ -56,8 +56,8 @@ case "$stage" in
     (cd /tmp && PYTHONPATH=/tmp/ab_site/bwd256ops timeout 150 python3 -m pytest -q -x -n 8 -p no:cacheprovider \
       "$root/ab/bwd256ops/tests/test_attention.py" -k "256 and not deterministic" 2>&1 | tail -4)
     export PYTHONPATH=/tmp/ab_site/bwd256:$root/.peers LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-    (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash jax_flash_deterministic fa3 cudnn --head-dim 256 \
-      --seqlen 1024 4096 16384 --causal 0 1 --cotangent random --out "$OUT/bench_bwd256" 2>&1 | grep "^|" | tail -30)
+    (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash jax_flash_sm80 jax_flash_deterministic fa3 cudnn --head-dim 256 \
+      --seqlen 1024 4096 16384 --causal 0 1 --cotangent random --out "$OUT/bench_bwd256" 2>&1 | grep "^|" | tail -36)
     export PYTHONPATH=/tmp/ab_site/bwd256ops:$root/.peers
     (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash --head-dim 256 --seqlen 1024 4096 16384 \
       --causal 0 1 --cotangent random --out "$OUT/bench_bwd256ops" 2>&1 | grep "^|" | tail -8)
