@@ -114,6 +114,26 @@ grads = jax.jit(jax.grad(loss, (0, 1, 2, 3)))(q, k, v, bias)
 assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads), "generic bias"
 print("sanitize case done")
 PY
+# Each tool's run in a process group of its own, killed whole at its limit
+# and when this script is stopped: `timeout` stops compute-sanitizer alone,
+# and its python target (session 31: an initcheck run cut off by an outer
+# timeout) kept the GPU busy under the timings that came after.
+running=""
+trap '[ -n "$running" ] && kill -KILL -- "-$running" 2> /dev/null' EXIT
+trap 'exit 143' TERM INT
+limited() {  # seconds command ...: the command's exit status, 137 when it ran past the limit
+  local limit=$1
+  shift
+  setsid "$@" &
+  running=$!
+  (sleep "$limit"; kill -KILL -- "-$running" 2> /dev/null) &
+  local watchdog=$! rc=0
+  wait "$running" || rc=$?
+  kill "$watchdog" 2> /dev/null
+  wait "$watchdog" 2> /dev/null
+  running=""
+  return $rc
+}
 status=0
 for tool in ${SANITIZE_TOOLS:-racecheck synccheck memcheck initcheck}; do
   log="$OUT/sanitize_$tool.log"
@@ -127,22 +147,22 @@ for tool in ${SANITIZE_TOOLS:-racecheck synccheck memcheck initcheck}; do
   if [ "$tool" = initcheck ]; then
     # (Unfiltered, the case ran past 125 s on the H200; XLA's autotuning
     # launches most of the kernels, so it is off here.)
-    (cd /tmp && XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" timeout 600 "$tool_bin" --tool initcheck \
-      --print-limit 100000 python3 /tmp/sanitize_case.py > "$log" 2>&1)
-    rc=$?
+    rc=0
+    limited 600 env --chdir=/tmp XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" "$tool_bin" --tool initcheck \
+      --print-limit 100000 python3 /tmp/sanitize_case.py > "$log" 2>&1 || rc=$?
     ours=$(grep -cE "^=========     at .*${SANITIZE_KERNELS:-jax_flash}" "$log")
     echo "sanitize initcheck: rc=$rc; $ours reports in our kernels; $(grep -E "ERROR SUMMARY" "$log" | tail -1)"
     [ $rc -ne 0 ] || [ "$ours" != 0 ] && status=1 && grep -E "^=========     at .*jax_flash" "$log" | sort | uniq -c | head -15
     continue
   fi
-  (cd /tmp && timeout 300 "$tool_bin" --tool "$tool" --kernel-name "$filter" \
-    --error-exitcode 3 python3 /tmp/sanitize_case.py > "$log" 2>&1)
-  rc=$?
+  rc=0
+  limited 300 env --chdir=/tmp "$tool_bin" --tool "$tool" --kernel-name "$filter" \
+    --error-exitcode 3 python3 /tmp/sanitize_case.py > "$log" 2>&1 || rc=$?
   if [ $rc -ne 0 ] && grep -qiE "unrecognized|invalid option|unknown option" "$log"; then
     # Older tools spell the filter --filter.
-    (cd /tmp && timeout 300 "$tool_bin" --tool "$tool" --filter "$filter" \
-      --error-exitcode 3 python3 /tmp/sanitize_case.py > "$log" 2>&1)
-    rc=$?
+    rc=0
+    limited 300 env --chdir=/tmp "$tool_bin" --tool "$tool" --filter "$filter" \
+      --error-exitcode 3 python3 /tmp/sanitize_case.py > "$log" 2>&1 || rc=$?
   fi
   echo "sanitize $tool: rc=$rc; $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard" "$log" | tail -2 | tr '\n' ' ')"
   [ $rc -ne 0 ] && status=1 && grep -E "Error|Warning|hazard|Race" "$log" | head -15
