@@ -71,6 +71,12 @@ the varlen offsets), no mask, bias, key lengths, soft cap or dropout.
 plain, kv_lengths, mask, prefix_lm (also with the soft cap), striped_mask, bias,
 softcap, dropout not).
 
+Memory: each row also records fwd_bwd_temp_bytes, XLA's temporary allocation
+of the compiled fwd+bwd (memory_analysis(), a second compile of it): what a
+call needs beyond its arguments and results (the forward's saved out and
+lse, the backward's dQ accumulator, a peer's own scratch); results.md tables
+it per case beside the peers'.
+
 FLOPs count only the query-key pairs the masks leave visible: forward
 4*B*N*H*pairs, pairs per (batch, head), backward 2.5x forward. A causal mask
 counts the diagonal half, so plain is ../shared/GPU.md's 4*B*N*T*T*H (halved
@@ -413,7 +419,21 @@ def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng,
         "kv_heads": kv, "visible_fraction": visible_pairs(variant, seqlen, causal, options) / seqlen**2,
         "fwd_ms": t_fwd * 1e3, "bwd_ms": t_bwd * 1e3,
         "fwd_tflops": f / t_fwd / 1e12, "bwd_tflops": 2.5 * f / t_bwd / 1e12,
+        "fwd_bwd_temp_bytes": temp_bytes(fwd_bwd, args + (dout,)),
     }
+
+
+def temp_bytes(jitted, args) -> int | None:
+    """XLA's temporary allocation of a compiled call: every buffer that is
+    neither an argument nor a result (the forward's out and lse held for the
+    backward, the backward's dQ accumulator and delta, a peer's own scratch),
+    the figure issue 21 compares with FlashAttention-3's. None where the
+    backend does not report it."""
+    try:
+        analysis = jitted.lower(*args).compile().memory_analysis()
+        return None if analysis is None else int(analysis.temp_size_in_bytes)
+    except Exception:  # a backend without memory analysis
+        return None
 
 
 def run_case(impls, batch, seqlen, heads, head_dim, variant, causal, dtype, iters, rng, min_sample_s,
@@ -447,6 +467,33 @@ def run_case(impls, batch, seqlen, heads, head_dim, variant, causal, dtype, iter
         line = markdown_table([row]).splitlines()[-1]
         print(line + (f"  {row['error']}" if "error" in row else ""), flush=True)
     return rows
+
+
+def memory_table(rows) -> str:
+    """fwd+bwd temporary memory (temp_bytes) per case and implementation, MiB,
+    and jax_flash's over the least of the peers' (which in parentheses)."""
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    by_case = {(r["impl"],) + _case_key(r): r for r in rows}
+    lines = ["| variant | causal | B | T | N | H | " + " | ".join(f"{i} MiB" for i in impls)
+             + " | jax_flash / least peer |",
+             "|" + "---|" * (7 + len(impls))]
+    for case in dict.fromkeys(_case_key(r) for r in rows):
+        batch, seqlen, heads, head_dim, variant, causal = case
+        temp = {}
+        for impl in impls:
+            r = by_case.get((impl,) + case)
+            if r is not None and r.get("fwd_bwd_temp_bytes") is not None:
+                temp[impl] = r["fwd_bwd_temp_bytes"]
+        cells = [f"{temp[i] / 2**20:.1f}" if i in temp else "-" for i in impls]
+        peers = [p for p in PEERS if p in temp]
+        if "jax_flash" in temp and peers:
+            least = min(peers, key=temp.get)
+            cells.append(f"{temp['jax_flash'] / max(temp[least], 1):.2f} ({least})")
+        else:
+            cells.append("-")
+        lines.append(f"| {variant} | {int(causal)} | {batch} | {seqlen} | {heads} | {head_dim} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _error_cell(row) -> str:
@@ -507,6 +554,11 @@ FEATURE_TABLE_NOTE = (
     "same point and causal flag, fwd / bwd (1/x: the time per visible pair relative to plain's); base: the\n"
     "plain row itself; n/a: the implementation lacks the feature; -: not run, or no plain row to compare.\n"
     "Last columns: jax_flash's TFLOP/s over the best peer's (which in parentheses).")
+
+
+MEMORY_TABLE_NOTE = (
+    "XLA's temporary allocation of each implementation's compiled fwd+bwd (memory_analysis():\n"
+    "neither arguments nor results; the saved out / lse, scratch such as the dQ accumulator), in MiB.")
 
 
 def feature_table(rows) -> str:
@@ -733,7 +785,8 @@ def main(argv=None):
         json.dump({"meta": meta, "rows": rows, "feature_cost": feature_costs(rows), "long_sequence": long_run},
                   f, indent=1)
     write_chart(rows, os.path.join(args.out, "results.png"))
-    text = f"{markdown_table(rows)}\n\n## Feature cost\n\n{FEATURE_TABLE_NOTE}\n\n{feature_table(rows)}"
+    text = (f"{markdown_table(rows)}\n\n## Feature cost\n\n{FEATURE_TABLE_NOTE}\n\n{feature_table(rows)}"
+            f"\n\n## Temporary memory, fwd+bwd\n\n{MEMORY_TABLE_NOTE}\n\n{memory_table(rows)}")
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(text + "\n")
     print(text)

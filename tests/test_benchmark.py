@@ -446,3 +446,21 @@ def test_decode_preset_defaults_are_the_issues_table():
         benchmark._resolve(parser, parser.parse_args(["--impl", "jax_flash_paged"]))
     with pytest.raises(SystemExit):
         parser.parse_args(["--preset", "decode", "--decode-points", "8:4"])
+
+
+def test_rows_record_the_temporary_memory_of_fwd_bwd(tmp_path):
+    # XLA's attention materializes the [B, N, T, S] probabilities, jax_flash
+    # holds O(B*N*T*H) beside its arguments: the measurement must show both.
+    b, t, n, h = 2, 256, 2, 32
+    benchmark.main(["--impl", "jax_flash", "xla", "--head-dim", str(h), "--seqlen", str(t),
+                    "--tokens", str(b * t), "--width", str(n * h), "--causal", "0", "--iters", "1",
+                    "--dtype", "float32", "--cotangent", "random", "--out", str(tmp_path)])
+    rows = {r["impl"]: r for r in json.loads((tmp_path / "results.json").read_text())["rows"]}
+    probs = b * n * t * t * 4
+    assert rows["xla"]["fwd_bwd_temp_bytes"] >= probs
+    assert 0 < rows["jax_flash"]["fwd_bwd_temp_bytes"] < probs // 4
+    table = (tmp_path / "results.md").read_text().split("## Temporary memory, fwd+bwd")[1]
+    want = f"| plain | 0 | {b} | {t} | {n} | {h} | {rows['jax_flash']['fwd_bwd_temp_bytes'] / 2**20:.1f} |"
+    assert want in table, table
+    ratio = rows["jax_flash"]["fwd_bwd_temp_bytes"] / rows["xla"]["fwd_bwd_temp_bytes"]
+    assert table.rstrip().endswith(f"| {ratio:.2f} (xla) |"), table
