@@ -154,7 +154,7 @@ def test_features_preset_runs_every_variant_and_writes_the_feature_cost_table(tm
         np.testing.assert_allclose(c["fwd_cost"], cost, rtol=1e-9)
         np.testing.assert_allclose(c["fwd_vs_plain"] * c["fwd_cost"], 1.0, rtol=1e-12)
     md = (tmp_path / "results.md").read_text()
-    table = md[md.index("## Feature cost"):].splitlines()
+    table = md[md.index("## Feature cost"):md.index("## Temporary memory")].splitlines()
     lines = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in table if line.startswith("| ")}
     assert len(lines) == 1 + len(benchmark.FEATURE_CASES)  # the header and a line per case
     assert lines["plain", "1"].split("|")[8:10] == [" base ", " base "]
