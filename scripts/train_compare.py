@@ -4,9 +4,14 @@
         --seq-len 8192 --batch-size 4 --depth 8 --width 512 --heads 8 --steps 100 --log-every 10 \\
         --dtype bfloat16 --no-progress --sample-chars 0          # issue 24's run 3
 
-Runs examples/train_gpt_flax.py once per --runs entry ("one": no --mesh;
-anything else is its --mesh), one process each, one after the other, with
---out OUT/<run> (the example's metrics.json: every logged step's loss,
+    python scripts/train_compare.py --runs one attention=cudnn --out /tmp/e2e -- \\
+        --seq-len 2048 --batch-size 8 --depth 8 --width 512 --heads 8 --steps 100 --log-every 10 \\
+        --dtype bfloat16 --no-progress --sample-chars 0          # issue 21's end to end
+
+Runs examples/train_gpt_flax.py once per --runs entry ("one": the arguments
+after `--` alone; "attention=X": with --attention X, e.g. jax_flash against
+cuDNN on one device; anything else is its --mesh), one process each, one
+after the other, with --out OUT/<run> (the example's metrics.json: every logged step's loss,
 val_loss and tokens/s) and --timeout seconds; the arguments after `--` go to
 every run, and each run's output to OUT/<run>.log. Then one row per run:
 tokens/s at its last logged step (the example's rate since step 1, so
@@ -43,6 +48,15 @@ EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "train_gpt_
 
 def run_dir_name(run: str) -> str:
     return re.sub(r"\W+", "_", run)
+
+
+def run_flags(run: str) -> list[str]:
+    """The example's flags that make run `run` differ from the first."""
+    if run == "one":
+        return []
+    if run.startswith("attention="):
+        return ["--attention", run.removeprefix("attention=")]
+    return ["--mesh", run]
 
 
 def compare(histories: dict, tolerance: float) -> list[dict]:
@@ -83,7 +97,8 @@ def main(argv=None):
     own = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", default=["one", "data=2", "seq=2"],
-                   help="'one' (no --mesh) or a --mesh value; the first is the reference")
+                   help="'one' (no flag), 'attention=X' (--attention X) or a --mesh value; the first is "
+                        "the reference")
     p.add_argument("--out", default="/tmp/train_compare", help="the runs' --out directories and logs")
     p.add_argument("--timeout", type=float, default=150.0, help="seconds per run")
     p.add_argument("--tolerance", type=float, default=0.02, help="relative loss difference allowed")
@@ -96,9 +111,7 @@ def main(argv=None):
     histories = {}
     for run in args.runs:
         run_out = out / run_dir_name(run)
-        cmd = [sys.executable, args.example, *example_args, "--out", str(run_out)]
-        if run != "one":
-            cmd += ["--mesh", run]
+        cmd = [sys.executable, args.example, *example_args, "--out", str(run_out), *run_flags(run)]
         start = time.perf_counter()
         with open(out / f"{run_dir_name(run)}.log", "w") as log:
             log.write(" ".join(cmd) + "\n")

@@ -17,11 +17,13 @@ STAND_IN = textwrap.dedent("""
     argv = sys.argv[1:]
     out = argv[argv.index("--out") + 1]
     mesh = argv[argv.index("--mesh") + 1] if "--mesh" in argv else "one"
+    if "--attention" in argv:
+        mesh = "attention=" + argv[argv.index("--attention") + 1]
     assert argv[:2] == ["--seq-len", "64"], argv  # the arguments after --, first
     if mesh == "hang":
         time.sleep(30)
     drift = {"drift=1": 0.05, "first=1": 0.01}.get(mesh, 0.0)
-    rate = 2000.0 if mesh.startswith("data") else 1000.0
+    rate = {"attention=cudnn": 800.0}.get(mesh, 2000.0 if mesh.startswith("data") else 1000.0)
     history = [{"step": s, "loss": 4.0 - s * 0.1 + (drift if mesh != "drift=1" or s > 1 else 0),
                 "val_loss": 4.1 - s * 0.1, "tokens_per_s": rate} for s in (1, 10, 20)]
     os.makedirs(out, exist_ok=True)
@@ -78,3 +80,12 @@ def test_compare_tolerances():
     rows = script.compare({"one": base, "near": near, "gone": None}, 0.02)
     assert rows[1]["ok"] and abs(rows[1]["max_rel_diff"] - 0.019) < 1e-9, rows
     assert rows[2] == {"run": "gone", "ok": False, "why": "did not finish"}
+
+
+def test_an_attention_run_passes_the_examples_flag(run, tmp_path, capsys):
+    # issue 21's end to end: jax_flash ("one", the example's default) against cuDNN.
+    rows = run("one", "attention=cudnn")
+    assert rows[1]["run"] == "attention=cudnn" and rows[1]["ok"] and rows[1]["ratio"] == 0.8
+    log = (tmp_path / "out" / "attention_cudnn.log").read_text()
+    assert "--attention cudnn" in log and "--mesh" not in log
+    assert "attention=cudnn: 800 tokens/s (0.80x one)" in capsys.readouterr().out
