@@ -31,7 +31,7 @@
 # $OUT/ab_combo.md: before vs main, two rounds; ab_plain.md and ab_feat.md:
 # each patch alone on the cases it targets, one round.
 set -uo pipefail
-stage=${1:?usage: bash pending/session31.sh ab|bwd256|bwd256_suite|dethelper}
+stage=${1:?usage: bash pending/session31.sh ab|bwd256|bwd256_suite|dethelper|e2e}
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -82,6 +82,27 @@ case "$stage" in
     # and against the default, then the timed table with the kHelperWarp
     # column ("helper") beside kAtSend's (the package's).
     OUT=ab/dethelper STEP=run bash scripts/sm90_bwd_compare_check.sh deterministic 2>&1 | tail -40
+    ;;
+  e2e)
+    # Issue 21's end to end and its memory line, on main's wheel (carry
+    # ["ab/main", ".peers"]; rebuild ab/main on main first: its benchmark
+    # records fwd_bwd_temp_bytes since session 32), ~6 min: the Flax example
+    # (8 layers, width 512, head dim 64, bf16, 100 steps) with jax_flash
+    # against --attention cudnn at T = 2048 and 8192 (tokens/s, loss
+    # curves within 2%), then T = 131072 causal beside FA3 and cuDNN: time
+    # and XLA's temporary allocation of each one's fwd+bwd.
+    root=$(pwd)
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/main ab/main/*.whl || exit 1
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/main:$root/.peers
+    export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+    ex="--depth 8 --width 512 --heads 8 --steps 100 --log-every 10 --dtype bfloat16 --no-progress --sample-chars 0"
+    for tb in 2048:8 8192:2; do
+      (cd /tmp && python3 "$root/scripts/train_compare.py" --runs one attention=cudnn --timeout 200 \
+        --out "$OUT/e2e_${tb%%:*}" --json "$OUT/e2e_${tb%%:*}.json" -- --seq-len ${tb%%:*} --batch-size ${tb##*:} $ex \
+        2>&1 | grep -v "^ *[0-9]* " | tail -4)
+    done
+    (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash fa3 cudnn --head-dim 128 --seqlen 131072 \
+      --tokens 131072 --width 2048 --causal 1 --iters 3 --cotangent random --out "$OUT/bench_long" 2>&1 | tail -12)
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
