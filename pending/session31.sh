@@ -81,7 +81,11 @@ case "$stage" in
     # deterministic`, 15-30 s on 2 cores): every case bit for bit run to run
     # and against the default, then the timed table with the kHelperWarp
     # column ("helper") beside kAtSend's (the package's).
-    OUT=ab/dethelper STEP=run bash scripts/sm90_bwd_compare_check.sh deterministic 2>&1 | tail -40
+    # The quick cases first under a short limit (a hang in the new
+    # handoff then costs 2 minutes, not 9), then the whole table.
+    OUT=ab/dethelper STEP=run ARGS=--quick CHECK_TIMEOUT=120 bash scripts/sm90_bwd_compare_check.sh deterministic \
+      2>&1 | tail -20 || exit 1
+    OUT=ab/dethelper STEP=run CHECK_TIMEOUT=300 bash scripts/sm90_bwd_compare_check.sh deterministic 2>&1 | tail -40
     ;;
   e2e)
     # Issue 21's end to end and its memory line, on main's wheel (carry
