@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
+# The device plan waiting since session 31, three calls for one session's
+# 30 minutes (each ~8-10 minutes of wall time plus ~85 s of cold start):
+#   1. bash pending/session31.sh ab                 carry the seven ab/ wheels below
+#   2. bash pending/session31.sh bwd256 dethelper   carry ab/main ab/bwd256 ab/bwd256ops ab/dethelper .peers
+#   3. bash pending/session31.sh bwd256_suite       carry ab/bwd256
+# then, in the session after: `e2e` (carry ab/main .peers).
+#
 # The timing owed for session 30's five forward patches, landed in 9f8256b
 # on their correctness checks alone (README.md): one device call, carry
 # ["ab/before", "ab/main", "ab/tma", "ab/ud", "ab/rows", "ab/cap",
 # "ab/caponly"] (~56 MB), ~8 minutes:
 #   ab/before   5d8a050's wheel (before the patches)
-#   ab/main     9f8256b's (all five)
+#   ab/main     main's (all five; rebuilt on 3e8b1df in session 32, the
+#               same CUDA sources as 9f8256b, its benchmark recording
+#               fwd_bwd_temp_bytes)
 #   ab/tma ab/ud ab/rows ab/cap ab/caponly   5d8a050 + one patch each
 #               (caponly: the soft cap fold + the kSoftcap variant)
 # Rebuild any that is missing here with scripts/ab_wheel.sh (the patches:
@@ -31,11 +40,15 @@
 # $OUT/ab_combo.md: before vs main, two rounds; ab_plain.md and ab_feat.md:
 # each patch alone on the cases it targets, one round.
 set -uo pipefail
-stage=${1:?usage: bash pending/session31.sh ab|bwd256|bwd256_suite|dethelper|e2e}
+# Several stages run in one call in the order given (each call starts cold,
+# ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper e2e)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
 feat="--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random --cases plain:1 segments:1 window:1 softcap:0 prefix_lm_softcap:0 dropout:0 plain:0"
+for stage in "$@"; do
+echo "== stage $stage ($(date +%T))"
 case "$stage" in
   ab)
     AB_DIRS="ab/before ab/main" AB_ROUNDS=2 BENCH_ARGS="$t1024;$feat" bash scripts/gpu_ab.sh
@@ -111,3 +124,4 @@ case "$stage" in
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
+done
