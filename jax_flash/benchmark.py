@@ -71,11 +71,11 @@ the varlen offsets), no mask, bias, key lengths, soft cap or dropout.
 plain, kv_lengths, mask, prefix_lm (also with the soft cap), striped_mask, bias,
 softcap, dropout not).
 
-Memory: each row also records fwd_bwd_temp_bytes, XLA's temporary allocation
-of the compiled fwd+bwd (memory_analysis(), a second compile of it): what a
-call needs beyond its arguments and results (the forward's saved out and
-lse, the backward's dQ accumulator, a peer's own scratch); results.md tables
-it per case beside the peers'.
+Memory (--memory): each row also records fwd_bwd_temp_bytes, XLA's temporary
+allocation of the compiled fwd+bwd (memory_analysis(), from a second compile
+of it, outside the timing): what a call needs beyond its arguments and
+results (the forward's saved out and lse, the backward's dQ accumulator, a
+peer's own scratch); results.md tables it per case beside the peers'.
 
 FLOPs count only the query-key pairs the masks leave visible: forward
 4*B*N*H*pairs, pairs per (batch, head), backward 2.5x forward. A causal mask
@@ -396,10 +396,11 @@ def _point_fields(impl, variant, batch, seqlen, heads, head_dim, causal, dtype, 
 
 
 def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng, variant="plain",
-                extra=None, min_sample_s=0.0, cotangent="sum", options=VariantOptions()):
+                extra=None, min_sample_s=0.0, cotangent="sum", options=VariantOptions(), memory=False):
     """Times one implementation at one point; `extra` = the variant's arrays (variant_inputs),
-    made here when not given (callers timing several implementations share one). Raises
-    Unsupported, before making any input, when impl lacks the variant."""
+    made here when not given (callers timing several implementations share one); `memory`:
+    also fwd_bwd_temp_bytes (temp_bytes). Raises Unsupported, before making any input, when
+    impl lacks the variant."""
     attn = _attention_fn(impl, causal, variant, options)
     kv = kv_heads(variant, heads, options)
     q_shape, kv_shape = (batch, seqlen, heads, head_dim), (batch, seqlen, kv, head_dim)
@@ -414,13 +415,15 @@ def bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng,
     t_total = _median_seconds(fwd_bwd, args + (dout,), iters, min_sample_s)
     t_bwd = max(t_total - t_fwd, 1e-9)
     f = flops_forward(batch, seqlen, heads, head_dim, causal, variant, options)
-    return {
+    row = {
         **_point_fields(impl, variant, batch, seqlen, heads, head_dim, causal, dtype, cotangent),
         "kv_heads": kv, "visible_fraction": visible_pairs(variant, seqlen, causal, options) / seqlen**2,
         "fwd_ms": t_fwd * 1e3, "bwd_ms": t_bwd * 1e3,
         "fwd_tflops": f / t_fwd / 1e12, "bwd_tflops": 2.5 * f / t_bwd / 1e12,
-        "fwd_bwd_temp_bytes": temp_bytes(fwd_bwd, args + (dout,)),
     }
+    if memory:
+        row["fwd_bwd_temp_bytes"] = temp_bytes(fwd_bwd, args + (dout,))
+    return row
 
 
 def temp_bytes(jitted, args) -> int | None:
@@ -437,7 +440,7 @@ def temp_bytes(jitted, args) -> int | None:
 
 
 def run_case(impls, batch, seqlen, heads, head_dim, variant, causal, dtype, iters, rng, min_sample_s,
-             cotangent, options=VariantOptions()) -> list:
+             cotangent, options=VariantOptions(), memory=False) -> list:
     """A row per implementation at one point and variant, printed as it comes; a failure or a
     missing feature is that row's error, never raised."""
     def error_row(impl, error, **flags):
@@ -458,7 +461,7 @@ def run_case(impls, batch, seqlen, heads, head_dim, variant, causal, dtype, iter
         else:
             try:
                 row = bench_point(impl, batch, seqlen, heads, head_dim, causal, dtype, iters, rng, variant,
-                                  extra, min_sample_s, cotangent, options)
+                                  extra, min_sample_s, cotangent, options, memory)
             except Unsupported as e:
                 row = error_row(impl, str(e), unsupported=True)
             except Exception as e:  # e.g. cudnn on the CPU, xla out of memory
@@ -734,6 +737,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cotangent", choices=COTANGENTS,
                         help="backward timed from value_and_grad of sum(attention) (sum, the default) or as "
                              "the VJP of a given random dO (random: the backward alone)")
+    parser.add_argument("--memory", action="store_true",
+                        help="also record each implementation's fwd+bwd temporary allocation "
+                             "(XLA's memory analysis, one more compile per row) and table it")
     parser.add_argument("--long-seqlen", type=int, default=0,
                         help="also run jax_flash fwd+bwd at B=1, N=16, H=128 and this length "
                              "(131072 for the 128k check), reporting peak device memory")
@@ -771,7 +777,8 @@ def main(argv=None):
             batch, heads = max(1, args.tokens // seqlen), max(1, args.width // head_dim)
             for variant, causal in args.cases:
                 rows += run_case(args.impl, batch, seqlen, heads, head_dim, variant, causal, args.dtype,
-                                 args.iters, rng, args.min_sample_ms / 1e3, args.cotangent, options)
+                                 args.iters, rng, args.min_sample_ms / 1e3, args.cotangent, options,
+                                 args.memory)
     long_run = None
     if args.long_seqlen:
         long_run = long_sequence_memory(args.long_seqlen, 16, 128, args.dtype, rng)
@@ -785,8 +792,9 @@ def main(argv=None):
         json.dump({"meta": meta, "rows": rows, "feature_cost": feature_costs(rows), "long_sequence": long_run},
                   f, indent=1)
     write_chart(rows, os.path.join(args.out, "results.png"))
-    text = (f"{markdown_table(rows)}\n\n## Feature cost\n\n{FEATURE_TABLE_NOTE}\n\n{feature_table(rows)}"
-            f"\n\n## Temporary memory, fwd+bwd\n\n{MEMORY_TABLE_NOTE}\n\n{memory_table(rows)}")
+    text = f"{markdown_table(rows)}\n\n## Feature cost\n\n{FEATURE_TABLE_NOTE}\n\n{feature_table(rows)}"
+    if args.memory:
+        text += f"\n\n## Temporary memory, fwd+bwd\n\n{MEMORY_TABLE_NOTE}\n\n{memory_table(rows)}"
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(text + "\n")
     print(text)

@@ -120,7 +120,7 @@ case "$stage" in
         2>&1 | grep -v "^ *[0-9]* " | tail -4)
     done
     (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash fa3 cudnn --head-dim 128 --seqlen 131072 262144 \
-      --tokens 131072 --width 2048 --causal 1 --iters 3 --cotangent random --out "$OUT/bench_long" 2>&1 | tail -16)
+      --tokens 131072 --width 2048 --causal 1 --iters 3 --cotangent random --memory --out "$OUT/bench_long" 2>&1 | tail -16)
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

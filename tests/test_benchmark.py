@@ -154,7 +154,8 @@ def test_features_preset_runs_every_variant_and_writes_the_feature_cost_table(tm
         np.testing.assert_allclose(c["fwd_cost"], cost, rtol=1e-9)
         np.testing.assert_allclose(c["fwd_vs_plain"] * c["fwd_cost"], 1.0, rtol=1e-12)
     md = (tmp_path / "results.md").read_text()
-    table = md[md.index("## Feature cost"):md.index("## Temporary memory")].splitlines()
+    assert "## Temporary memory" not in md and all("fwd_bwd_temp_bytes" not in r for r in rows)  # no --memory
+    table = md[md.index("## Feature cost"):].splitlines()
     lines = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in table if line.startswith("| ")}
     assert len(lines) == 1 + len(benchmark.FEATURE_CASES)  # the header and a line per case
     assert lines["plain", "1"].split("|")[8:10] == [" base ", " base "]
@@ -454,7 +455,7 @@ def test_rows_record_the_temporary_memory_of_fwd_bwd(tmp_path):
     b, t, n, h = 2, 256, 2, 32
     benchmark.main(["--impl", "jax_flash", "xla", "--head-dim", str(h), "--seqlen", str(t),
                     "--tokens", str(b * t), "--width", str(n * h), "--causal", "0", "--iters", "1",
-                    "--dtype", "float32", "--cotangent", "random", "--out", str(tmp_path)])
+                    "--dtype", "float32", "--cotangent", "random", "--memory", "--out", str(tmp_path)])
     rows = {r["impl"]: r for r in json.loads((tmp_path / "results.json").read_text())["rows"]}
     probs = b * n * t * t * 4
     assert rows["xla"]["fwd_bwd_temp_bytes"] >= probs
