@@ -45,10 +45,11 @@ def test_overlap_variants_and_json(tmp_path, capsys):
     for part in ("overlap_fwd", "overlap_fwd_bwd"):
         assert set(row[part]) == {"full", "compute", "transfer", "base", "transfer_ms", "exposed_ms", "hidden"}
     # The fwd+bwd of a ring of two: one K/V hop (the backward's is the forward's,
-    # merged by XLA) and dK, dV after each of the two steps; 128 / 2 positions
-    # x 2 heads x 16 float32 per array.
+    # merged by XLA; jax 0.5's XLA keeps the backward's own hop, 2 more) and dK,
+    # dV after each of the two steps; 128 / 2 positions x 2 heads x 16 float32
+    # per array.
     sizes = sorted(x["bytes"] for x in saved["transfers"])
-    assert sizes == [64 * 2 * 16 * 4] * 6, saved["transfers"]
+    assert sizes in ([64 * 2 * 16 * 4] * 6, [64 * 2 * 16 * 4] * 8), saved["transfers"]
 
 
 def test_variant_check_fails_on_the_wrong_program():
