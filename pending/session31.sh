@@ -4,7 +4,8 @@
 #   1. bash pending/session31.sh ab                 carry the seven ab/ wheels below
 #   2. bash pending/session31.sh bwd256 dethelper   carry ab/main ab/bwd256 ab/bwd256ops ab/dethelper .peers
 #   3. bash pending/session31.sh bwd256_suite       carry ab/bwd256
-# then, in the session after: `e2e` (carry ab/main .peers).
+# then, in the session after: `e2e` (carry ab/main .peers) and `persist`
+# (carry ab/persistent ab/persist ab/main).
 #
 # The timing owed for session 30's five forward patches, landed in 9f8256b
 # on their correctness checks alone (README.md): one device call, carry
@@ -42,7 +43,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper e2e)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper e2e persist)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -121,6 +122,22 @@ case "$stage" in
     done
     (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash fa3 cudnn --head-dim 128 --seqlen 131072 262144 \
       --tokens 131072 --width 2048 --causal 1 --iters 3 --cotangent random --memory --out "$OUT/bench_long" 2>&1 | tail -16)
+    ;;
+  persist)
+    # pending/sm90-bwd-persistent.patch (session 32): the plain backward's
+    # default schedule in a persistent kernel, one block per SM over the
+    # tiles (carry ["ab/persistent", "ab/persist", "ab/main"], ~6 min).
+    # First the check program, prebuilt here (OUT=ab/persistent STEP=build
+    # bash scripts/sm90_bwd_check.sh from a tree with the patch): every
+    # plain case against the reference (among them 160 tiles on 132 SMs,
+    # so that blocks run several tiles), then the timed rows' "package /
+    # persist / p-ratio" columns (T = 1024 and 4096, 64 and 128, causal
+    # or not); a hang in the new barriers costs the limit, 300 s.
+    OUT=ab/persistent STEP=run ARGS=--plain CHECK_TIMEOUT=300 bash scripts/sm90_bwd_check.sh 2>&1 | tail -45 || exit 1
+    # Then through JAX: main against main + the patch with the persistent
+    # kernel as the plain launch (pending/ab-bwd-persistent-default.patch).
+    AB_DIRS="ab/main ab/persist" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 64 128 --seqlen 1024 4096 \
+      --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
