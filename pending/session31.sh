@@ -12,7 +12,7 @@
 # ["ab/before", "ab/main", "ab/tma", "ab/ud", "ab/rows", "ab/cap",
 # "ab/caponly"] (~56 MB), ~8 minutes:
 #   ab/before   5d8a050's wheel (before the patches)
-#   ab/main     main's (all five; rebuilt on 3e8b1df in session 32, the
+#   ab/main     main's (all five; rebuilt on e962199 in session 32, the
 #               same CUDA sources as 9f8256b, its benchmark recording
 #               fwd_bwd_temp_bytes)
 #   ab/tma ab/ud ab/rows ab/cap ab/caponly   5d8a050 + one patch each
