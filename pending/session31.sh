@@ -4,8 +4,8 @@
 #   1. bash pending/session31.sh ab                 carry the seven ab/ wheels below
 #   2. bash pending/session31.sh bwd256 dethelper   carry ab/main ab/bwd256 ab/bwd256ops ab/dethelper .peers
 #   3. bash pending/session31.sh bwd256_suite       carry ab/bwd256
-# then, in the session after: `e2e` (carry ab/main .peers) and `persist`
-# (carry ab/persistent ab/persist ab/main).
+# then, in the session after: `e2e` (carry ab/main .peers), `persist`
+# (carry ab/persistent) and `persist_ab` (carry ab/main ab/persist).
 #
 # The timing owed for session 30's five forward patches, landed in 9f8256b
 # on their correctness checks alone (README.md): one device call, carry
@@ -43,7 +43,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper e2e persist)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper e2e persist persist_ab)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -124,20 +124,34 @@ case "$stage" in
       --tokens 131072 --width 2048 --causal 1 --iters 3 --cotangent random --memory --out "$OUT/bench_long" 2>&1 | tail -16)
     ;;
   persist)
-    # pending/sm90-bwd-persistent.patch (session 32): the plain backward's
-    # default schedule in a persistent kernel, one block per SM over the
-    # tiles (carry ["ab/persistent", "ab/persist", "ab/main"], ~6 min).
-    # First the check program, prebuilt here (OUT=ab/persistent STEP=build
-    # bash scripts/sm90_bwd_check.sh from a tree with the patch): every
-    # plain case against the reference (among them 160 tiles on 132 SMs,
-    # so that blocks run several tiles), then the timed rows' "package /
-    # persist / p-ratio" columns (T = 1024 and 4096, 64 and 128, causal
-    # or not); a hang in the new barriers costs the limit, 300 s.
-    OUT=ab/persistent STEP=run ARGS=--plain CHECK_TIMEOUT=300 bash scripts/sm90_bwd_check.sh 2>&1 | tail -45 || exit 1
-    # Then through JAX: main against main + the patch with the persistent
-    # kernel as the plain launch (pending/ab-bwd-persistent-default.patch).
+    # pending/sm90-bwd-persistent.patch (session 32): the sm90 backward's
+    # default schedules in a persistent kernel, one block per SM over the
+    # tiles, for plain calls and the feature variants (carry
+    # ["ab/persistent"], ~6 min). The check program, prebuilt here
+    # (OUT=ab/persistent STEP=build bash scripts/sm90_bwd_check.sh from a
+    # tree with the patch): every plain and feature case against the
+    # references, the candidate beside the package's launch (among them
+    # cases of 320+ tiles on 132 SMs, so that blocks run several tiles),
+    # then the timed rows' "package / persist / p-ratio" columns (plain: T
+    # = 1024 and 4096, 64 and 128, causal or not; features: T = 4096
+    # documents, windows, soft cap, biases). A hang in the new barriers
+    # costs the limit.
+    rc=0
+    OUT=ab/persistent STEP=run CHECK_TIMEOUT=420 bash scripts/sm90_bwd_check.sh > "$OUT/persist_check.log" 2>&1 || rc=$?
+    cp ab/persistent/sm90_bwd_check.log "$OUT/" 2> /dev/null
+    echo "persist check rc=$rc"; grep -E "FAIL" "$OUT/persist_check.log" | head -20
+    sed -n '/^TFLOP\/s/,$p' "$OUT/persist_check.log" | head -70
+    [ $rc -eq 0 ] || exit 1
+    ;;
+  persist_ab)
+    # The same through JAX (carry ["ab/main", "ab/persist"], ~6 min): main
+    # against main + the patch with every sm90 backward launch (plain,
+    # features, bias) in the persistent kernel
+    # (pending/ab-bwd-persistent-default.patch), two rounds: the plain grid
+    # at T = 1024 / 4096, then the features preset's cases.
     AB_DIRS="ab/main ab/persist" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 64 128 --seqlen 1024 4096 \
-      --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
+      --causal 0 1 --cotangent random;--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random \
+      --cases plain:1 segments:1 window:1 plain:0 softcap:0 mask:0 bias:0" bash scripts/gpu_ab.sh
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
