@@ -43,7 +43,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper e2e persist persist_ab)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper e2e persist persist_ab persist_suite)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -152,6 +152,18 @@ case "$stage" in
     AB_DIRS="ab/main ab/persist" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 64 128 --seqlen 1024 4096 \
       --causal 0 1 --cotangent random;--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random \
       --cases plain:1 segments:1 window:1 plain:0 softcap:0 mask:0 bias:0" bash scripts/gpu_ab.sh
+    ;;
+  persist_suite)
+    # Before landing the persistent kernel as the default: the whole suite
+    # against ab/persist (carry ["ab/persist"], ~6 min), then the
+    # sanitizers on its backward kernels.
+    root=$(pwd)
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/persist ab/persist/*.whl || exit 1
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/persist
+    (cd /tmp && timeout 420 python3 -m pytest -q -n 12 -p no:cacheprovider "$root/ab/persist/tests" > "$OUT/pytest_persist.log" 2>&1)
+    tail -3 "$OUT/pytest_persist.log"; grep "^FAILED" "$OUT/pytest_persist.log" | head -20
+    SANITIZE_KERNELS=BackwardKernel SANITIZE_TOOLS="racecheck synccheck" \
+      timeout 150 bash ab/persist/scripts/sanitize_kernels.sh 2>&1 | tail -6
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
