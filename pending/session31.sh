@@ -43,7 +43,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper e2e persist persist_ab persist_suite)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper e2e persist persist_ab persist_suite m0_suite)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -144,12 +144,14 @@ case "$stage" in
     [ $rc -eq 0 ] || exit 1
     ;;
   persist_ab)
-    # The same through JAX (carry ["ab/main", "ab/persist"], ~6 min): main
+    # The same through JAX (carry ["ab/main", "ab/persist", "ab/m0"], ~8 min): main
     # against main + the patch with every sm90 backward launch (plain,
     # features, bias) in the persistent kernel
     # (pending/ab-bwd-persistent-default.patch), two rounds: the plain grid
     # at T = 1024 / 4096, then the features preset's cases.
-    AB_DIRS="ab/main ab/persist" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 64 128 --seqlen 1024 4096 \
+    # (ab/m0: main + pending/sm90-bwd-counter-m0.patch, the one-tile
+    # default's step counter without the spilled word, beside them.)
+    AB_DIRS="ab/main ab/persist ab/m0" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 64 128 --seqlen 1024 4096 \
       --causal 0 1 --cotangent random;--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random \
       --cases plain:1 segments:1 window:1 plain:0 softcap:0 mask:0 bias:0" bash scripts/gpu_ab.sh
     ;;
@@ -164,6 +166,15 @@ case "$stage" in
     tail -3 "$OUT/pytest_persist.log"; grep "^FAILED" "$OUT/pytest_persist.log" | head -20
     SANITIZE_KERNELS=BackwardKernel SANITIZE_TOOLS="racecheck synccheck" \
       timeout 150 bash ab/persist/scripts/sanitize_kernels.sh 2>&1 | tail -6
+    ;;
+  m0_suite)
+    # pending/sm90-bwd-counter-m0.patch before landing: the whole suite
+    # against ab/m0 (carry ["ab/m0"], ~6 min).
+    root=$(pwd)
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/m0 ab/m0/*.whl || exit 1
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/m0
+    (cd /tmp && timeout 480 python3 -m pytest -q -n 12 -p no:cacheprovider "$root/ab/m0/tests" > "$OUT/pytest_m0.log" 2>&1)
+    tail -3 "$OUT/pytest_m0.log"; grep "^FAILED" "$OUT/pytest_m0.log" | head -20
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
