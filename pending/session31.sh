@@ -5,7 +5,8 @@
 #   2. bash pending/session31.sh bwd256 dethelper   carry ab/main ab/bwd256 ab/bwd256ops ab/dethelper .peers
 #   3. bash pending/session31.sh bwd256_suite       carry ab/bwd256
 # then, in the session after: `e2e` (carry ab/main .peers), `persist`
-# (carry ab/persistent) and `persist_ab` (carry ab/main ab/persist).
+# (carry ab/persistent), `persist_ab` (carry ab/main ab/persist ab/m0),
+# `persist_suite` (carry ab/persist) and `m0_suite` (carry ab/m0).
 #
 # The timing owed for session 30's five forward patches, landed in 9f8256b
 # on their correctness checks alone (README.md): one device call, carry
