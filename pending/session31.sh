@@ -6,7 +6,8 @@
 #   3. bash pending/session31.sh bwd256_suite       carry ab/bwd256
 # then, in the session after: `e2e` (carry ab/main .peers), `persist`
 # (carry ab/persistent), `persist_ab` (carry ab/main ab/persist ab/m0),
-# `persist_suite` (carry ab/persist) and `m0_suite` (carry ab/m0).
+# `persist_suite` (carry ab/persist), `m0_suite` (carry ab/m0) and
+# `dethelper_ab` (carry ab/main ab/dethelperjax).
 #
 # The timing owed for session 30's five forward patches, landed in 9f8256b
 # on their correctness checks alone (README.md): one device call, carry
@@ -44,7 +45,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper e2e persist persist_ab persist_suite m0_suite)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -176,6 +177,16 @@ case "$stage" in
     export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/m0
     (cd /tmp && timeout 480 python3 -m pytest -q -n 12 -p no:cacheprovider "$root/ab/m0/tests" > "$OUT/pytest_m0.log" 2>&1)
     tail -3 "$OUT/pytest_m0.log"; grep "^FAILED" "$OUT/pytest_m0.log" | head -20
+    ;;
+  dethelper_ab)
+    # The helper warp through JAX (issue 21 measures deterministic=True
+    # against the default there; carry ["ab/main", "ab/dethelperjax"],
+    # ~5 min): main against main + sm90-bwd-det-helper.patch with the
+    # helper as the package's handoff (ab-det-helper-default.patch), each
+    # timing jax_flash and jax_flash_deterministic, two rounds; the
+    # deterministic / default ratio per wheel is the target's (>= 0.87).
+    AB_DIRS="ab/main ab/dethelperjax" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash jax_flash_deterministic \
+      --head-dim 64 128 --seqlen 1024 4096 --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
