@@ -2,7 +2,7 @@
 # The device plan waiting since session 31, three calls for one session's
 # 30 minutes (each ~8-10 minutes of wall time plus ~85 s of cold start):
 #   1. bash pending/session31.sh ab                 carry the seven ab/ wheels below
-#   2. bash pending/session31.sh bwd256 dethelper   carry ab/main ab/bwd256 ab/bwd256ops ab/dethelper .peers
+#   2. bash pending/session31.sh bwd256 dethelper   carry ab/bwd256 ab/bwd256ops ab/dethelper .peers
 #   3. bash pending/session31.sh bwd256_suite       carry ab/bwd256
 # then, in the session after: `e2e` (carry ab/main .peers), `persist`
 # (carry ab/persistent), `persist_ab` (carry ab/main ab/persist ab/m0),
@@ -31,15 +31,14 @@
 # pending/sm90-bwd-256-operand-split.patch` here; ab/bwd256plain = main +
 # the first alone; ab/bwd256ops = main + all three 256 patches with the
 # operand split made the default, pending/ab-bwd256-operands-default.patch),
-# two calls, carry ["ab/main", "ab/bwd256", "ab/bwd256ops", ".peers"]
-# (~43 MB):
+# two calls, carry ["ab/bwd256", "ab/bwd256ops", ".peers"] (~35 MB):
 #   bash pending/session31.sh bwd256         # ~6 min
-#   bash pending/session31.sh bwd256_suite   # ~6 min (carry ["ab/bwd256"])
+#   bash pending/session31.sh bwd256_suite   # ~9 min (carry ["ab/bwd256"])
 # First its own 256 tests (fast, so that a wrong kernel shows in a minute),
-# then bwd256 beside FA3 and cuDNN and main (sm80's backward at 256), the
-# sanitizers on Backward256Kernel (after the timings: a sanitizer that
-# outlives its timeout must not share the GPU with them), the whole suite
-# against the wheel.
+# then bwd256 beside FA3, cuDNN and sm80's backward at 256
+# (jax_flash_sm80), the operand split's; then the whole suite against the
+# wheel, and racecheck and synccheck on the 256 kernels (after the suite:
+# a sanitizer that outlives its limit must not share the GPU with timings).
 # $OUT/ab_combo.md: before vs main, two rounds; ab_plain.md and ab_feat.md:
 # each patch alone on the cases it targets, one round.
 set -uo pipefail
@@ -53,13 +52,27 @@ feat="--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random --cases p
 for stage in "$@"; do
 echo "== stage $stage ($(date +%T))"
 case "$stage" in
-  ab)
-    AB_DIRS="ab/before ab/main" AB_ROUNDS=2 BENCH_ARGS="$t1024;$feat" bash scripts/gpu_ab.sh
-    cp "$OUT/ab.md" "$OUT/ab_combo.md"
-    AB_DIRS="ab/before ab/tma ab/ud" AB_ROUNDS=1 BENCH_ARGS="$t1024" bash scripts/gpu_ab.sh
-    cp "$OUT/ab.md" "$OUT/ab_plain.md"
-    AB_DIRS="ab/before ab/rows ab/cap ab/caponly" AB_ROUNDS=1 BENCH_ARGS="$feat" bash scripts/gpu_ab.sh
-    cp "$OUT/ab.md" "$OUT/ab_feat.md"
+  ab|ab_parts)
+    # (Session 32's estimate: ~7 s a case and wheel, ~6 min for before /
+    # main over two rounds, ~5 min for the per-patch ablations; so `ab`
+    # runs those only while the call's 10 minutes allow, and `ab_parts`
+    # runs them alone.)
+    if [ "$stage" = ab ]; then
+      AB_DIRS="ab/before ab/main" AB_ROUNDS=2 BENCH_ARGS="$t1024;$feat" bash scripts/gpu_ab.sh
+      cp "$OUT/ab.md" "$OUT/ab_combo.md"
+    fi
+    if [ "$stage" = ab_parts ] || [ $SECONDS -lt 330 ]; then
+      AB_DIRS="ab/before ab/tma ab/ud" AB_ROUNDS=1 BENCH_ARGS="$t1024" bash scripts/gpu_ab.sh
+      cp "$OUT/ab.md" "$OUT/ab_plain.md"
+    else
+      echo "ablations of the plain cases left for stage ab_parts (${SECONDS} s used)"
+    fi
+    if [ "$stage" = ab_parts ] || [ $SECONDS -lt 400 ]; then
+      AB_DIRS="ab/before ab/rows ab/cap ab/caponly" AB_ROUNDS=1 BENCH_ARGS="$feat" bash scripts/gpu_ab.sh
+      cp "$OUT/ab.md" "$OUT/ab_feat.md"
+    else
+      echo "ablations of the feature cases left for stage ab_parts (${SECONDS} s used)"
+    fi
     ;;
   bwd256)
     root=$(pwd)
@@ -77,18 +90,18 @@ case "$stage" in
     export PYTHONPATH=/tmp/ab_site/bwd256ops:$root/.peers
     (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash --head-dim 256 --seqlen 1024 4096 16384 \
       --causal 0 1 --cotangent random --out "$OUT/bench_bwd256ops" 2>&1 | grep "^|" | tail -8)
-    export PYTHONPATH=/tmp/ab_site/main:$root/.peers
-    (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash --head-dim 256 --seqlen 1024 4096 16384 \
-      --causal 0 1 --cotangent random --out "$OUT/bench_main256" 2>&1 | grep "^|" | tail -8)
-    PYTHONPATH=/tmp/ab_site/bwd256 SANITIZE_KERNELS=256Kernel SANITIZE_TOOLS="racecheck synccheck memcheck" \
-      timeout 240 bash ab/bwd256/scripts/sanitize_kernels.sh 2>&1 | tail -8
     ;;
   bwd256_suite)
     root=$(pwd)
     python3 -m pip install -q --no-deps --target /tmp/ab_site/bwd256 ab/bwd256/*.whl || exit 1
     export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/bwd256
-    (cd /tmp && timeout 500 python3 -m pytest -q -n 12 -p no:cacheprovider "$root/ab/bwd256/tests" > "$OUT/pytest_bwd256.log" 2>&1)
+    (cd /tmp && timeout 400 python3 -m pytest -q -n 12 -p no:cacheprovider "$root/ab/bwd256/tests" > "$OUT/pytest_bwd256.log" 2>&1)
     tail -3 "$OUT/pytest_bwd256.log"; grep "^FAILED" "$OUT/pytest_bwd256.log" | head -20
+    # The sanitizers on the 256 kernels (after the suite: a sanitizer that
+    # outlives its limit must not share the GPU with timings).
+    # (memcheck in a later call: three tools did not fit beside the suite.)
+    SANITIZE_KERNELS=256Kernel SANITIZE_TOOLS="racecheck synccheck" \
+      timeout 170 bash ab/bwd256/scripts/sanitize_kernels.sh 2>&1 | tail -6
     ;;
   dethelper)
     # pending/sm90-bwd-det-helper.patch's check program, built here (carry
@@ -101,7 +114,12 @@ case "$stage" in
     # handoff then costs 2 minutes, not 9), then the whole table.
     OUT=ab/dethelper STEP=run ARGS=--quick CHECK_TIMEOUT=120 bash scripts/sm90_bwd_compare_check.sh deterministic \
       2>&1 | tail -20 || exit 1
-    OUT=ab/dethelper STEP=run CHECK_TIMEOUT=300 bash scripts/sm90_bwd_compare_check.sh deterministic 2>&1 | tail -40
+    if [ $SECONDS -lt 400 ]; then
+      OUT=ab/dethelper STEP=run CHECK_TIMEOUT=$((560 - SECONDS)) bash scripts/sm90_bwd_compare_check.sh deterministic \
+        2>&1 | tail -40
+    else
+      echo "the full table left for a later call (${SECONDS} s used); dethelper_ab times it through JAX"
+    fi
     ;;
   e2e)
     # Issue 21's end to end and its memory line, on main's wheel (carry
