@@ -49,6 +49,18 @@ export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
 feat="--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random --cases plain:1 segments:1 window:1 softcap:0 prefix_lm_softcap:0 dropout:0 plain:0"
+# The whole suite against wheel ab/NAME within LIMIT seconds (12 workers),
+# its log in $OUT/pytest_NAME.log; PYTHONPATH stays on the wheel for what
+# follows (the sanitizers).
+suite_against() {
+  local name=$1 limit=$2 root
+  root=$(pwd)
+  python3 -m pip install -q --no-deps --target /tmp/ab_site/$name ab/$name/*.whl || exit 1
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/$name
+  (cd /tmp && timeout "$limit" python3 -m pytest -q -n 12 -p no:cacheprovider "$root/ab/$name/tests" \
+    > "$OUT/pytest_$name.log" 2>&1)
+  tail -3 "$OUT/pytest_$name.log"; grep "^FAILED" "$OUT/pytest_$name.log" | head -20
+}
 for stage in "$@"; do
 echo "== stage $stage ($(date +%T))"
 case "$stage" in
@@ -92,11 +104,7 @@ case "$stage" in
       --causal 0 1 --cotangent random --out "$OUT/bench_bwd256ops" 2>&1 | grep "^|" | tail -8)
     ;;
   bwd256_suite)
-    root=$(pwd)
-    python3 -m pip install -q --no-deps --target /tmp/ab_site/bwd256 ab/bwd256/*.whl || exit 1
-    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/bwd256
-    (cd /tmp && timeout 400 python3 -m pytest -q -n 12 -p no:cacheprovider "$root/ab/bwd256/tests" > "$OUT/pytest_bwd256.log" 2>&1)
-    tail -3 "$OUT/pytest_bwd256.log"; grep "^FAILED" "$OUT/pytest_bwd256.log" | head -20
+    suite_against bwd256 400
     # The sanitizers on the 256 kernels (after the suite: a sanitizer that
     # outlives its limit must not share the GPU with timings).
     # (memcheck in a later call: three tools did not fit beside the suite.)
@@ -179,22 +187,14 @@ case "$stage" in
     # Before landing the persistent kernel as the default: the whole suite
     # against ab/persist (carry ["ab/persist"], ~6 min), then the
     # sanitizers on its backward kernels.
-    root=$(pwd)
-    python3 -m pip install -q --no-deps --target /tmp/ab_site/persist ab/persist/*.whl || exit 1
-    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/persist
-    (cd /tmp && timeout 420 python3 -m pytest -q -n 12 -p no:cacheprovider "$root/ab/persist/tests" > "$OUT/pytest_persist.log" 2>&1)
-    tail -3 "$OUT/pytest_persist.log"; grep "^FAILED" "$OUT/pytest_persist.log" | head -20
+    suite_against persist 420
     SANITIZE_KERNELS=BackwardKernel SANITIZE_TOOLS="racecheck synccheck" \
       timeout 150 bash ab/persist/scripts/sanitize_kernels.sh 2>&1 | tail -6
     ;;
   m0_suite)
     # pending/sm90-bwd-counter-m0.patch before landing: the whole suite
     # against ab/m0 (carry ["ab/m0"], ~6 min).
-    root=$(pwd)
-    python3 -m pip install -q --no-deps --target /tmp/ab_site/m0 ab/m0/*.whl || exit 1
-    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/m0
-    (cd /tmp && timeout 480 python3 -m pytest -q -n 12 -p no:cacheprovider "$root/ab/m0/tests" > "$OUT/pytest_m0.log" 2>&1)
-    tail -3 "$OUT/pytest_m0.log"; grep "^FAILED" "$OUT/pytest_m0.log" | head -20
+    suite_against m0 480
     ;;
   dethelper_ab)
     # The helper warp through JAX (issue 21 measures deterministic=True
