@@ -228,6 +228,15 @@ case "$stage" in
       "$root/ab/plaintx/tests/test_attention.py" -k "dropout or soft_cap or softcap" 2>&1 | tail -8) || exit 1
     AB_DIRS="ab/main ab/plaintx" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 64 128 --seqlen 4096 \
       --cotangent random --cases plain:0 plain:1 softcap:0 softcap:1 dropout:0 dropout:1" bash scripts/gpu_ab.sh
+    # While the call's time allows: where the new dropout kernels' time
+    # goes (stall reasons per instruction, for the next step on the Philox
+    # cost: rounds, 8-bit thresholds, the backward's half-used calls).
+    if [ $SECONDS -lt 420 ]; then
+      PYTHONPATH=/tmp/ab_site/plaintx SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=60 \
+        PROFILE_CASES="dropout:ForwardKernel dropout_grad:BackwardKernel" bash scripts/profile_features.sh 2>&1 | tail -30
+    else
+      echo "the dropout profile left for a later call (${SECONDS} s used)"
+    fi
     ;;
   stack_suite)
     # One suite for the three 256 patches, m0 and the plain transforms
