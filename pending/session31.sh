@@ -3,12 +3,13 @@
 # minutes of wall time plus ~85 s of cold start: three fit a session's 30
 # minutes, the fourth opens the next):
 #   1. bash pending/session31.sh ab                 carry the seven ab/ wheels below
-#   2. bash pending/session31.sh plaintx dethelper  carry ab/main ab/plaintx ab/dethelper
+#   2. bash pending/session31.sh plaintx dethelper  carry ab/main ab/plaintx ab/droppairs ab/dethelper
 #   3. bash pending/session31.sh bwd256             carry ab/main ab/bwd256 ab/bwd256ops .peers
 #   4. bash pending/session31.sh stack_suite        carry ab/stack
-# (stack_suite is the whole suite for the 256 patches, m0 and the plain
-# transforms at once: it replaces bwd256_suite, m0_suite and
-# plaintx_suite). Then: `e2e` (carry ab/main .peers), `persist`
+# (stack_suite is the whole suite for the 256 patches, m0, the plain
+# transforms and the dropout pairs at once: it replaces bwd256_suite,
+# m0_suite and plaintx_suite). Then: `dropout_profile` (carry
+# ab/droppairs), `e2e` (carry ab/main .peers), `persist`
 # (carry ab/persistent), `persist_ab` (carry ab/main ab/persist ab/m0),
 # `persist_suite` (carry ab/persist) and `dethelper_ab` (carry ab/main
 # ab/dethelperjax).
@@ -48,7 +49,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite stack_suite)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite stack_suite dropout_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -213,40 +214,48 @@ case "$stage" in
   plaintx)
     # pending/sm90-plain-transforms.patch (session 33): the soft cap or
     # dropout alone (causal or not) on the plain kernels' loops, forward and
-    # backward (kPlainSoftcap, kPlainDropout), carry ["ab/main",
-    # "ab/plaintx"], ~8 min. First the dropout and soft-cap tests against
-    # the wheel (both variants of each: the cases with masks' features keep
-    # kMasksDropout / kSoftcap / kMasksSoftcap), then main against it, two
-    # rounds: the features preset's plain, soft cap and dropout cases at 64
-    # and 128 (TFLOP/s and the ratio to each wheel's own plain case: issue
-    # 19 asks soft cap <= 1.15x and dropout <= 1.3x of plain's time).
+    # backward (kPlainSoftcap, kPlainDropout), and on top of it
+    # pending/sm90-bwd-dropout-pairs.patch (the backward's Philox calls made
+    # once per warp pair), carry ["ab/main", "ab/plaintx", "ab/droppairs"],
+    # ~8 min. First the dropout and soft-cap tests against each wheel (both
+    # variants of each: the cases with masks' features keep kMasksDropout /
+    # kSoftcap / kMasksSoftcap), then main against them, one round: the
+    # features preset's plain, soft cap and dropout cases at 64 and 128
+    # (TFLOP/s and the ratio to each wheel's own plain case: issue 19 asks
+    # soft cap <= 1.15x and dropout <= 1.3x of plain's time).
     root=$(pwd)
-    python3 -m pip install -q --no-deps --target /tmp/ab_site/plaintx ab/plaintx/*.whl || exit 1
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
-    (cd /tmp && PYTHONPATH=/tmp/ab_site/plaintx timeout 240 python3 -m pytest -q -x -n 12 -p no:cacheprovider \
-      "$root/ab/plaintx/tests/test_features.py" "$root/ab/plaintx/tests/test_sinks.py" \
-      "$root/ab/plaintx/tests/test_attention.py" -k "dropout or soft_cap or softcap" 2>&1 | tail -8) || exit 1
-    AB_DIRS="ab/main ab/plaintx" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 64 128 --seqlen 4096 \
-      --cotangent random --cases plain:0 plain:1 softcap:0 softcap:1 dropout:0 dropout:1" bash scripts/gpu_ab.sh
-    # While the call's time allows: where the new dropout kernels' time
-    # goes (stall reasons per instruction, for the next step on the Philox
-    # cost: rounds, 8-bit thresholds, the backward's half-used calls).
-    if [ $SECONDS -lt 420 ]; then
-      PYTHONPATH=/tmp/ab_site/plaintx SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=60 \
-        PROFILE_CASES="dropout:ForwardKernel dropout_grad:BackwardKernel" bash scripts/profile_features.sh 2>&1 | tail -30
-    else
-      echo "the dropout profile left for a later call (${SECONDS} s used)"
-    fi
+    for w in plaintx droppairs; do
+      python3 -m pip install -q --no-deps --target /tmp/ab_site/$w ab/$w/*.whl || exit 1
+      (cd /tmp && PYTHONPATH=/tmp/ab_site/$w timeout 200 python3 -m pytest -q -x -n 12 -p no:cacheprovider \
+        "$root/ab/$w/tests/test_features.py" "$root/ab/$w/tests/test_sinks.py" \
+        "$root/ab/$w/tests/test_attention.py" -k "dropout or soft_cap or softcap" 2>&1 | tail -6) || exit 1
+    done
+    AB_DIRS="ab/main ab/plaintx ab/droppairs" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 64 128 \
+      --seqlen 4096 --cotangent random --cases plain:0 plain:1 softcap:0 softcap:1 dropout:0 dropout:1" \
+      bash scripts/gpu_ab.sh
+    ;;
+  dropout_profile)
+    # Where the dropout kernels' time goes once on the plain loops (carry
+    # ["ab/droppairs"], ~4 min): stall reasons per instruction of the
+    # forward and backward dropout kernels, for the next step on the Philox
+    # cost (rounds, 8-bit thresholds; FlashAttention-2 uses 7 rounds and
+    # 16 pairs a call, ours 10 and 8).
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/droppairs ab/droppairs/*.whl || exit 1
+    PYTHONPATH=/tmp/ab_site/droppairs SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=100 \
+      PROFILE_CASES="dropout:ForwardKernel dropout_grad:BackwardKernel" bash scripts/profile_features.sh 2>&1 | tail -30
     ;;
   stack_suite)
-    # One suite for the three 256 patches, m0 and the plain transforms
-    # together (carry ["ab/stack"], ~9 min): ab/stack = main +
-    # sm90-bwd-256, -256-deterministic, -256-operand-split, -counter-m0 and
-    # sm90-plain-transforms applied in that order (one context line of the
-    # last in bwd_launch.cuh resolved by hand; README.md). A failure's test
-    # names tell which patch it is (the 256 tests, the dropout and soft-cap
-    # ones). Then racecheck and synccheck on the sm90 kernels while the
-    # call's time allows.
+    # One suite for the three 256 patches, m0, the plain transforms and the
+    # dropout pairs together (carry ["ab/stack"], ~9 min): ab/stack = main +
+    # sm90-bwd-256, -256-deterministic, -256-operand-split, -counter-m0,
+    # sm90-plain-transforms and sm90-bwd-dropout-pairs applied in that
+    # order (two hunks in bwd_launch.cuh resolved by hand: ab/stack/mkstack.sh
+    # rebuilds the combined patch, ab/stack/stack.patch). A failure's test
+    # names tell which patch it is (the 256 tests; the dropout and soft-cap
+    # ones, which stage plaintx ran against plaintx and droppairs apart).
+    # Then racecheck and synccheck on the sm90 kernels (the dropout
+    # exchange's barriers among them) while the call's time allows.
     suite_against stack 400
     if [ $SECONDS -lt 420 ]; then
       SANITIZE_KERNELS=sm90 SANITIZE_TOOLS="racecheck synccheck" \
