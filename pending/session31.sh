@@ -8,8 +8,8 @@
 #   4. bash pending/session31.sh stack_suite        carry ab/stack
 # (stack_suite is the whole suite for the 256 patches, m0, the plain
 # transforms and the dropout pairs at once: it replaces bwd256_suite,
-# m0_suite and plaintx_suite). Then: `dropout_profile` (carry
-# ab/droppairs), `e2e` (carry ab/main .peers), `persist`
+# m0_suite and plaintx_suite). Then: `softcap_poly` (carry ab/main
+# ab/plaintx ab/poly4 ab/poly2), `dropout_profile` (carry ab/droppairs), `e2e` (carry ab/main .peers), `persist`
 # (carry ab/persistent), `persist_ab` (carry ab/main ab/persist ab/m0),
 # `persist_suite` (carry ab/persist) and `dethelper_ab` (carry ab/main
 # ab/dethelperjax).
@@ -49,7 +49,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite stack_suite dropout_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite stack_suite dropout_profile softcap_poly)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -235,6 +235,26 @@ case "$stage" in
       --seqlen 4096 --cotangent random --cases plain:0 plain:1 softcap:0 softcap:1 dropout:0 dropout:1" \
       bash scripts/gpu_ab.sh
     ;;
+  softcap_poly)
+    # pending/sm90-fwd-softcap-poly.patch (session 33, after the plain
+    # transforms): part of kPlainSoftcap's exponentials on the FMA pipe
+    # (PolyExp2, session 29's, there measured slower on kMasksSoftcap's
+    # issue-bound loop), carry ["ab/main", "ab/plaintx", "ab/poly4",
+    # "ab/poly2"], ~6 min: the soft-cap tests against each poly wheel,
+    # then main, the plain transforms alone, and every 4th / every 2nd n8
+    # tile's exponentials polynomial, one round, plain and soft-cap cases at
+    # 64 and 128 (issue 19: soft cap <= 1.15x of plain's time).
+    root=$(pwd)
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+    for w in poly4 poly2; do
+      python3 -m pip install -q --no-deps --target /tmp/ab_site/$w ab/$w/*.whl || exit 1
+      (cd /tmp && PYTHONPATH=/tmp/ab_site/$w timeout 150 python3 -m pytest -q -x -n 12 -p no:cacheprovider \
+        "$root/ab/$w/tests/test_features.py" "$root/ab/$w/tests/test_attention.py" \
+        "$root/ab/$w/tests/test_poly_exp2.py" -k "soft_cap or softcap or poly" 2>&1 | tail -4) || exit 1
+    done
+    AB_DIRS="ab/main ab/plaintx ab/poly4 ab/poly2" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 64 128 \
+      --seqlen 4096 --cotangent random --cases plain:0 plain:1 softcap:0 softcap:1" bash scripts/gpu_ab.sh
+    ;;
   dropout_profile)
     # Where the dropout kernels' time goes once on the plain loops (carry
     # ["ab/droppairs"], ~4 min): stall reasons per instruction of the
@@ -246,12 +266,14 @@ case "$stage" in
       PROFILE_CASES="dropout:ForwardKernel dropout_grad:BackwardKernel" bash scripts/profile_features.sh 2>&1 | tail -30
     ;;
   stack_suite)
-    # One suite for the three 256 patches, m0, the plain transforms and the
-    # dropout pairs together (carry ["ab/stack"], ~9 min): ab/stack = main +
-    # sm90-bwd-256, -256-deterministic, -256-operand-split, -counter-m0,
-    # sm90-plain-transforms and sm90-bwd-dropout-pairs applied in that
-    # order (two hunks in bwd_launch.cuh resolved by hand: ab/stack/mkstack.sh
-    # rebuilds the combined patch, ab/stack/stack.patch). A failure's test
+    # One suite for the three 256 patches, m0, the plain transforms, the
+    # dropout pairs and the soft cap's PolyExp2 together (carry
+    # ["ab/stack"], ~9 min): ab/stack = main + sm90-bwd-256,
+    # -256-deterministic, -256-operand-split, -counter-m0,
+    # sm90-plain-transforms, sm90-bwd-dropout-pairs and sm90-fwd-softcap-poly
+    # applied in that order (the pairs' hunks in three files resolved by
+    # hand: ab/stack/mkstack.sh rebuilds the combined patch,
+    # ab/stack/stack.patch). A failure's test
     # names tell which patch it is (the 256 tests; the dropout and soft-cap
     # ones, which stage plaintx ran against plaintx and droppairs apart).
     # Then racecheck and synccheck on the sm90 kernels (the dropout
