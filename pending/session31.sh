@@ -272,7 +272,7 @@ case "$stage" in
     # -256-deterministic, -256-operand-split, -counter-m0,
     # sm90-plain-transforms, sm90-bwd-dropout-pairs and sm90-fwd-softcap-poly
     # applied in that order (the pairs' hunks in three files resolved by
-    # hand: ab/stack/mkstack.sh rebuilds the combined patch,
+    # hand: pending/mkstack.sh rebuilds the combined patch,
     # ab/stack/stack.patch). A failure's test
     # names tell which patch it is (the 256 tests; the dropout and soft-cap
     # ones, which stage plaintx ran against plaintx and droppairs apart).
