@@ -229,7 +229,8 @@ case "$stage" in
       python3 -m pip install -q --no-deps --target /tmp/ab_site/$w ab/$w/*.whl || exit 1
       (cd /tmp && PYTHONPATH=/tmp/ab_site/$w timeout 200 python3 -m pytest -q -x -n 12 -p no:cacheprovider \
         "$root/ab/$w/tests/test_features.py" "$root/ab/$w/tests/test_sinks.py" \
-        "$root/ab/$w/tests/test_attention.py" -k "dropout or soft_cap or softcap" 2>&1 | tail -6) || exit 1
+        "$root/ab/$w/tests/test_attention.py" "$root/ab/$w/tests/test_sm90_dropout.py" \
+        -k "dropout or soft_cap or softcap" 2>&1 | tail -6) || exit 1
     done
     AB_DIRS="ab/main ab/plaintx ab/droppairs" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 64 128 \
       --seqlen 4096 --cotangent random --cases plain:0 plain:1 softcap:0 softcap:1 dropout:0 dropout:1" \
@@ -250,7 +251,7 @@ case "$stage" in
       python3 -m pip install -q --no-deps --target /tmp/ab_site/$w ab/$w/*.whl || exit 1
       (cd /tmp && PYTHONPATH=/tmp/ab_site/$w timeout 150 python3 -m pytest -q -x -n 12 -p no:cacheprovider \
         "$root/ab/$w/tests/test_features.py" "$root/ab/$w/tests/test_attention.py" \
-        "$root/ab/$w/tests/test_poly_exp2.py" -k "soft_cap or softcap or poly" 2>&1 | tail -4) || exit 1
+        "$root/ab/$w/tests/test_poly_exp2.py" -k "soft_cap or softcap or poly_exp2" 2>&1 | tail -4) || exit 1
     done
     AB_DIRS="ab/main ab/plaintx ab/poly4 ab/poly2" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 64 128 \
       --seqlen 4096 --cotangent random --cases plain:0 plain:1 softcap:0 softcap:1" bash scripts/gpu_ab.sh
