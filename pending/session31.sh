@@ -66,6 +66,18 @@ suite_against() {
     > "$OUT/pytest_$name.log" 2>&1)
   tail -3 "$OUT/pytest_$name.log"; grep "^FAILED" "$OUT/pytest_$name.log" | head -20
 }
+# Some of wheel ab/NAME's own tests against it within LIMIT seconds (12
+# workers, stopping at the first failure): the test files named, the tests
+# -k EXPR selects; a failure or the limit ends the call (pipefail).
+tests_against() {
+  local name=$1 limit=$2 expr=$3 root files=()
+  shift 3
+  root=$(pwd)
+  for f in "$@"; do files+=("$root/ab/$name/tests/$f"); done
+  python3 -m pip install -q --no-deps --target /tmp/ab_site/$name ab/$name/*.whl || exit 1
+  (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/$name timeout "$limit" \
+    python3 -m pytest -q -x -n 12 -p no:cacheprovider "${files[@]}" -k "$expr" 2>&1 | tail -6) || exit 1
+}
 for stage in "$@"; do
 echo "== stage $stage ($(date +%T))"
 case "$stage" in
@@ -223,14 +235,9 @@ case "$stage" in
     # features preset's plain, soft cap and dropout cases at 64 and 128
     # (TFLOP/s and the ratio to each wheel's own plain case: issue 19 asks
     # soft cap <= 1.15x and dropout <= 1.3x of plain's time).
-    root=$(pwd)
-    export XLA_PYTHON_CLIENT_PREALLOCATE=false
     for w in plaintx droppairs; do
-      python3 -m pip install -q --no-deps --target /tmp/ab_site/$w ab/$w/*.whl || exit 1
-      (cd /tmp && PYTHONPATH=/tmp/ab_site/$w timeout 200 python3 -m pytest -q -x -n 12 -p no:cacheprovider \
-        "$root/ab/$w/tests/test_features.py" "$root/ab/$w/tests/test_sinks.py" \
-        "$root/ab/$w/tests/test_attention.py" "$root/ab/$w/tests/test_sm90_dropout.py" \
-        -k "dropout or soft_cap or softcap" 2>&1 | tail -6) || exit 1
+      tests_against $w 200 "dropout or soft_cap or softcap" \
+        test_features.py test_sinks.py test_attention.py test_sm90_dropout.py
     done
     AB_DIRS="ab/main ab/plaintx ab/droppairs" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 64 128 \
       --seqlen 4096 --cotangent random --cases plain:0 plain:1 softcap:0 softcap:1 dropout:0 dropout:1" \
@@ -245,13 +252,8 @@ case "$stage" in
     # then main, the plain transforms alone, and every 4th / every 2nd n8
     # tile's exponentials polynomial, one round, plain and soft-cap cases at
     # 64 and 128 (issue 19: soft cap <= 1.15x of plain's time).
-    root=$(pwd)
-    export XLA_PYTHON_CLIENT_PREALLOCATE=false
     for w in poly4 poly2; do
-      python3 -m pip install -q --no-deps --target /tmp/ab_site/$w ab/$w/*.whl || exit 1
-      (cd /tmp && PYTHONPATH=/tmp/ab_site/$w timeout 150 python3 -m pytest -q -x -n 12 -p no:cacheprovider \
-        "$root/ab/$w/tests/test_features.py" "$root/ab/$w/tests/test_attention.py" \
-        "$root/ab/$w/tests/test_poly_exp2.py" -k "soft_cap or softcap or poly_exp2" 2>&1 | tail -4) || exit 1
+      tests_against $w 150 "soft_cap or softcap or poly_exp2" test_features.py test_attention.py test_poly_exp2.py
     done
     AB_DIRS="ab/main ab/plaintx ab/poly4 ab/poly2" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 64 128 \
       --seqlen 4096 --cotangent random --cases plain:0 plain:1 softcap:0 softcap:1" bash scripts/gpu_ab.sh
