@@ -1,5 +1,5 @@
 # ab/stack's combined patch: main + the three 256 patches + m0 + the plain
-# transforms + the dropout pairs + the soft cap's PolyExp2, the last three
+# transforms + the dropout pairs + the soft cap's PolyExp2 (STACK_TOP), those
 # merged three-way (the pairs' hunks meet the 256 patch's in bwd_launch.cuh,
 # bwd_launch.h and bwd_kernel_traits.cuh: resolved by hand, ab/stack_resolved/).
 # Writes /tmp/stack_keep.patch; then
@@ -13,7 +13,10 @@ for p in sm90-bwd-256 sm90-bwd-256-deterministic sm90-bwd-256-operand-split sm90
   git apply "$root/pending/$p.patch"
 done
 git add -A && git -c user.email=stack@local -c user.name=stack commit -qm "stack: 256 + m0 (temp)"
-for p in sm90-plain-transforms sm90-bwd-dropout-pairs sm90-fwd-softcap-poly; do
+# STACK_TOP: the patches after m0, in order (session 34 added the dropout
+# keep warps and the 7-round Philox as candidates: STACK_TOP="... 
+# sm90-fwd-dropout-keep-warps dropout-philox7" once stage keepwarps keeps them).
+for p in ${STACK_TOP:-sm90-plain-transforms sm90-bwd-dropout-pairs sm90-fwd-softcap-poly}; do
   git apply --3way "$root/pending/$p.patch" || true
   if git diff --name-only --diff-filter=U | grep -q .; then
     # The pairs patch meets the 256 patch in three files: their hand

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The device plan waiting since session 31, in order (each call ~8-10
 # minutes of wall time plus ~85 s of cold start: three fit a session's 30
-# minutes, the fourth opens the next):
-#   1. bash pending/session31.sh ab                 carry the seven ab/ wheels below
-#   2. bash pending/session31.sh plaintx dethelper  carry ab/main ab/plaintx ab/droppairs ab/dethelper
+# minutes). Done in session 34 (perf_history.md v33): `ab` (session 30's
+# forward patches timed and kept), `plaintx` and `dethelper`. Next:
+#   1. bash pending/session31.sh droppairs_suite    carry ab/droppairs
+#      (the whole suite for the two patches measured faster: land them)
+#   2. bash pending/session31.sh keepwarps          carry ab/droppairs ab/kb0 ab/kb2 ab/px7 ab/kb0p7
 #   3. bash pending/session31.sh bwd256             carry ab/main ab/bwd256 ab/bwd256ops .peers
-#   4. bash pending/session31.sh stack_suite        carry ab/stack
+#   4. bash pending/mkstack.sh (here, on the CPU: the stack with what stages
+#      2 and 3 and softcap_poly keep, on the new main), then
+#      bash pending/session31.sh stack_suite        carry ab/stack
 # (stack_suite is the whole suite for the 256 patches, m0, the plain
 # transforms and the dropout pairs at once: it replaces bwd256_suite,
 # m0_suite and plaintx_suite). Then: `softcap_poly` (carry ab/main
@@ -49,7 +53,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite stack_suite dropout_profile softcap_poly)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite droppairs_suite stack_suite keepwarps dropout_profile softcap_poly)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -258,6 +262,24 @@ case "$stage" in
     AB_DIRS="ab/main ab/plaintx ab/poly4 ab/poly2" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 64 128 \
       --seqlen 4096 --cotangent random --cases plain:0 plain:1 softcap:0 softcap:1" bash scripts/gpu_ab.sh
     ;;
+  keepwarps)
+    # Session 34's dropout forward candidates (carry ["ab/droppairs",
+    # "ab/kb0", "ab/kb2", "ab/px7", "ab/kb0p7"], ~9 min), all on main + the
+    # plain transforms + the pairs (= ab/droppairs): kb0 the keep bits made
+    # by the producer warpgroup's warps 1 .. 3 (pending/sm90-fwd-dropout-keep-warps.patch),
+    # kb2 the same with two of a consumer thread's eight calls its own
+    # (ab-keep-consumer-calls2.patch), px7 Philox4x32 with 7 rounds
+    # (pending/dropout-philox7.patch: every family's masks change), kb0p7
+    # both. First their dropout tests (the keep warps' path through
+    # kPlainDropout; the host checks of the keep bits and of the 7-round
+    # known answers), then one round of the dropout cases against their own
+    # plain ones (issue 19: dropout <= 1.3x of plain's time, fwd and bwd).
+    tests_against kb0 150 "dropout" test_sm90_dropout.py test_features.py test_attention.py
+    tests_against kb2 120 "dropout" test_sm90_dropout.py test_features.py
+    tests_against kb0p7 120 "dropout or policy" test_sm90_dropout.py test_cpu_transforms.py test_features.py
+    AB_DIRS="ab/droppairs ab/kb0 ab/kb2 ab/px7 ab/kb0p7" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 128 64 \
+      --seqlen 4096 --cotangent random --cases plain:0 dropout:0 dropout:1" bash scripts/gpu_ab.sh
+    ;;
   dropout_profile)
     # Where the dropout kernels' time goes once on the plain loops (carry
     # ["ab/droppairs"], ~4 min): stall reasons per instruction of the
@@ -295,6 +317,21 @@ case "$stage" in
     suite_against plaintx 420
     SANITIZE_KERNELS=sm90 SANITIZE_TOOLS="racecheck synccheck" \
       timeout 150 bash ab/plaintx/scripts/sanitize_kernels.sh 2>&1 | tail -6
+    ;;
+  droppairs_suite)
+    # Before landing the two measured patches (session 34: the plain
+    # transforms and the dropout pairs, both faster at every point and
+    # their dropout / soft-cap tests passing): the whole suite against
+    # ab/droppairs = main + both (carry ["ab/droppairs"], ~8 min), then
+    # racecheck and synccheck on the sm90 kernels (the pairs' exchange)
+    # with what the call has left.
+    suite_against droppairs 400
+    if [ $SECONDS -lt 440 ]; then
+      SANITIZE_KERNELS=sm90 SANITIZE_TOOLS="racecheck synccheck" \
+        timeout $((570 - SECONDS)) bash ab/droppairs/scripts/sanitize_kernels.sh 2>&1 | tail -6
+    else
+      echo "the sanitizers left for a later call (${SECONDS} s used)"
+    fi
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
