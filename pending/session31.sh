@@ -6,7 +6,7 @@
 #   1. bash pending/session31.sh droppairs_suite    carry ab/droppairs
 #      (the whole suite for the two patches measured faster: land them)
 #   2. bash pending/session31.sh keepwarps          carry ab/droppairs ab/kb0 ab/kb2 ab/px7 ab/kb0p7
-#   3. bash pending/session31.sh bwd256             carry ab/main ab/bwd256 ab/bwd256ops .peers
+#   3. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
 #   4. bash pending/mkstack.sh (here, on the CPU: the stack with what stages
 #      2 and 3 and softcap_poly keep, on the new main), then
 #      bash pending/session31.sh stack_suite        carry ab/stack
@@ -53,7 +53,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite droppairs_suite stack_suite keepwarps dropout_profile softcap_poly)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite droppairs_suite packed_profile stack_suite keepwarps dropout_profile softcap_poly)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -317,6 +317,17 @@ case "$stage" in
     suite_against plaintx 420
     SANITIZE_KERNELS=sm90 SANITIZE_TOOLS="racecheck synccheck" \
       timeout 150 bash ab/plaintx/scripts/sanitize_kernels.sh 2>&1 | tail -6
+    ;;
+  packed_profile)
+    # Issue 19's largest gap, the packed documents' backward (0.55 of plain
+    # causal against FA3's 0.69; plain at T = 1024 causal, the same tiles,
+    # 0.65): Nsight Compute with source counters on main's sm90 backward,
+    # packed_grad against plain_grad_1024 (carry ["ab/main"], ~3 min; after
+    # bwd256 in the same call, which installs main's wheel).
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/main ab/main/*.whl || exit 1
+    PYTHONPATH=/tmp/ab_site/main SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=80 \
+      PROFILE_CASES="packed_grad:BackwardKernel plain_grad_1024:BackwardKernel" \
+      bash scripts/profile_features.sh 2>&1 | tail -70
     ;;
   droppairs_suite)
     # Before landing the two measured patches (session 34: the plain
