@@ -33,6 +33,9 @@ if [ ! -x "$venv/bin/python" ]; then
   "$venv/bin/pip" install -q "jax==${AB_JAX:-0.11.2}" nanobind scikit-build-core
 fi
 [ -d "$src/.git" ] || git clone -q "$root" "$src"
+# (A clean tree first: a patch that failed to apply in an earlier run left
+# the ones before it applied.)
+git -C "$src" checkout -q -- . && git -C "$src" clean -qfd
 git -C "$src" fetch -q "$root" HEAD
 git -C "$src" checkout -q --detach FETCH_HEAD
 for patch in "${patches[@]}"; do git -C "$src" apply "$patch"; done
