@@ -7,8 +7,9 @@
 #      (the whole suite for the two patches measured faster: land them)
 #   2. bash pending/session31.sh keepwarps          carry ab/droppairs ab/kb0 ab/kb2 ab/px7 ab/kb0p7
 #   3. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
-#   4. bash pending/mkstack.sh (here, on the CPU: the stack with what stages
-#      2 and 3 and softcap_poly keep, on the new main), then
+#   4. bash pending/session31.sh stepcopies         carry ab/droppairs ab/fc
+#   5. bash pending/mkstack.sh (here, on the CPU: the stack with what stages
+#      2 - 4 and softcap_poly keep, on the new main), then
 #      bash pending/session31.sh stack_suite        carry ab/stack
 # (stack_suite is the whole suite for the 256 patches, m0, the plain
 # transforms and the dropout pairs at once: it replaces bwd256_suite,
@@ -53,7 +54,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite droppairs_suite packed_profile stack_suite keepwarps dropout_profile softcap_poly)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite droppairs_suite packed_profile stack_suite keepwarps stepcopies dropout_profile softcap_poly)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -279,6 +280,20 @@ case "$stage" in
     tests_against kb0p7 120 "dropout or policy" test_sm90_dropout.py test_cpu_transforms.py test_features.py
     AB_DIRS="ab/droppairs ab/kb0 ab/kb2 ab/px7 ab/kb0p7" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 128 64 \
       --seqlen 4096 --cotangent random --cases plain:0 dropout:0 dropout:1" bash scripts/gpu_ab.sh
+    ;;
+  stepcopies)
+    # Session 34's kMasks backward candidate (carry ["ab/droppairs",
+    # "ab/fc"], ~5 min): ab/fc = ab/droppairs + pending/sm90-bwd-feature-step-copies.patch
+    # (steps whose queries x the tile's keys the policy hides nothing of run
+    # a copy of the step without FeatureStepMask and its selects). First
+    # the feature tests that reach kMasks' backward (documents, windows,
+    # lengths, many blocks and tiles) and the host check of the step
+    # answer, then the masks' cases at 128 and 64 (issue 19: packed >= 0.69,
+    # window >= 0.63 of plain causal's backward).
+    tests_against fc 200 "features_across or segments or many_tiles or feature_forward or float32 or feature_mask" \
+      test_features.py test_sm90_feature_mask.py
+    AB_DIRS="ab/droppairs ab/fc" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 128 64 \
+      --seqlen 4096 --cotangent random --cases plain:1 segments:1 window:1 kv_lengths:0" bash scripts/gpu_ab.sh
     ;;
   dropout_profile)
     # Where the dropout kernels' time goes once on the plain loops (carry
