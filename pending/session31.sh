@@ -71,6 +71,20 @@ suite_against() {
     > "$OUT/pytest_$name.log" 2>&1)
   tail -3 "$OUT/pytest_$name.log"; grep "^FAILED" "$OUT/pytest_$name.log" | head -20
 }
+# suite_against NAME LIMIT, then racecheck and synccheck on the sm90
+# kernels (with the wheel's own sanitize_kernels.sh) if the call is still
+# under START seconds, until 570 s (a sanitizer that outlives the call's
+# limit must not share the GPU with timings).
+suite_then_sanitizers() {
+  local name=$1 limit=$2 start=$3
+  suite_against "$name" "$limit"
+  if [ $SECONDS -lt "$start" ]; then
+    SANITIZE_KERNELS=sm90 SANITIZE_TOOLS="racecheck synccheck" \
+      timeout $((570 - SECONDS)) bash "ab/$name/scripts/sanitize_kernels.sh" 2>&1 | tail -6
+  else
+    echo "the sanitizers left for a later call (${SECONDS} s used)"
+  fi
+}
 # Some of wheel ab/NAME's own tests against it within LIMIT seconds (12
 # workers, stopping at the first failure): the test files named, the tests
 # -k EXPR selects; a failure or the limit ends the call (pipefail).
@@ -318,13 +332,7 @@ case "$stage" in
     # ones, which stage plaintx ran against plaintx and droppairs apart).
     # Then racecheck and synccheck on the sm90 kernels (the dropout
     # exchange's barriers among them) while the call's time allows.
-    suite_against stack 400
-    if [ $SECONDS -lt 420 ]; then
-      SANITIZE_KERNELS=sm90 SANITIZE_TOOLS="racecheck synccheck" \
-        timeout $((570 - SECONDS)) bash ab/stack/scripts/sanitize_kernels.sh 2>&1 | tail -6
-    else
-      echo "the sanitizers left for a later call (${SECONDS} s used)"
-    fi
+    suite_then_sanitizers stack 400 420
     ;;
   plaintx_suite)
     # Before landing it: the whole suite against ab/plaintx (carry
@@ -351,13 +359,7 @@ case "$stage" in
     # ab/droppairs = main + both (carry ["ab/droppairs"], ~8 min), then
     # racecheck and synccheck on the sm90 kernels (the pairs' exchange)
     # with what the call has left.
-    suite_against droppairs 400
-    if [ $SECONDS -lt 440 ]; then
-      SANITIZE_KERNELS=sm90 SANITIZE_TOOLS="racecheck synccheck" \
-        timeout $((570 - SECONDS)) bash ab/droppairs/scripts/sanitize_kernels.sh 2>&1 | tail -6
-    else
-      echo "the sanitizers left for a later call (${SECONDS} s used)"
-    fi
+    suite_then_sanitizers droppairs 400 440
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
