@@ -11,6 +11,9 @@
 #   5. bash pending/mkstack.sh (here, on the CPU: the stack with what stages
 #      2 - 4 and softcap_poly keep, on the new main), then
 #      bash pending/session31.sh stack_suite        carry ab/stack
+# (With a call to spare before the timings: `stackall_suite`, carry
+# ab/stackall, every pending sm90 patch at once, tells whether they are
+# correct together.)
 # (stack_suite is the whole suite for the 256 patches, m0, the plain
 # transforms and the dropout pairs at once: it replaces bwd256_suite,
 # m0_suite and plaintx_suite). Then: `softcap_poly` (carry ab/main
@@ -54,7 +57,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite droppairs_suite packed_profile stack_suite keepwarps stepcopies dropout_profile softcap_poly)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite droppairs_suite packed_profile stack_suite stackall_suite keepwarps stepcopies dropout_profile softcap_poly)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -333,6 +336,19 @@ case "$stage" in
     # Then racecheck and synccheck on the sm90 kernels (the dropout
     # exchange's barriers among them) while the call's time allows.
     suite_then_sanitizers stack 400 420
+    ;;
+  stackall_suite)
+    # Every pending sm90 patch at once (session 34; carry ["ab/stackall"],
+    # ~9 min): main + the three 256 patches + m0 + the plain transforms +
+    # the pairs + the PolyExp2 + the keep warps + Philox with 7 rounds +
+    # kMasks' step copies (`STACK_TOP="sm90-plain-transforms
+    # sm90-bwd-dropout-pairs sm90-fwd-softcap-poly
+    # sm90-fwd-dropout-keep-warps dropout-philox7
+    # sm90-bwd-feature-step-copies" bash pending/mkstack.sh`, then
+    # `bash scripts/ab_wheel.sh stackall /tmp/stack_keep.patch`): their
+    # correctness together, whichever of them the timings keep (a failing
+    # test's name tells which patch). Then racecheck and synccheck.
+    suite_then_sanitizers stackall 400 420
     ;;
   plaintx_suite)
     # Before landing it: the whole suite against ab/plaintx (carry
