@@ -5,7 +5,7 @@
 # forward patches timed and kept), `plaintx` and `dethelper`. Next:
 #   1. bash pending/session31.sh droppairs_suite    carry ab/droppairs
 #      (the whole suite for the two patches measured faster: land them)
-#   2. bash pending/session31.sh keepwarps          carry ab/droppairs ab/kb0 ab/kb2 ab/px7 ab/kb0p7
+#   2. bash pending/session31.sh keepwarps          carry ab/droppairs ab/kb0 ab/kb2 ab/kb4 ab/px7 ab/kb0p7
 #   3. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
 #   4. bash pending/session31.sh stepcopies         carry ab/droppairs ab/fc
 #   5. bash pending/mkstack.sh (here, on the CPU: the stack with what stages
@@ -282,20 +282,21 @@ case "$stage" in
     ;;
   keepwarps)
     # Session 34's dropout forward candidates (carry ["ab/droppairs",
-    # "ab/kb0", "ab/kb2", "ab/px7", "ab/kb0p7"], ~9 min), all on main + the
+    # "ab/kb0", "ab/kb2", "ab/kb4", "ab/px7", "ab/kb0p7"], ~9 min), all on main + the
     # plain transforms + the pairs (= ab/droppairs): kb0 the keep bits made
     # by the producer warpgroup's warps 1 .. 3 (pending/sm90-fwd-dropout-keep-warps.patch),
     # kb2 the same with two of a consumer thread's eight calls its own
-    # (ab-keep-consumer-calls2.patch), px7 Philox4x32 with 7 rounds
+    # (ab-keep-consumer-calls2.patch; kb4 four, ab-keep-consumer-calls4.patch),
+    # px7 Philox4x32 with 7 rounds
     # (pending/dropout-philox7.patch: every family's masks change), kb0p7
     # both. First their dropout tests (the keep warps' path through
     # kPlainDropout; the host checks of the keep bits and of the 7-round
     # known answers), then one round of the dropout cases against their own
     # plain ones (issue 19: dropout <= 1.3x of plain's time, fwd and bwd).
-    tests_against kb0 150 "dropout" test_sm90_dropout.py test_features.py test_attention.py
-    tests_against kb2 120 "dropout" test_sm90_dropout.py test_features.py
-    tests_against kb0p7 120 "dropout or policy" test_sm90_dropout.py test_cpu_transforms.py test_features.py
-    AB_DIRS="ab/droppairs ab/kb0 ab/kb2 ab/px7 ab/kb0p7" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 128 64 \
+    tests_against kb0 120 "dropout" test_sm90_dropout.py test_features.py test_attention.py
+    tests_against kb2 90 "dropout" test_sm90_dropout.py test_features.py
+    tests_against kb0p7 90 "dropout or policy" test_sm90_dropout.py test_cpu_transforms.py test_features.py
+    AB_DIRS="ab/droppairs ab/kb0 ab/kb2 ab/kb4 ab/px7 ab/kb0p7" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 128 64 \
       --seqlen 4096 --cotangent random --cases plain:0 dropout:0 dropout:1" bash scripts/gpu_ab.sh
     ;;
   stepcopies)
