@@ -306,8 +306,9 @@ case "$stage" in
     # a copy of the step without FeatureStepMask and its selects). First
     # the feature tests that reach kMasks' backward (documents, windows,
     # lengths, many blocks and tiles) and the host check of the step
-    # answer, then the masks' cases at 128 and 64 (issue 19: packed >= 0.69,
-    # window >= 0.63 of plain causal's backward).
+    # answer, then the masks' cases at 128 (the copies' head dim; 64 as a
+    # control: unchanged code) (issue 19: packed >= 0.69, window >= 0.63 of
+    # plain causal's backward).
     tests_against fc 200 "features_across or segments or many_tiles or feature_forward or float32 or feature_mask" \
       test_features.py test_sm90_feature_mask.py
     AB_DIRS="ab/droppairs ab/fc" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 128 64 \
