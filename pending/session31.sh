@@ -8,6 +8,8 @@
 #   2. bash pending/session31.sh keepwarps          carry ab/droppairs ab/kb0 ab/kb2 ab/kb4 ab/px7 ab/kb0p7
 #   3. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
 #   4. bash pending/session31.sh stepcopies         carry ab/droppairs ab/fc
+#   4b. bash pending/session31.sh biastiles         carry ab/droppairs ab/biastiles ab/biasinner ab/biastiles_check
+#      (session 35's bias tiles, forward and backward; ~8 min)
 #   5. bash pending/mkstack.sh (here, on the CPU: the stack with what stages
 #      2 - 4 and softcap_poly keep, on the new main), then
 #      bash pending/session31.sh stack_suite        carry ab/stack
@@ -57,7 +59,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite droppairs_suite packed_profile stack_suite stackall_suite keepwarps stepcopies dropout_profile softcap_poly)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite droppairs_suite packed_profile stack_suite stackall_suite keepwarps stepcopies dropout_profile softcap_poly biastiles)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -378,6 +380,43 @@ case "$stage" in
     # racecheck and synccheck on the sm90 kernels (the pairs' exchange)
     # with what the call has left.
     suite_then_sanitizers droppairs 400 440
+    ;;
+  biastiles)
+    # Session 35's kMasksBiasTiles (issue 19's bias: forward 0.54-0.57 and
+    # backward 0.68-0.70 of plain, target 0.77; carry ["ab/droppairs",
+    # "ab/biastiles", "ab/biasinner", "ab/biastiles_check"], ~40 MB, ~8
+    # min): ab/biastiles = ab/droppairs + pending/sm90-bias-tiles.patch (a
+    # 16-bit bias copied by TMA into shared memory a step ahead and read by
+    # ldmatrix, forward at 64 and 128, backward at 128), ab/biasinner that +
+    # pending/sm90-fwd-bias-batch-inner.patch (the forward's batch rows
+    # innermost for a batch-broadcast bias), ab/biastiles_check the tiles'
+    # prebuilt check programs (in the patched tree, with the venv's python:
+    # OUT=.../ab/biastiles_check STEP=build bash scripts/sm90_check.sh, and
+    # the same with scripts/sm90_bwd_check.sh). First the forward check's
+    # bias cases (every case against its float reference, kMasksBias16 and
+    # the tiles side by side; then the T = 4096 timing rows of both), the
+    # backward check's bias cases (no 4096 rows: their host references take
+    # minutes), then the Python bias tests against the wheel, then the A/B
+    # (the benchmark's bias is [1, 16, 4096, 4096] bf16, broadcast over B =
+    # 4; fwd and bwd), then the sanitizers on what time is left.
+    OUT=ab/biastiles_check STEP=run ARGS=--bias CHECK_TIMEOUT=150 bash scripts/sm90_check.sh 2>&1 | tail -45
+    status=${PIPESTATUS[0]}
+    cp ab/biastiles_check/sm90_fwd_check.log "$OUT/biastiles_fwd_check.log" 2>/dev/null
+    [ "$status" = 0 ] || exit 1
+    OUT=ab/biastiles_check STEP=run ARGS="--bias --quick" CHECK_TIMEOUT=120 bash scripts/sm90_bwd_check.sh 2>&1 | tail -25
+    status=${PIPESTATUS[0]}
+    cp ab/biastiles_check/sm90_bwd_check.log "$OUT/biastiles_bwd_check.log" 2>/dev/null
+    [ "$status" = 0 ] || exit 1
+    tests_against biastiles 200 "bias" test_bias16.py test_sm90_bias_tiles.py test_features.py test_attention.py
+    tests_against biasinner 100 "bias" test_bias16.py test_sm90_tile_scheduler.py
+    # (128 only, ~170 s for the three wheels' two rounds; 64's forward tiles
+    # against kMasksBias16 are the forward check's last timing rows.)
+    AB_DIRS="ab/droppairs ab/biastiles ab/biasinner" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 128 \
+      --seqlen 4096 --cotangent random --cases plain:0 bias:0 plain:1 bias:1" bash scripts/gpu_ab.sh
+    if [ $SECONDS -lt 470 ]; then
+      SANITIZE_KERNELS=sm90 SANITIZE_TOOLS="racecheck synccheck" \
+        timeout $((570 - SECONDS)) bash ab/biastiles/scripts/sanitize_kernels.sh 2>&1 | tail -6
+    fi
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
