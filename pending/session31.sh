@@ -342,13 +342,15 @@ case "$stage" in
     suite_then_sanitizers stack 400 420
     ;;
   stackall_suite)
-    # Every pending sm90 patch at once (session 34; carry ["ab/stackall"],
-    # ~9 min): main + the three 256 patches + m0 + the plain transforms +
-    # the pairs + the PolyExp2 + the keep warps + Philox with 7 rounds +
-    # kMasks' step copies (`STACK_TOP="sm90-plain-transforms
+    # Every pending sm90 patch at once (session 34, rebuilt in session 35;
+    # carry ["ab/stackall"], ~9 min): main + the three 256 patches + m0 +
+    # the plain transforms + the pairs + the PolyExp2 + the keep warps +
+    # Philox with 7 rounds + kMasks' step copies + the bias tiles + the
+    # batch-inner order (`STACK_TOP="sm90-plain-transforms
     # sm90-bwd-dropout-pairs sm90-fwd-softcap-poly
     # sm90-fwd-dropout-keep-warps dropout-philox7
-    # sm90-bwd-feature-step-copies" bash pending/mkstack.sh`, then
+    # sm90-bwd-feature-step-copies sm90-bias-tiles
+    # sm90-fwd-bias-batch-inner" bash pending/mkstack.sh`, then
     # `bash scripts/ab_wheel.sh stackall /tmp/stack_keep.patch`): their
     # correctness together, whichever of them the timings keep (a failing
     # test's name tells which patch). Then racecheck and synccheck.
