@@ -10,6 +10,8 @@
 #   4. bash pending/session31.sh stepcopies         carry ab/droppairs ab/fc
 #   4b. bash pending/session31.sh biastiles         carry ab/droppairs ab/biastiles ab/biasinner ab/biastiles_check
 #      (session 35's bias tiles, forward and backward; ~8 min)
+#   4c. bash pending/session31.sh kahead            carry ab/biastiles ab/kahead
+#      (session 35's K-ahead producer order for every forward variant; ~7 min)
 #   5. bash pending/mkstack.sh (here, on the CPU: the stack with what stages
 #      2 - 4 and softcap_poly keep, on the new main), then
 #      bash pending/session31.sh stack_suite        carry ab/stack
@@ -59,7 +61,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite droppairs_suite packed_profile stack_suite stackall_suite keepwarps stepcopies dropout_profile softcap_poly biastiles)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite droppairs_suite packed_profile stack_suite stackall_suite keepwarps stepcopies dropout_profile softcap_poly biastiles kahead)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -419,6 +421,20 @@ case "$stage" in
       SANITIZE_KERNELS=sm90 SANITIZE_TOOLS="racecheck synccheck" \
         timeout $((570 - SECONDS)) bash ab/biastiles/scripts/sanitize_kernels.sh 2>&1 | tail -6
     fi
+    ;;
+  kahead)
+    # Session 35's producer order for every forward variant at 64 / 128
+    # with two consumers (carry ["ab/biastiles", "ab/kahead"], ~7 min):
+    # ab/kahead = ab/biastiles + pending/sm90-fwd-k-ahead.patch (K_{j+1}
+    # issued before V_j, FlashAttention-3's order, which kMasksBiasTiles
+    # already takes: K's lead ~0.5 -> ~1.2 steps; no SASS change in the
+    # consumers, no producer spill in the plain kernels). The forward tests,
+    # then the plain and feature points where a tile is short (T = 1024,
+    # packed documents, windows) and long (T = 4096), fwd only matters.
+    tests_against kahead 240 "" test_attention.py test_features.py
+    AB_DIRS="ab/biastiles ab/kahead" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 128 64 --seqlen 1024 4096 \
+      --causal 0 1 --cotangent random;--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random \
+      --cases segments:1 window:1 dropout:0" bash scripts/gpu_ab.sh
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
