@@ -2,18 +2,21 @@
 # The device plan waiting since session 31, in order (each call ~8-10
 # minutes of wall time plus ~85 s of cold start: three fit a session's 30
 # minutes). Done in session 34 (perf_history.md v33): `ab` (session 30's
-# forward patches timed and kept), `plaintx` and `dethelper`. Next:
+# forward patches timed and kept), `plaintx` and `dethelper`. Session 35
+# (no device) added `biastiles` and `kahead`. Next, by what each call
+# settles:
 #   1. bash pending/session31.sh droppairs_suite    carry ab/droppairs
-#      (the whole suite for the two patches measured faster: land them)
-#   2. bash pending/session31.sh keepwarps          carry ab/droppairs ab/kb0 ab/kb2 ab/kb4 ab/px7 ab/kb0p7
-#   3. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
-#   4. bash pending/session31.sh stepcopies         carry ab/droppairs ab/fc
-#   4b. bash pending/session31.sh biastiles         carry ab/droppairs ab/biastiles ab/biasinner ab/biastiles_check
-#      (session 35's bias tiles, forward and backward; ~8 min)
-#   4c. bash pending/session31.sh kahead            carry ab/biastiles ab/kahead
-#      (session 35's K-ahead producer order for every forward variant; ~7 min)
-#   5. bash pending/mkstack.sh (here, on the CPU: the stack with what stages
-#      2 - 4 and softcap_poly keep, on the new main), then
+#      (the whole suite for the two patches measured faster: land them;
+#      every later wheel is built on them)
+#   2. bash pending/session31.sh biastiles          carry ab/droppairs ab/biastiles ab/biasinner ab/biastiles_check
+#      (session 35's bias tiles, forward and backward, issue 19's largest
+#      forward gap without a candidate before; ~8 min)
+#   3. bash pending/session31.sh keepwarps          carry ab/droppairs ab/kb0 ab/kb2 ab/kb4 ab/px7 ab/kb0p7
+#   4. bash pending/session31.sh stepcopies kahead  carry ab/droppairs ab/fc ab/biastiles ab/kahead
+#      (~5 + ~7 min: over one call's 10 if the tests are slow; split then)
+#   5. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
+#   6. bash pending/mkstack.sh (here, on the CPU: the stack with what stages
+#      2 - 5 and softcap_poly keep, on the new main), then
 #      bash pending/session31.sh stack_suite        carry ab/stack
 # (With a call to spare before the timings: `stackall_suite`, carry
 # ab/stackall, every pending sm90 patch at once, tells whether they are
