@@ -12,11 +12,12 @@
 #      (session 35's bias tiles, forward and backward, issue 19's largest
 #      forward gap without a candidate before; ~8 min)
 #   3. bash pending/session31.sh keepwarps          carry ab/droppairs ab/kb0 ab/kb2 ab/kb4 ab/px7 ab/kb0p7
-#   4. bash pending/session31.sh stepcopies kahead  carry ab/droppairs ab/fc ab/biastiles ab/kahead
-#      (~5 + ~7 min: over one call's 10 if the tests are slow; split then)
-#   5. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
-#   6. bash pending/mkstack.sh (here, on the CPU: the stack with what stages
-#      2 - 5 and softcap_poly keep, on the new main), then
+#   4. bash pending/session31.sh stepcopies         carry ab/droppairs ab/fc
+#   5. bash pending/session31.sh kahead             carry ab/biastiles ab/kahead
+#      (session 35's K-ahead producer order for every forward variant; ~8 min)
+#   6. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
+#   7. bash pending/mkstack.sh (here, on the CPU: the stack with what stages
+#      2 - 6 and softcap_poly keep, on the new main), then
 #      bash pending/session31.sh stack_suite        carry ab/stack
 # (With a call to spare before the timings: `stackall_suite`, carry
 # ab/stackall, every pending sm90 patch at once, tells whether they are
@@ -434,7 +435,8 @@ case "$stage" in
     # consumers, no producer spill in the plain kernels). The forward tests,
     # then the plain and feature points where a tile is short (T = 1024,
     # packed documents, windows) and long (T = 4096), fwd only matters.
-    tests_against kahead 240 "" test_attention.py test_features.py
+    # (The forward tests of test_attention.py, ~150 s; the A/B ~310 s.)
+    tests_against kahead 170 "not grad and not backward" test_attention.py
     AB_DIRS="ab/biastiles ab/kahead" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 128 64 --seqlen 1024 4096 \
       --causal 0 1 --cotangent random;--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random \
       --cases segments:1 window:1 dropout:0" bash scripts/gpu_ab.sh
