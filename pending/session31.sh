@@ -407,14 +407,21 @@ case "$stage" in
     # minutes), then the Python bias tests against the wheel, then the A/B
     # (the benchmark's bias is [1, 16, 4096, 4096] bf16, broadcast over B =
     # 4; fwd and bwd), then the sanitizers on what time is left.
-    OUT=ab/biastiles_check STEP=run ARGS=--bias CHECK_TIMEOUT=150 bash scripts/sm90_check.sh 2>&1 | tail -45
-    status=${PIPESTATUS[0]}
-    cp ab/biastiles_check/sm90_fwd_check.log "$OUT/biastiles_fwd_check.log" 2>/dev/null
-    [ "$status" = 0 ] || exit 1
-    OUT=ab/biastiles_check STEP=run ARGS="--bias --quick" CHECK_TIMEOUT=120 bash scripts/sm90_bwd_check.sh 2>&1 | tail -25
-    status=${PIPESTATUS[0]}
-    cp ab/biastiles_check/sm90_bwd_check.log "$OUT/biastiles_bwd_check.log" 2>/dev/null
-    [ "$status" = 0 ] || exit 1
+    # (SKIP_FWD_CHECK=1: session 36's first call found the forward check's
+    # stale refusal test, a mask with the soft cap, which the product now
+    # serves by kMasksSoftcap; that check is rebuilt and run on its own.)
+    if [ "${SKIP_FWD_CHECK:-0}" != 1 ]; then
+      OUT=ab/biastiles_check STEP=run ARGS=--bias CHECK_TIMEOUT=150 bash scripts/sm90_check.sh 2>&1 | tail -45
+      status=${PIPESTATUS[0]}
+      cp ab/biastiles_check/sm90_fwd_check.log "$OUT/biastiles_fwd_check.log" 2>/dev/null
+      [ "$status" = 0 ] || exit 1
+    fi
+    if [ "${SKIP_BWD_CHECK:-0}" != 1 ]; then
+      OUT=ab/biastiles_check STEP=run ARGS="--bias --quick" CHECK_TIMEOUT=120 bash scripts/sm90_bwd_check.sh 2>&1 | tail -25
+      status=${PIPESTATUS[0]}
+      cp ab/biastiles_check/sm90_bwd_check.log "$OUT/biastiles_bwd_check.log" 2>/dev/null
+      [ "$status" = 0 ] || exit 1
+    fi
     tests_against biastiles 200 "bias" test_bias16.py test_sm90_bias_tiles.py test_features.py test_attention.py
     tests_against biasinner 100 "bias" test_bias16.py test_sm90_tile_scheduler.py
     # (128 only, ~170 s for the three wheels' two rounds; 64's forward tiles

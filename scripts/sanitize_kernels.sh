@@ -66,6 +66,13 @@ sm90_cases = {
     "window": dict(is_causal=True, local_window_size=(40, 0)),
     "lengths": dict(key_value_seq_lengths=jnp.asarray([150], jnp.int32)),
     "softcap": dict(logits_soft_cap=30.0),
+    # The soft cap or dropout alone runs the plain kernels' loops with it
+    # (kPlainSoftcap, kPlainDropout); beside lengths, the masks' variants.
+    "softcap causal": dict(logits_soft_cap=30.0, is_causal=True),
+    "softcap lengths": dict(logits_soft_cap=30.0, key_value_seq_lengths=jnp.asarray([150], jnp.int32)),
+    "dropout causal": dict(dropout_rate=0.1, dropout_rng=jax.random.key(2), is_causal=True),
+    "dropout lengths": dict(dropout_rate=0.1, dropout_rng=jax.random.key(3),
+                            key_value_seq_lengths=jnp.asarray([150], jnp.int32)),
 }
 sm80_cases = {
     "mask": dict(mask=mask),

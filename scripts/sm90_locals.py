@@ -146,7 +146,7 @@ def short(name: str) -> str:
         return name[:80]
     dtype = {"13__nv_bfloat16": "bf16", "6__half": "f16"}.get(m.group(1), m.group(1))
     schedule = ["serial", "overlap", "pingpong"][int(m.group(4))]
-    features = ["plain", "masks", "softcap", "bias", "bias16", "boolean", "dropout", "softcap_only"][int(m.group(5))]
+    features = ["plain", "masks", "softcap", "bias", "bias16", "boolean", "dropout", "softcap_only", "plain_softcap", "plain_dropout"][int(m.group(5))]
     return f"{dtype} H{m.group(2)} N{m.group(3)} {schedule} {features}"
 
 

@@ -123,7 +123,9 @@ def test_dropout_matches_reference_mask(rng, dtype):
 
 
 # Kernel families the many-block dropout test forces (None: the default;
-# on the H200 that is the sm90 kernels' kMasksDropout variants).
+# on the H200 the sm90 kernels: kPlainDropout where dropout is the call's
+# only feature, causal or not ("64-causal", "128", "128-causal", "64"), kMasksDropout beside
+# the masks' features (the other cases)).
 DROPOUT_IMPLS = ([None, "sm80"] + (["sm90"] if ON_HOPPER else [])) if ON_GPU else [None]
 
 
@@ -134,7 +136,9 @@ DROPOUT_IMPLS = ([None, "sm80"] + (["sm90"] if ON_HOPPER else [])) if ON_GPU els
     (128, "bfloat16", dict(is_causal=True, local_window_size=(150, 0), segments=True)),
     (64, "float16", dict(broadcast=True, key_value_seq_lengths=True)),
     (128, "bfloat16", dict(is_causal=True, key_padding=True)),
-], ids=["64-causal", "128", "128-window-segments", "64-broadcast-lengths", "128-key-padding"])
+    (128, "bfloat16", dict(is_causal=True)),
+    (64, "bfloat16", dict()),
+], ids=["64-causal", "128", "128-window-segments", "64-broadcast-lengths", "128-key-padding", "128-causal", "64"])
 def test_dropout_over_many_blocks(rng, impl, head_dim, dtype, extra):
     """Dropout where each tile sees several key blocks and each key block
     several query steps (T=300, S=520: tails in both), GQA 4:2, with the
@@ -159,6 +163,35 @@ def test_dropout_over_many_blocks(rng, impl, head_dim, dtype, extra):
     factor = to_f64_cpu(reference.dropout_factor(words, b, n, t, s, rate, shared))
     ours = dict(extra, dropout_rate=rate, dropout_rng=key, dropout_broadcast=shared, implementation=impl)
     _check_against_reference(rng, q, k, v, ours, dict(extra, dropout_factor=factor), dtype)
+
+
+@pytest.mark.parametrize("impl", DROPOUT_IMPLS, ids=lambda i: i or "auto")
+@pytest.mark.parametrize("head_dim,dtype,extra", [
+    (64, "bfloat16", dict(is_causal=True)),
+    (128, "float16", dict()),
+    (128, "bfloat16", dict(is_causal=True)),
+    (64, "float16", dict()),
+    (128, "bfloat16", dict(is_causal=True, sinks=True)),
+    (64, "float16", dict(is_causal=True, key_value_seq_lengths=True)),
+    (128, "bfloat16", dict(local_window_size=(150, 40))),
+], ids=["64-causal", "128", "128-causal", "64", "128-causal-sinks", "64-causal-lengths", "128-window"])
+def test_soft_cap_over_many_blocks(rng, impl, head_dim, dtype, extra):
+    """The soft cap where each tile sees several key blocks and each key
+    block several query steps (T=300, S=520: tails in both), GQA 4:2, alone
+    (on the H200 the sm90 kernels' kPlainSoftcap: the plain kernel's loop,
+    causal or not) and beside the masks' features (kSoftcap forward,
+    kMasksSoftcap backward), logits of a few caps so that the tanh bends:
+    every element of out, lse and the three gradients against float64."""
+    b, t, s, n, kh = 2, 300, 520, 4, 2
+    q, k, v = random_qkv(rng, b, t, s, n, kh, head_dim, dtype)
+    q = (q.astype(jnp.float32) * 3.0).astype(dtype)  # scaled logits up to ~10: past the cap of 4
+    extra = dict(extra)
+    if extra.pop("key_value_seq_lengths", False):
+        extra["key_value_seq_lengths"] = jnp.array([s, 333], jnp.int32)
+    if extra.pop("sinks", False):  # the epilogue's sink term beside the plain loop's soft cap
+        extra["sinks"] = jnp.asarray(rng.standard_normal(n), jnp.float32)
+    ours = dict(extra, logits_soft_cap=4.0, implementation=impl)
+    _check_against_reference(rng, q, k, v, ours, dict(extra, logits_soft_cap=4.0), dtype)
 
 
 def _check_against_reference(rng, q, k, v, ours, ref, dtype):

@@ -128,6 +128,15 @@ struct AttentionFeatures {
            window_left >= 0 || window_right >= 0 || softcap > 0 || dropout_rate > 0;
   }
 
+  // Whether the features are the logit transforms alone (the soft cap,
+  // dropout): nothing that hides pairs (lengths, segment ids, windows,
+  // position offsets, a boolean mask) and no bias. The sm90 kernels run
+  // those on the plain kernels' loops (kPlainSoftcap, kPlainDropout).
+  JAX_FLASH_HOST_DEVICE bool OnlyTransforms() const {
+    return !(bias || mask || q_seqlens || kv_seqlens || q_segment_ids || position_offsets || window_left >= 0 ||
+             window_right >= 0);
+  }
+
   // Offset of a broadcast operand for flat batch b and head h.
   JAX_FLASH_HOST_DEVICE int64_t BroadcastOffset(const BroadcastStrides& st, int64_t b,
                                                 int64_t h) const {

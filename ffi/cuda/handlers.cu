@@ -90,7 +90,9 @@ ffi::Error DispatchTensorCores(ffi::DataType dtype, const AttentionShape& shape,
 // The attention features the Hopper kernels' variants take, forward and
 // backward (sm90::LaunchForwardWithFeatures, LaunchBackwardWithFeatures):
 // lengths, windows, position offsets, segment ids and either the soft cap
-// or dropout (kMasksDropout), at head dims up to 128. A bias, a boolean
+// or dropout (kMasksSoftcap / kSoftcap, kMasksDropout; kPlainSoftcap,
+// kPlainDropout where the transform is the call's only feature), at head
+// dims up to 128. A bias, a boolean
 // mask, dropout with the soft cap (and features at 256) stay on the sm80
 // kernels (a bias and a mask: Sm90ForwardTakesFeatures, the backward's
 // bias variants).
@@ -327,11 +329,12 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
       constexpr int kHeadDim = decltype(head_dim)::value;
       if constexpr (kHeadDim <= 128) {
         if (p.features.Any()) {
-          // The feature variants take their tiles from a counter
+          // The mask policy's variants take their tiles from a counter
           // (fwd_kernel.cuh, for_each_taken_tile): the decode scratch's
           // first word (at least one float32, which these calls leave
-          // unused), zeroed on the stream before the launch.
-          if (decode_scratch->size_bytes() >= sizeof(int)) {
+          // unused), zeroed on the stream before the launch. (The soft
+          // cap or dropout alone, kPlain*, take static tiles.)
+          if (!p.features.OnlyTransforms() && decode_scratch->size_bytes() >= sizeof(int)) {
             p.tile_counter = static_cast<int*>(decode_scratch->untyped_data());
             if (cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream) != cudaSuccess)
               return std::string("jax_flash: zeroing the sm90 forward's tile counter failed: ") +
@@ -398,7 +401,7 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   // Features (session 19): at 128 1.55-2.27x of sm80's, at 64 (128-query
   // steps) 1.95-3.19x. A bias (contiguous along the keys, without a boolean
   // mask, dropout or the soft cap): the bias variants (BackwardTakesBias).
-  // Dropout (without the soft cap): kMasksDropout. A boolean mask: the
+  // Dropout (without the soft cap): kMasksDropout (kPlainDropout alone). A boolean mask: the
   // feature variants, one byte per key where it is key-only (key padding),
   // else one per pair. Other sm90-forced calls (dropout with the soft cap,
   // a bias with a mask) run sm80's backward,

@@ -8,6 +8,8 @@
 //     warpgroups, key block offsets and tile rows: each element of its S
 //     fragment (row i0 + 8hh, key n0 + 8j + 2t + e) is kept exactly where
 //     Factor > 0, and keep_scale is Factor's value there;
+//   - BackwardKeepHalves: a lane's own half and its partner warp's other
+//     half make its BackwardKeepBits<64>;
 //   - BackwardKeepBits at 64 and 128 queries per step, for every lane of
 //     both consumer warpgroups of a 128-key tile and every step start: bit
 //     kRowBits hh + 2j + e is set exactly where the pair (query m0 + 8j + 2t
@@ -79,6 +81,19 @@ void Check(const Case& c, std::mt19937& rng) {
           const int warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
           const int key = n0 + 64 * warpgroup + 16 * warp + g;
           const uint32_t bits64 = step.BackwardKeepBits<64>(key, m0 + 64 * (tid % 2), t);
+          // The warp pair's shared calls (BackwardKeepHalves): this lane's
+          // own half and its partner's (lane tid % 32 of warp ^ 1: the same
+          // step, keys 16 apart) make bits64, each half the bits of one
+          // column parity.
+          {
+            const int partner_key = key + (warp % 2 ? -16 : 16);
+            const auto mine = step.BackwardKeepHalves(key, m0 + 64 * (tid % 2), t);
+            const auto theirs = step.BackwardKeepHalves(partner_key, m0 + 64 * (tid % 2), t);
+            const uint32_t parity = warp % 2 ? 0xAAAAAAAAu : 0x55555555u;  // bits 2j + e, e = warp % 2
+            Expect((mine.own | theirs.other) == bits64, "backward, 64 queries: own | partner's other", b, h, tid, key);
+            Expect((mine.own & ~parity) == 0 && (theirs.other & parity) == 0, "backward: halves by column parity",
+                   b, h, tid, key);
+          }
           const uint64_t bits128 = step.BackwardKeepBits<128>(key, m0, t);
           for (int hh = 0; hh < 2; ++hh)
             for (int e = 0; e < 2; ++e) {

@@ -1,9 +1,10 @@
 // FlashAttention backward for Hopper (sm_90a), float16/bfloat16, plain and
 // causal, GQA, and in its feature variants (Features, kernel_traits.cuh)
 // lengths, windows, position offsets, segment ids, the soft cap, an
-// additive bias and dropout (kMasksDropout: dropout.cuh's keep bits, made a
-// step ahead under the previous step's dK; dS = P (Z dP - delta), dV from
-// the kept P, scaled at its store):
+// additive bias and dropout (kMasksDropout, and kPlainDropout on the plain
+// steps: dropout.cuh's keep bits, made two steps ahead under dK by the two
+// warps of a pair, half each, through KeepExchange; dS = P (Z dP - delta),
+// dV from the kept P, scaled at its store):
 // FlashAttention-3's structure (warp specialization, TMA ring,
 // wgmma, S^T = K Q^T so that P^T and dS^T come out as the A operands of dV
 // and dK) in our own code. Runs between sm80's DeltaAndClearKernel (delta =
@@ -82,7 +83,10 @@
 // dS^T of a step written, at 128, and at 64 with 128-query steps) and
 // kStageBarrier + warpgroup (one warpgroup: its dS^T written, at 64). The
 // dQ staging needs only warp syncs (each warp stages and sends its own
-// rows).
+// rows). The dropout variants' keep-bit exchange (KeepExchange) rides on
+// the same per-step barrier, plus one of the same kind before the first
+// step (the first two steps' bits), reached by every consumer thread of a
+// tile with steps.
 //
 // 128-query steps (the Rows128 schedules, head dim 64: the plain default
 // there; with features a check-program candidate, bwd_kernel_traits.cuh):
@@ -161,6 +165,14 @@ struct BackwardArgs {
 
 constexpr int kDsBarrier = 1;
 constexpr int kStageBarrier = 2;  // + consumer warpgroup
+
+// The dynamic shared memory of a backward variant: the traits', and the
+// dropout variants' keep-bit exchange past it.
+template <typename Tr, Features kFeatures>
+constexpr int BackwardVariantSmemBytes() {
+  if constexpr (AppliesDropout(kFeatures)) return KeepExchange<Tr>::kSmemBytes;  // (not instantiated otherwise)
+  else return Tr::kSmemBytes;
+}
 
 // The tile of block `tile`. Causal: key blocks outermost from the first
 // (it sees every query block: the heaviest tiles launch first, the light
@@ -726,20 +738,25 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
                                                     int* dq_counters = nullptr) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockM = Tr::kBlockM;
   constexpr bool kAnyFeature = kFeatures != Features::kNone;
-  constexpr bool kSoftcap = kFeatures == Features::kMasksSoftcap;
+  // The mask policy's per-step visibility (FeatureStepMask) and query
+  // blocks; the plain kernel and its kPlain* transforms (the soft cap or
+  // dropout alone) take the plain kernel's steps, diagonal-only masks and
+  // counters instead.
+  constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
+  constexpr bool kSoftcap = AppliesSoftcap(kFeatures);
   constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
-  constexpr bool kDropout = kFeatures == Features::kMasksDropout;
+  constexpr bool kDropout = AppliesDropout(kFeatures);
   using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
   constexpr bool kDqFirst = BwdDqFirst(kSchedule);
   // The bias's loads for step i + 1 go out under step i's dK product, where
   // nothing else is in flight between steps (kDqFirst's order).
   static_assert(!kBias || kDqFirst, "the bias variants run the dQ-first schedules only");
-  // Likewise the dropout variant's keep bits for step i + 1.
+  // Likewise the dropout variants' keep bits for step i + 2.
   static_assert(!kDropout || kDqFirst, "the dropout variant runs the dQ-first schedules only");
   static_assert(!kBiasGradient || kBias, "the bias gradient is the bias variants' pass");
   constexpr bool kUniform = BwdUniformDescriptors(kSchedule);
-  constexpr bool kDiagonalMasks = BwdDiagonalMasks(kSchedule) && !kAnyFeature;
-  constexpr bool kCounters = BwdStepCounters(kSchedule) && !kAnyFeature;
+  constexpr bool kDiagonalMasks = BwdDiagonalMasks(kSchedule) && !kPolicy;
+  constexpr bool kCounters = BwdStepCounters(kSchedule) && !kPolicy;
   static_assert(!kCounters || BwdDqFirst(kSchedule), "the counters are the current step's (no send of step i - 1)");
   constexpr bool kEarlyS = kSchedule != BwdSchedule::kSerial && !kDqFirst;
   constexpr bool kLeanDq = kSchedule == BwdSchedule::kLeanDq || kSchedule == BwdSchedule::kLeanDqEarlyDp ||
@@ -787,26 +804,44 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   [[maybe_unused]] BiasColumns<BiasT> bias{};
   [[maybe_unused]] uint32_t bias_raw[kBlockM / 2];
   if constexpr (kBias) bias = BiasColumns<BiasT>::For(p, tile.b, wg_n0 + row0);
-  // kMasksDropout (dropout.cuh): the batch row's Philox keys, once per tile,
-  // and the keep bits of the next step (FeatureStepMask's layout), made a
-  // step ahead under the previous step's dK product, where S^T, dP^T and
+  // kMasksDropout, kPlainDropout (dropout.cuh): the batch row's Philox
+  // keys, once per tile, and each step's keep bits (FeatureStepMask's
+  // layout), made two steps ahead under dK's product, where S^T, dP^T and
   // their fragments are dead (inside the step, beside them in flight, the
-  // bits made ptxas spill at 64, 15 local accesses per step).
-  // Only the Philox keys (uniform registers) and the next bits are held
-  // across the loop: the rest of FragmentDropout is rebuilt per step from the
-  // kernel's arguments (a whole FragmentDropout held beside keep_next was
-  // the words ptxas spilled at 64, 18 local accesses per step).
+  // bits made ptxas spill at 64, 15 local accesses per step), half of them
+  // by each warp of a pair (BackwardKeepHalves), both halves through the
+  // shared-memory exchange (KeepExchange; nothing held across steps).
+  // Only the Philox keys (uniform registers) are held across the loop: the
+  // rest of FragmentDropout is rebuilt per step from the kernel's arguments
+  // (a whole FragmentDropout held beside the next step's bits was the words
+  // ptxas spilled at 64, 18 local accesses per step).
+  static_assert(!kDropout || kBlockM == 64, "the keep-bit exchange: 64-query steps (32 bits)");
   [[maybe_unused]] FragmentDropout dropout{};
-  [[maybe_unused]] StepMaskBits<kBlockM> keep_next = 0;
   if constexpr (kDropout) dropout = FragmentDropout::For(p, tile.b, 0);
-  [[maybe_unused]] auto keep_bits = [&](int i) {
+  // Step i's halves into buffer `buffer`: this lane's own into its slot's
+  // first word, its partner's (warp ^ 1) into the partner slot's second.
+  [[maybe_unused]] auto keep_bits = [&](int i, int buffer) {
     if constexpr (kDropout) {
       FragmentDropout step_dropout = dropout;
       step_dropout.threshold_high = a.dropout_threshold_high;
       step_dropout.batch = p.features.dropout_shared ? 0u : uint32_t(tile.b);
       step_dropout.head = p.features.dropout_shared ? 0u : uint32_t(steps.head(i, tile.hk, a.group));
-      keep_next = step_dropout.template BackwardKeepBits<kBlockM>(wg_n0 + row0, steps.m0(i), t);
+      const FragmentDropout::KeepHalves halves = step_dropout.BackwardKeepHalves(wg_n0 + row0, steps.m0(i), t);
+      const int pair_warp = 4 * warpgroup + warp;
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(KeepExchange<Tr>::Slot(smem, buffer, pair_warp, lane)),
+                   "r"(halves.own));
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(KeepExchange<Tr>::Slot(smem, buffer, pair_warp ^ 1, lane) + 4),
+                   "r"(halves.other));
     }
+  };
+  // Step i's keep bits (buffer i % 2), once both halves are in.
+  [[maybe_unused]] auto read_keep = [&](int i) {
+    uint32_t own = ~0u, other = ~0u;
+    if constexpr (kDropout)
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                   : "=r"(own), "=r"(other)
+                   : "r"(KeepExchange<Tr>::Slot(smem, i & 1, 4 * warpgroup + warp, lane)));
+    return StepMaskBits<kBlockM>(own | other);
   };
   [[maybe_unused]] auto load_bias = [&](int i) {
     if constexpr (kBias)
@@ -927,14 +962,22 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     }
   };
 
-  // kMasksBias(16): the first step's bias, under the K/V copy; kMasksDropout
-  // the first step's keep bits.
+  // kMasksBias(16): the first step's bias, under the K/V copy.
   if constexpr (kBias)
     if (steps.count > 0) load_bias(0);
+  // kMasksDropout, kPlainDropout: the first two steps' keep bits (the
+  // first's again for a tile of one step), published to the partner warps
+  // by a barrier of the same warps as every step's dS^T barrier.
   if constexpr (kDropout)
-    if (steps.count > 0) keep_bits(0);
-  // A feature variant's tile without steps: no K/V copy was issued.
-  if (!kAnyFeature || steps.count > 0) MbarrierWait(bars.kv_full(), 0);
+    if (steps.count > 0) {
+      keep_bits(0, 0);
+      keep_bits(min(1, steps.count - 1), 1);
+      if constexpr (Tr::kDqReadsBothDs) NamedBarrierSync(kDsBarrier, 256);
+      else if (warpgroup == 0) NamedBarrierSync(kStageBarrier, 128);
+      else NamedBarrierSync(kStageBarrier + 1, 128);
+    }
+  // A mask-policy variant's tile without steps: no K/V copy was issued.
+  if (!kPolicy || steps.count > 0) MbarrierWait(bars.kv_full(), 0);
   // Step i up to its dQ product (done, in dq). kSendPrevious (kEarlyS, all
   // steps but the first): step i - 1's dQ share is sent right after step
   // i's S^T is issued, so that S^T runs under it. (Issuing S^T at the end
@@ -960,7 +1003,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     // summary entries (warp_j0 / 64) are rebuilt per step: hoisted, they were
     // the two words f16's kMasksSoftcap spilled (2 LDL per step).
     [[maybe_unused]] StepMaskBits<kBlockM> visible = ~StepMaskBits<kBlockM>(0);
-    if constexpr (kAnyFeature) {
+    if constexpr (kPolicy) {
       const int warp_j0 = wg_n0 + 16 * warp;
       visible = FeatureStepMask<kBlockM, ReadsDenseStepMask(kFeatures, kHeadDim)>(p, int(Opaque(uint32_t(tile.b))),
                                          int(Opaque(uint32_t(steps.head(i, tile.hk, a.group)))), m0,
@@ -1003,8 +1046,9 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     }
     // kLeanDqEarlyDp: step i - 1's share sent with both S^T and dP^T in flight.
     if constexpr (kSendPrevious && kSendAfterDp) send_dq(i - 1);
-    // kMasksDropout: the step's keep bits, made under the previous step's dK.
-    [[maybe_unused]] const StepMaskBits<kBlockM> keep = keep_next;
+    // kMasksDropout, kPlainDropout: the step's keep bits, made two steps
+    // ago under dK by this warp and its partner.
+    [[maybe_unused]] const StepMaskBits<kBlockM> keep = read_keep(i);
 
     // P^T while dP^T is still on the tensor cores. Column c of the thread's
     // accumulators is query m0 + 8j + 2t + e; its lse2 and delta pairs come
@@ -1040,7 +1084,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = st[4 * j + 2 * hh + e];
-            if constexpr (kAnyFeature) {
+            if constexpr (kPolicy) {
               x = visible >> (kVisibleRowBits * hh + 2 * j + e) & 1u ? x : -CUDART_INF_F;
             } else if constexpr (kMasked) {
               const int key = row0 + 8 * hh, q = 8 * j + 2 * t + e;
@@ -1075,7 +1119,14 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
             const int k = 4 * j + 2 * hh + e;
             const float th = st[k];
             const float prob = FastExp2(fmaf(th * a.softcap_unscale, a.scale_log2, -(e ? lse2.y : lse2.x)));
-            st[k] = visible >> (kVisibleRowBits * hh + 2 * j + e) & 1u ? prob : 0.0f;
+            bool seen = true;
+            if constexpr (kPolicy) {
+              seen = visible >> (kVisibleRowBits * hh + 2 * j + e) & 1u;
+            } else if constexpr (kMasked) {  // kPlainSoftcap: the plain kernel's masks
+              const int key = row0 + 8 * hh, q = 8 * j + 2 * t + e;
+              seen = key < key_limit && key <= q + diagonal;
+            }
+            st[k] = seen ? prob : 0.0f;
             dpt[k] = st[k] * (dpt[k] - (e ? delta.y : delta.x)) * (1.0f - th * th);
           }
       } else if constexpr (kDropout) {
@@ -1196,9 +1247,10 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       // words beside dQ, dK, dV and dS^T's fragments made ptxas spill).
       // (The count rebuilt from m_count, as step_count below.)
       if constexpr (kBias) load_bias(min(i + 1, int(Opaque(uint32_t(steps.m_count))) * a.group - 1));
-      // kMasksDropout: the next step's keep bits (the last step's again on
-      // the last step), likewise under dK.
-      if constexpr (kDropout) keep_bits(min(i + 1, int(Opaque(uint32_t(steps.m_count))) * a.group - 1));
+      // kMasksDropout, kPlainDropout: step i + 2's keep bits into its
+      // buffer (past the last step: the last step's again, into a buffer
+      // no step reads: no branch), likewise under dK.
+      if constexpr (kDropout) keep_bits(min(i + 2, int(Opaque(uint32_t(steps.m_count))) * a.group - 1), i & 1);
       WgmmaWait<0>();
       FenceRegisters(dk);
 #pragma unroll
@@ -1353,7 +1405,7 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
                                                  const BackwardArgs& a, const AttentionParams& p,
                                                  int* dq_counters = nullptr) {
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
-  constexpr bool kAnyFeature = kFeatures != Features::kNone;
+  constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte aligned atoms (kSmemBytes includes the slack).
   const uint32_t smem = (SmemAddress(smem_raw) + 1023u) & ~1023u;
@@ -1367,7 +1419,7 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
   const BwdTile tile(a, kBiasGradient ? BiasGradientTileIndex(a, p, int(blockIdx.x)) : int(blockIdx.x),
                      std::bool_constant<kDeterministic>{});
   const BwdSteps<Tr> steps = [&] {
-    if constexpr (kAnyFeature)
+    if constexpr (kPolicy)
       return BwdSteps<Tr>(FeatureQueryBlocks<Tr::kBlockM, Tr::kBlockN>(p, tile.n_block * Tr::kBlockN,
                                                                         tile.hk * a.group, tile.b, a.group),
                           a.group);
@@ -1378,10 +1430,10 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     RegistersDecrease<Tr::kProducerRegisters>();
-    // A feature variant's tile without steps copies nothing (its consumers
+    // A mask-policy variant's tile without steps copies nothing (its consumers
     // then wait on nothing and write zeros).
     if (threadIdx.x == 0) {
-      if (!kAnyFeature || steps.count > 0)
+      if (!kPolicy || steps.count > 0)
         ProduceBackwardTile<Tr>(q_map, k_map, v_map, do_map, a, bars, smem, tile, steps);
     } else if (threadIdx.x / 32 == 1) {
       StageRowStats<Tr, kFeatures, Element>(a, p, bars, smem, tile, steps, threadIdx.x % 32);

@@ -2,6 +2,8 @@
 // backward (bwd_kernel.cuh), per padded head dim, in this one place.
 #pragma once
 
+#include <cstdint>
+
 namespace jax_flash::cuda::sm90 {
 
 // How a consumer warpgroup orders a step's products (bwd_kernel.cuh):
@@ -122,6 +124,15 @@ constexpr BwdSchedule FeatureBwdSchedule(int head_dim) {
 // and dP^T in flight (64 floats each) left ptxas ~10 words short: 21 local
 // accesses per step, in the loop.
 constexpr BwdSchedule DropoutBwdSchedule(int) { return BwdSchedule::kDqFirstUniform; }
+// kPlainSoftcap's and kPlainDropout's (the plain kernel's steps with the
+// soft cap or dropout alone): at 128 the plain default (diagonal-only
+// masks, step counters); at 64, dropout on 64-query steps (as above), the
+// soft cap on the feature variants' 128-query steps with the plain masks
+// on every step (ptxas: the plain default's counters beside the tanh's
+// values spilled 12 local accesses per step there; these schedules none).
+constexpr BwdSchedule PlainTransformBwdSchedule(int head_dim, bool dropout) {
+  return dropout || head_dim > 64 ? BwdSchedule::kDqFirstUniformDiagCounters : BwdSchedule::kDqFirstUniformRows128;
+}
 
 // kBlockM_: queries per step, 64 (the feature variants, the plain kernel at
 // 128) or 128 at head dim 64 (the Rows128 schedules, the plain default
@@ -242,5 +253,26 @@ struct BwdTraits {
 // schedules, 64 otherwise.
 template <int kHeadDim, BwdSchedule kSchedule>
 using BwdTraitsFor = BwdTraits<kHeadDim, BwdRows128(kSchedule) ? 128 : 64>;
+
+// The dropout variants' keep-bit exchange between the warps of a pair
+// (FragmentDropout::BackwardKeepHalves: warps 2v and 2v + 1 share their
+// Philox calls, each making half of them), past the traits' shared memory:
+// per buffer (step parity) and consumer thread two words, its own half
+// and its partner's contribution, the latter written by the partner.
+// Written under step i's dK for step i + 2, read at step i + 2's P^T:
+// step i + 1's dS^T barrier (every step's, both partners) lies between
+// the write and the read, and step i + 2's between that read and the
+// buffer's next write (at step i + 2's dK).
+template <typename Tr>
+struct KeepExchange {
+  static constexpr int kOffset = (Tr::kBarrierOffset + 8 * Tr::kBarriers + 15) / 16 * 16;
+  static constexpr int kBytes = 2 * 128 * Tr::kConsumerWarpgroups * 8;
+  static constexpr int kSmemBytes = kOffset + kBytes + 1024;  // (+ the base's 1024-byte alignment, as Tr's)
+  static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KiB per block");
+  // Thread `lane` of consumer warp `warp` (0 .. 4 C - 1): its two words in buffer `buffer`.
+  __device__ __forceinline__ static uint32_t Slot(uint32_t smem, int buffer, int warp, int lane) {
+    return smem + kOffset + ((buffer * 4 * Tr::kConsumerWarpgroups + warp) * 32 + lane) * 8;
+  }
+};
 
 }  // namespace jax_flash::cuda::sm90

@@ -200,17 +200,20 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   const auto& s = p.shape;
   constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
-  constexpr bool kAnyFeature = kFeatures != Features::kNone;
+  constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
   const std::string what = DescribeBackward(s, kHeadDim) +
                            (kFeatures == Features::kNone          ? ""
                             : kFeatures == Features::kMasks       ? " with masks"
                             : kFeatures == Features::kMasksBias   ? " with masks and bias"
                             : kFeatures == Features::kMasksBias16 ? " with masks and 16-bit bias"
                             : kFeatures == Features::kMasksDropout ? " with masks and dropout"
+                            : kFeatures == Features::kPlainDropout ? " with dropout, causal or none"
+                            : kFeatures == Features::kPlainSoftcap ? " with soft cap, causal or none"
                                                                   : " with masks and soft cap");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
-  // (The masks' variants read a boolean mask per S^T row: FeatureStepMask.)
-  if (auto why = UnsupportedFeatures(p, kFeatures, kAnyFeature && !kBias ? MaskBeside::kAny : MaskBeside::kNone);
+  // (The masks' variants read a boolean mask per S^T row: FeatureStepMask;
+  // the kPlain* transforms none.)
+  if (auto why = UnsupportedFeatures(p, kFeatures, kPolicy && !kBias ? MaskBeside::kAny : MaskBeside::kNone);
       !why.empty())
     return fail(why);
   if constexpr (kBias) {
@@ -242,9 +245,10 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
     const int64_t pairs = s.batch * s.num_heads_k;
     args.causal_section = causal_section > 0 && causal_section < pairs ? causal_section : 0;
     auto kernel = BackwardKernel<Element, kHeadDim, kSchedule, kFeatures>;
-    if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 backward kernel"); !e.empty())
+    constexpr int kSmem = BackwardVariantSmemBytes<Tr, kFeatures>();  // (the dropout variants' keep-bit exchange)
+    if (auto e = PrepareSmem(kernel, kSmem, "sm90 backward kernel"); !e.empty())
       return e + " (" + what + ")";
-    kernel<<<unsigned(tiles), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, do_map, args, p);
+    kernel<<<unsigned(tiles), Tr::kThreads, kSmem, stream>>>(q_map, k_map, v_map, do_map, args, p);
     if (auto e = CheckLaunch("sm90 backward kernel"); !e.empty()) return e + " (" + what + ")";
   }
 
@@ -427,16 +431,27 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
 // The feature variants at FeatureBwdSchedule (bwd_kernel_traits.cuh): kMasksSoftcap
 // only where the soft cap is on, so that calls without it keep the
 // masks-only variant's registers; kMasksDropout for dropout (without the
-// soft cap, which it refuses).
+// soft cap, which it refuses). Where the soft cap or dropout is the call's
+// only feature (AttentionFeatures::OnlyTransforms), the plain kernel's schedule with it
+// (kPlainSoftcap, kPlainDropout: PlainTransformBwdSchedule).
 template <typename Element, int kHeadDim>
 std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t stream) {
   constexpr BwdSchedule kSchedule = FeatureBwdSchedule(kHeadDim);
-  if (p.features.dropout_rate > 0.0 && p.features.dropout_seed)
+  const bool plain = p.features.OnlyTransforms();
+  if (p.features.dropout_rate > 0.0 && p.features.dropout_seed) {
+    if (plain)
+      return LaunchBackwardScheduled<Element, kHeadDim, PlainTransformBwdSchedule(kHeadDim, true),
+                                     Features::kPlainDropout>(p, stream, kSizedCausalSection);
     return LaunchBackwardScheduled<Element, kHeadDim, DropoutBwdSchedule(kHeadDim), Features::kMasksDropout>(
         p, stream, kSizedCausalSection);
-  if (p.features.softcap > 0.0)
+  }
+  if (p.features.softcap > 0.0) {
+    if (plain)
+      return LaunchBackwardScheduled<Element, kHeadDim, PlainTransformBwdSchedule(kHeadDim, false),
+                                     Features::kPlainSoftcap>(p, stream, kSizedCausalSection);
     return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksSoftcap>(p, stream,
                                                                                           kSizedCausalSection);
+  }
   return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasks>(p, stream, kSizedCausalSection);
 }
 

@@ -17,14 +17,19 @@ namespace jax_flash::cuda::sm90 {
 inline bool BackwardCoversHeadDim(int64_t head_dim) { return head_dim >= 1 && head_dim <= 128; }
 
 // Shared memory (bytes) of the backward serving a head dim (<= 128), for
-// the dispatch to check against the device: the larger of the plain
-// kernel's and the feature variants' (both 128-query steps at 64, 64-query
-// steps at 128).
+// the dispatch to check against the device: the largest of the plain
+// kernel's, the feature variants' (both 128-query steps at 64, 64-query
+// steps at 128) and the dropout variants' (64-query steps, with their
+// keep-bit exchange: KeepExchange).
 inline int BackwardSmemBytes(int64_t head_dim) {
-  constexpr int k64 = std::max(BwdTraitsFor<64, DefaultBwdSchedule(64)>::kSmemBytes,
-                                BwdTraitsFor<64, FeatureBwdSchedule(64)>::kSmemBytes);
-  constexpr int k128 = std::max(BwdTraitsFor<128, DefaultBwdSchedule(128)>::kSmemBytes,
-                                 BwdTraitsFor<128, FeatureBwdSchedule(128)>::kSmemBytes);
+  constexpr int k64 = std::max({BwdTraitsFor<64, DefaultBwdSchedule(64)>::kSmemBytes,
+                                BwdTraitsFor<64, FeatureBwdSchedule(64)>::kSmemBytes,
+                                KeepExchange<BwdTraitsFor<64, DropoutBwdSchedule(64)>>::kSmemBytes,
+                                KeepExchange<BwdTraitsFor<64, PlainTransformBwdSchedule(64, true)>>::kSmemBytes});
+  constexpr int k128 = std::max({BwdTraitsFor<128, DefaultBwdSchedule(128)>::kSmemBytes,
+                                 BwdTraitsFor<128, FeatureBwdSchedule(128)>::kSmemBytes,
+                                 KeepExchange<BwdTraitsFor<128, DropoutBwdSchedule(128)>>::kSmemBytes,
+                                 KeepExchange<BwdTraitsFor<128, PlainTransformBwdSchedule(128, true)>>::kSmemBytes});
   return head_dim <= 64 ? k64 : k128;
 }
 

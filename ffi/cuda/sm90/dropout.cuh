@@ -1,4 +1,5 @@
-// Dropout on the sm90 kernels' wgmma fragments (the kMasksDropout variants):
+// Dropout on the sm90 kernels' wgmma fragments (the kMasksDropout and
+// kPlainDropout variants):
 // the shared DropoutPolicy's bits (common/mask_policy.h), so that every
 // family drops the same pairs and a forward and a backward agree whichever
 // family runs each.
@@ -148,6 +149,45 @@ struct FragmentDropout {
       }
     }
     return keep;
+  }
+
+  // BackwardKeepBits<64>'s bits, each Philox call made once per warp pair:
+  // the warps 2v and 2v + 1 of a warpgroup hold keys g + 8 w of the same
+  // 32-key group (w = 0, 1 and 2, 3), so each lane's calls are its partner
+  // lane's (lane l of the other warp) and BackwardKeepBits uses half of each
+  // call's words in both. Here the warp of parity e (= upper: keys 16 .. 31
+  // of the group) makes the calls of queries m0 + 16jp + 2t + e (+ 8) alone,
+  // and from their words both its own bits (`own`: the bits of column
+  // parity e in its fragment) and its partner's (`other`: the same bits of
+  // the partner's fragment, from the other two words). own | the partner's
+  // other is BackwardKeepBits<64>: 4 calls a step instead of 8.
+  struct KeepHalves {
+    uint32_t own, other;
+  };
+  __host__ __device__ __forceinline__ KeepHalves BackwardKeepHalves(int key, int m0, int t) const {
+    constexpr int kRowBits = 16;
+    const uint32_t c0 = uint32_t(key / 32 * 8 + key % 8);
+    const bool upper = key % 32 >= 16;
+    const int e = upper ? 1 : 0;
+    const uint32_t c1 = uint32_t(m0 / 16 * 8 + 2 * t + e);  // + 8 jp
+    // Packed at column parity 0's positions (constants: no shift per bit),
+    // then moved to parity e by one shift per word.
+    KeepHalves halves{0u, 0u};
+#pragma unroll
+    for (int jp = 0; jp < 4; ++jp) {
+      const Philox4x32Words bits = Bits(c0, c1 + uint32_t(8 * jp));
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const uint32_t mine = upper ? bits.w[2 + hh] : bits.w[hh];
+        const uint32_t theirs = upper ? bits.w[hh] : bits.w[2 + hh];
+        const int bit = kRowBits * hh + 2 * (2 * jp);  // j = 2jp (half 0); j + 1: bit + 2
+        halves.own |= uint32_t(KeptLow(mine)) << bit | uint32_t(KeptHigh(mine)) << (bit + 2);
+        halves.other |= uint32_t(KeptLow(theirs)) << bit | uint32_t(KeptHigh(theirs)) << (bit + 2);
+      }
+    }
+    halves.own <<= e;
+    halves.other <<= e;
+    return halves;
   }
 
  private:

@@ -215,6 +215,7 @@ inline bool IsKeyOnlyMask(const AttentionFeatures& f) { return f.mask && f.mask_
 // kMasksDropout, FeatureStepMask) any, kAnyForward (the forward's
 // kMasksSoftcap, ReadsMaskArray) any.
 enum class MaskBeside { kNone, kKeyOnly, kAny, kAnyForward };
+
 inline std::string UnsupportedFeatures(const AttentionParams& p, Features variant,
                                        MaskBeside beside = MaskBeside::kNone) {
   // (kMasksSoftcap's backward at head dim 64 reads key-only masks only: ReadsDenseStepMask.)
@@ -228,6 +229,15 @@ inline std::string UnsupportedFeatures(const AttentionParams& p, Features varian
   }
   const AttentionFeatures& f = p.features;
   if (variant == Features::kNone) return f.Any() ? "attention features need a feature variant" : "";
+  if (variant == Features::kPlainSoftcap || variant == Features::kPlainDropout) {
+    if (!f.OnlyTransforms())
+      return "the plain kernel's transforms take no lengths, segment ids, window, position offsets, bias or mask";
+    if (variant == Features::kPlainSoftcap && !(f.softcap > 0.0 && !(f.dropout_rate > 0.0)))
+      return "the kPlainSoftcap variant needs the soft cap without dropout";
+    if (variant == Features::kPlainDropout && !(f.dropout_rate > 0.0 && f.dropout_seed && !(f.softcap > 0.0)))
+      return "the kPlainDropout variant needs dropout (a rate and a seed) without the soft cap";
+    return {};
+  }
   if (variant == Features::kMasksDropout) {
     if (!(f.dropout_rate > 0.0) || !f.dropout_seed) return "the kMasksDropout variant needs dropout (a rate and a seed)";
     if (f.bias || f.mask || f.softcap > 0.0)

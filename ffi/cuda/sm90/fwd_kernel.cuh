@@ -3,7 +3,9 @@
 // position offsets, segment ids and the soft cap, or those and a bias
 // (kMasksBias: BiasRows), a boolean mask (kMasksBoolean: MaskArrayRows,
 // key padding trimmed by the producer) or dropout (kMasksDropout:
-// dropout.cuh): FlashAttention-3's design in our own code.
+// dropout.cuh); the soft cap or dropout alone also on the plain kernel's
+// loop, tiles and masks (kPlainSoftcap, kPlainDropout): FlashAttention-3's
+// design in our own code.
 //
 // A persistent grid (one block per SM) walks tiles of (kBlockM query rows,
 // head, batch) in tile_scheduler.cuh's order; each block has a producer and
@@ -101,9 +103,10 @@ __host__ __device__ __forceinline__ int FirstMaskedKeyBlock(int seqlen_k, bool c
 // block's count of earlier tiles (pipeline.cuh). The head and batch are
 // decoded from `tile` again for the epilogue, their only user: kept live
 // through the loop they made the 256 kernel spill.
-// Key blocks keys.hi - 1 down to keys.lo. Feature variants: `params`, `h`
+// Key blocks keys.hi - 1 down to keys.lo. Mask-policy variants: `params`, `h`
 // and `b` for the mask policy's per-block questions, `rows` this thread's
-// FeatureRows (the plain kernel ignores them); their Q is already waited
+// FeatureRows (the plain kernel and kPlain* ignore them, kPlainDropout
+// takes b and h for its Philox counters); their Q is already waited
 // for (the wait that published `keys`, KeyBlocksSlot).
 template <typename Element, typename Tr, Schedule kSchedule, Features kFeatures>
 __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const AttentionParams& params,
@@ -112,13 +115,19 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
                                             int pipe, int tile_iter, const FeatureRows& rows,
                                             const CUtensorMap& o_map) {
   constexpr int kHeadDim = Tr::kHeadDim, kBlockN = Tr::kBlockN;
-  constexpr bool kAnyFeature = kFeatures != Features::kNone;
+  // The mask policy's machinery (feature_mask.cuh); the plain kernel and its
+  // kPlain* transforms take the plain kernel's masks and loops instead.
+  constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
   constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
   using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
   // kMasksBoolean, and kMasksSoftcap beside the soft cap, read a boolean
   // mask (ReadsMaskArray: MaskArrayRows, as below, when the call has one).
   constexpr bool kMaskArray = ReadsMaskArray(kFeatures);
-  constexpr bool kDropout = kFeatures == Features::kMasksDropout;
+  constexpr bool kDropout = AppliesDropout(kFeatures);
+  // kPlainSoftcap: the tanh on every block (cap), before the plain masks of
+  // the blocks that need them; the policy's variants apply it in
+  // ApplyFeatures with their masks.
+  constexpr bool kPlainSoftcap = kFeatures == Features::kPlainSoftcap;
   // kMasksDropout takes a key-only boolean mask (key padding) beside
   // dropout, when the call has one (UnsupportedFeatures' MaskBeside::kKeyOnly):
   // MaskArrayRows' key bytes, as below.
@@ -139,8 +148,9 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
           ? SoftcapSoftmaxScale(a.scale_log2, SoftcapFactors{a.softcap_scale, a.softcap_unscale})
           : a.scale_log2);
 
-  // Plain kernel: key blocks from first_masked on need masks; block i of the
-  // loop is key block n_hi - 1 - i. Feature variants: every block goes
+  // Plain kernel (and its kPlain* transforms): key blocks from first_masked
+  // on need masks; block i of the
+  // loop is key block n_hi - 1 - i. Mask-policy variants: every block goes
   // through ApplyFeatures (is_masked: the softmax's masked path for all).
   // FirstMaskedKeyBlock of rows from r0: two consumers
   // take r0 = m0 for both (the same answer as their own first rows: m0 is a
@@ -160,18 +170,18 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   // summaries, whose loads prepare(i - 1) issued (after the last block:
   // block 0's, harmless; none for a tile without blocks, whose position
   // would be negative); the plain kernel's need nothing.
-  auto is_masked = [&](int i) { return kAnyFeature || n_hi - 1 - i >= first_masked; };
+  auto is_masked = [&](int i) { return kPolicy || n_hi - 1 - i >= first_masked; };
   // The batch row's key-id summaries (KeyBlockSummaries' row, once per
   // tile: rebuilt per block, its 64-bit offset cost ~20 instructions there).
   const int32_t* kv_ranges = nullptr;
   int kv_entries = 0;
-  if constexpr (kAnyFeature) {
+  if constexpr (kPolicy) {
     const SegmentRanges ranges = MaskPolicy::KeySegmentRanges(params, b);
     kv_ranges = ranges.ranges, kv_entries = int(ranges.blocks);
   }
   auto key_summaries = [&](int n0) {
     SummaryEntries e{};
-    if constexpr (kAnyFeature)  // (feature variants only: at most 128 keys per block)
+    if constexpr (kPolicy)  // (mask-policy variants only: at most 128 keys per block)
       if (kv_ranges) e = LoadSummaryEntries<kBlockN>(SegmentRanges{kv_ranges, kv_entries}, n0);
     return e;
   };
@@ -216,9 +226,9 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
       next_key_bytes = MaskArrayRows::LoadKeys<kBlockN>(beside_keys, a.seqlen_k, (n_hi - 1) * kBlockN, lane);
   }
   SummaryEntries next_keys{};
-  if constexpr (kAnyFeature)
+  if constexpr (kPolicy)
     if (n_blocks > 0) next_keys = key_summaries((n_hi - 1) * kBlockN);
-  // kMasksDropout (dropout.cuh): the tile's Philox keys and counter words;
+  // kMasksDropout, kPlainDropout (dropout.cuh): the tile's Philox keys and counter words;
   // block i's P dropped after its row sums, under the previous PV (drop); O
   // scaled by 1 / (1 - rate) once, before the epilogue.
   FragmentDropout dropout{};
@@ -228,7 +238,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   };
   auto prepare = [&](int i) {
     BlockMask m{};
-    if constexpr (kAnyFeature) {
+    if constexpr (kPolicy) {
       const int n0 = (n_hi - 1 - i) * kBlockN;
       const SummaryEntries keys = next_keys;
       next_keys = key_summaries(max(n0 - kBlockN, 0));
@@ -261,12 +271,18 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   };
   auto mask = [&](float (&s)[kBlockN / 2], int i, const BlockMask& block_mask) {
     const int n0 = (n_hi - 1 - i) * kBlockN;
-    if constexpr (kAnyFeature) {
+    if constexpr (kPolicy) {
       ApplyFeatures<Element, kBlockN, AppliesSoftcap(kFeatures)>(
           s, SoftcapFactors{a.softcap_scale, a.softcap_unscale}, block_mask);
     } else {
       MaskLogits<kBlockN>(s, 64 * warpgroup + row0, t, min(kBlockN, a.seqlen_k - n0), m0 - n0, a.is_causal);
     }
+  };
+  // kPlainSoftcap: tanh(s scale / cap) on every block, before its masks
+  // (ApplyFeatures without any: the policy's variants do both there).
+  auto cap = [&](float (&s)[kBlockN / 2]) {
+    if constexpr (kPlainSoftcap)
+      ApplyFeatures<Element, kBlockN, true>(s, SoftcapFactors{a.softcap_scale, a.softcap_unscale}, BlockMask{});
   };
 
   // S = Q K^T [64 rows][kBlockN] for block i, issued and committed (raw
@@ -347,7 +363,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   if constexpr (kTurns)
     if (warpgroup == kConsumers - 1 && n_blocks > 1) NamedBarrierArrive(Tr::kTurnBarrier, 256);
 
-  if constexpr (!kAnyFeature) MbarrierWait(bars.q_full(), tile_iter & 1);
+  if constexpr (!kPolicy) MbarrierWait(bars.q_full(), tile_iter & 1);
   if (n_blocks == 0) release_q();
 
   if constexpr (kSchedule == Schedule::kSerial) {
@@ -361,6 +377,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
       WgmmaWait<0>();
       FenceRegisters(s);
       release_k(i);
+      cap(s);
       if constexpr (kMasked) mask(s, i, block_mask);
       float alpha[2];
       if (softmax.UpdateMax(s, alpha)) softmax.Rescale(o, alpha);
@@ -374,7 +391,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
     };
     int i = 0;
     for (; i < n_blocks && is_masked(i); ++i) process_block(i, std::true_type{});
-    if constexpr (!kAnyFeature)
+    if constexpr (!kPolicy)
       for (; i < n_blocks; ++i) process_block(i, std::false_type{});
   } else if (n_blocks > 0) {
     float s[kBlockN / 2];
@@ -391,6 +408,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
     WgmmaWait<0>();
     FenceRegisters(s);
     release_k(0);
+    cap(s);
     if (is_masked(0)) {
       mask(s, 0, first_mask);
       softmax.UpdateMax(s, alpha);
@@ -418,6 +436,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
       WgmmaWait<1>();
       FenceRegisters(s);
       release_k(i);
+      cap(s);
       if constexpr (kMasked) mask(s, i, block_mask);
       rescale = softmax.UpdateMax(s, alpha);
       softmax.template Exponentiate<kMasked>(s);
@@ -440,7 +459,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
     };
     int i = 1;
     for (; i < n_blocks && is_masked(i); ++i) step(i, std::true_type{});
-    if constexpr (!kAnyFeature)
+    if constexpr (!kPolicy)
       for (; i < n_blocks; ++i) step(i, std::false_type{});
     if (rescale) softmax.Rescale(o, alpha);
     issue_pv(p, n_blocks - 1);
@@ -455,7 +474,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   }
   const uint32_t staging = smem + Tr::kStagingOffset + warpgroup * 64 * 128;
   TileCoord coord{0, h, b};
-  if constexpr (!kAnyFeature) {
+  if constexpr (!kPolicy) {
     asm volatile("" : "+r"(tile));  // an opaque value: decoded here, not carried from the top
     coord = scheduler.Decode(tile);
   }
@@ -471,7 +490,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
                   const ForwardArgs a,
                   const TileScheduler scheduler, const __grid_constant__ AttentionParams p) {
   using Tr = FwdTraits<kHeadDim, kBlockN, kConsumers>;
-  constexpr bool kAnyFeature = kFeatures != Features::kNone;
+  constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte aligned atoms (kSmemBytes includes the slack).
   const uint32_t smem = (SmemAddress(smem_raw) + 1023u) & ~1023u;
@@ -531,17 +550,17 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
   };
   // (The plain kernel has no slot to publish the next tile in: static only.)
   bool taken = false;
-  if constexpr (kAnyFeature) taken = p.tile_counter != nullptr;
+  if constexpr (kPolicy) taken = p.tile_counter != nullptr;
 
   // setmaxnreg needs each warpgroup's role as one branch of a single if/else.
   if (threadIdx.x < 128) {
     RegistersDecrease<Tr::kProducerRegisters>();
     // One thread issues the copies; the feature variants run the whole warp
     // through the loop for FeatureKeyBlocks' votes.
-    if (kAnyFeature ? threadIdx.x < 32 : threadIdx.x == 0) {
+    if (kPolicy ? threadIdx.x < 32 : threadIdx.x == 0) {
       if (threadIdx.x == 0) PrefetchTensorMaps(&q_map, &k_map, &v_map), PrefetchTensorMap(&o_map);
       auto keys_of = [&](int m0, int h, int b, int) {
-        if constexpr (kAnyFeature) {
+        if constexpr (kPolicy) {
           return FeatureKeyBlocks<Tr::kBlockM, Tr::kBlockN, ReadsMaskArray(kFeatures) || TakesKeyMaskBeside(kFeatures),
                                   ReadsMaskArray(kFeatures)>(p, m0, b, h);
         } else {
@@ -550,7 +569,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
       };
       auto produce = [&](int, int m0, int h, int b, KeyBlocks keys, int pipe, int tile_iter, int next_tile) {
         if (threadIdx.x == 0)
-          ProduceTile<Tr, kAnyFeature>(&q_map, &k_map, &v_map, bars, smem, m0, h, a.group.Div(h), b, keys, pipe,
+          ProduceTile<Tr, kPolicy>(&q_map, &k_map, &v_map, bars, smem, m0, h, a.group.Div(h), b, keys, pipe,
                                        tile_iter, next_tile);
       };
       if (taken) {
@@ -593,7 +612,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
     // tiles, the block's next tile).
     FeatureRows rows{};
     auto keys_of = [&](int m0, int, int b, int tile_iter, int* next_tile = nullptr) {
-      if constexpr (kAnyFeature) {
+      if constexpr (kPolicy) {
         const int tid = threadIdx.x % 128, warp_i0 = m0 + 64 * warpgroup + 16 * (tid / 32);
         rows = FeatureRows::For<Tr::kBlockN>(p, b, warp_i0, warp_i0 + tid % 32 / 4);
         MbarrierWait(bars.q_full(), tile_iter & 1);

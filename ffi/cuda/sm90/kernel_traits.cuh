@@ -28,10 +28,34 @@ enum class Schedule { kSerial, kOverlap, kPingPong };
 // 2644 against 1240 instructions at 128, the hot instructions spread over
 // ~106 KB; PERF.md v31). Appended, so that the values above, which are in
 // the kernels' mangled names, stay as they are.
-enum class Features { kNone, kMasks, kMasksSoftcap, kMasksBias, kMasksBias16, kMasksBoolean, kMasksDropout, kSoftcap };
+// kPlainSoftcap, kPlainDropout: the plain kernel (causal and the seqlen_k
+// tail its only masks, per element on the blocks that need them, static
+// tiles) with the soft cap or dropout, for the calls that have no other
+// feature (a causal language model's): the mask policy's variants pay,
+// even without masks, its per-block (backward: per-step) questions and
+// early-outs, the backward's per-element selects of the step's visibility
+// bits, the producer's per-tile votes (and kMasksDropout 3 spills in its
+// forward loop at 128): ~5-10% of the dropout's issued instructions.
+enum class Features {
+  kNone, kMasks, kMasksSoftcap, kMasksBias, kMasksBias16, kMasksBoolean, kMasksDropout, kSoftcap,
+  kPlainSoftcap, kPlainDropout
+};
 
 // The variants that soft-cap the logits.
-constexpr bool AppliesSoftcap(Features f) { return f == Features::kMasksSoftcap || f == Features::kSoftcap; }
+constexpr bool AppliesSoftcap(Features f) {
+  return f == Features::kMasksSoftcap || f == Features::kSoftcap || f == Features::kPlainSoftcap;
+}
+
+// The variants that drop pairs (dropout.cuh).
+constexpr bool AppliesDropout(Features f) { return f == Features::kMasksDropout || f == Features::kPlainDropout; }
+
+// The variants that run the mask policy (feature_mask.cuh: lengths,
+// windows, offsets, segment ids, and their per-block key ranges, taken
+// tiles and per-element visibility); the plain kernel and the kPlain*
+// transforms run the plain kernel's loop, tiles and masks instead.
+constexpr bool UsesMaskPolicy(Features f) {
+  return f != Features::kNone && f != Features::kPlainSoftcap && f != Features::kPlainDropout;
+}
 
 // The forward variants that read a boolean mask as kMasksBoolean does
 // (fwd_kernel.cuh's MaskArrayRows, key-only or per query, with a per-query

@@ -57,6 +57,8 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
                             : kFeatures == Features::kMasksBoolean ? " with masks and boolean mask"
                             : kFeatures == Features::kMasksDropout ? " with masks and dropout"
                             : kFeatures == Features::kSoftcap      ? " with masks and soft cap, no boolean mask"
+                            : kFeatures == Features::kPlainSoftcap ? " with soft cap, causal or none"
+                            : kFeatures == Features::kPlainDropout ? " with dropout, causal or none"
                                                                   : " with masks and soft cap") +
                            (kC == 2 ? "" : ", three consumer warpgroups");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
@@ -199,12 +201,20 @@ std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t str
       p.features.softcap > 0.0 || (IsKeyOnlyMask(p.features) && p.features.dropout_rate > 0.0);
   if (p.features.mask && !mask_beside)
     return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBoolean>(p, stream);
-  // Dropout (without the soft cap, which that variant refuses): kMasksDropout.
-  if (p.features.dropout_rate > 0.0 && p.features.dropout_seed)
+  // Dropout (without the soft cap, which that variant refuses):
+  // kPlainDropout when it is the call's only feature (causal or not),
+  // kMasksDropout beside the masks' features.
+  if (p.features.dropout_rate > 0.0 && p.features.dropout_seed) {
+    if (p.features.OnlyTransforms())
+      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kPlainDropout>(p, stream);
     return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksDropout>(p, stream);
-  // The soft cap: kMasksSoftcap beside a boolean mask, kSoftcap (the same
-  // without the mask's code) otherwise.
+  }
+  // The soft cap: kPlainSoftcap when it is the call's only feature,
+  // kMasksSoftcap beside a boolean mask, kSoftcap (the same without the
+  // mask's code) beside the masks' other features.
   if (p.features.softcap > 0.0) {
+    if (p.features.OnlyTransforms())
+      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kPlainSoftcap>(p, stream);
     if (p.features.mask)
       return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksSoftcap>(p, stream);
     return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kSoftcap>(p, stream);
