@@ -1,34 +1,23 @@
 #!/usr/bin/env bash
-# The device plan waiting since session 31, in order (each call ~8-10
-# minutes of wall time plus ~85 s of cold start: three fit a session's 30
-# minutes). Done in session 34 (perf_history.md v33): `ab` (session 30's
-# forward patches timed and kept), `plaintx` and `dethelper`. Session 35
-# (no device) added `biastiles` and `kahead`. Next, by what each call
-# settles:
-#   1. bash pending/session31.sh droppairs_suite    carry ab/droppairs
-#      (the whole suite for the two patches measured faster: land them;
-#      every later wheel is built on them)
-#   2. bash pending/session31.sh biastiles          carry ab/droppairs ab/biastiles ab/biasinner ab/biastiles_check
-#      (session 35's bias tiles, forward and backward, issue 19's largest
-#      forward gap without a candidate before; ~8 min)
-#   3. bash pending/session31.sh keepwarps          carry ab/droppairs ab/kb0 ab/kb2 ab/kb4 ab/px7 ab/kb0p7
-#   4. bash pending/session31.sh stepcopies         carry ab/droppairs ab/fc
-#   5. bash pending/session31.sh kahead             carry ab/biastiles ab/kahead
-#      (session 35's K-ahead producer order for every forward variant; ~8 min)
-#   6. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
-#   7. bash pending/mkstack.sh (here, on the CPU: the stack with what stages
-#      2 - 6 and softcap_poly keep, on the new main), then
-#      bash pending/session31.sh stack_suite        carry ab/stack
-# (With a call to spare before the timings: `stackall_suite`, carry
-# ab/stackall, every pending sm90 patch at once, tells whether they are
-# correct together.)
-# (stack_suite is the whole suite for the 256 patches, m0, the plain
-# transforms and the dropout pairs at once: it replaces bwd256_suite,
-# m0_suite and plaintx_suite). Then: `softcap_poly` (carry ab/main
-# ab/plaintx ab/poly4 ab/poly2), `dropout_profile` (carry ab/droppairs), `e2e` (carry ab/main .peers), `persist`
+# The device plan, in order (each call ~8-10 minutes of wall time plus
+# ~85 s of cold start: three fit a session's 30 minutes). Session 36 ran
+# droppairs_suite (landed: ab24e31), biastiles, keepwarps, stepcopies and
+# kahead (perf_history.md v34; those stages are in git history). Next:
+#   1. bash pending/session31.sh stack36_suite   carry ab/stack36 ab/stack36_check
+#      (the bias tiles, the batch-inner order and the 7-round Philox, all
+#      measured: the check programs' bias cases, the whole suite and the
+#      sanitizers; then land them)
+#   2. bash pending/session31.sh features36      carry ab/stack36 .peers
+#      (issue 19's table in one harness run beside cuDNN and FA3)
+#   3. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
+#   4. bash pending/session31.sh softcap_poly    carry ab/main ab/plaintx ab/poly4 ab/poly2
+# Then: `dropout_profile` (carry ab/droppairs), `e2e` (carry ab/main
+# .peers), `dethelper_ab` (carry ab/main ab/dethelperjax), `persist`
 # (carry ab/persistent), `persist_ab` (carry ab/main ab/persist ab/m0),
-# `persist_suite` (carry ab/persist) and `dethelper_ab` (carry ab/main
-# ab/dethelperjax).
+# `persist_suite` (carry ab/persist), `m0_suite` (carry ab/m0). The wheels
+# named here other than ab/stack36 are built on the main before ab24e31
+# (good for timing what they change; a suite that lands a patch runs on a
+# wheel of that patch on the main it lands on).
 #
 # The timing owed for session 30's five forward patches, landed in 9f8256b
 # on their correctness checks alone (README.md): one device call, carry
@@ -65,7 +54,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite plaintx plaintx_suite droppairs_suite packed_profile stack_suite stackall_suite keepwarps stepcopies dropout_profile softcap_poly biastiles kahead)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite packed_profile dropout_profile softcap_poly stack36_suite features36)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -253,26 +242,6 @@ case "$stage" in
     AB_DIRS="ab/main ab/dethelperjax" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash jax_flash_deterministic \
       --head-dim 64 128 --seqlen 1024 4096 --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
     ;;
-  plaintx)
-    # pending/sm90-plain-transforms.patch (session 33): the soft cap or
-    # dropout alone (causal or not) on the plain kernels' loops, forward and
-    # backward (kPlainSoftcap, kPlainDropout), and on top of it
-    # pending/sm90-bwd-dropout-pairs.patch (the backward's Philox calls made
-    # once per warp pair), carry ["ab/main", "ab/plaintx", "ab/droppairs"],
-    # ~8 min. First the dropout and soft-cap tests against each wheel (both
-    # variants of each: the cases with masks' features keep kMasksDropout /
-    # kSoftcap / kMasksSoftcap), then main against them, one round: the
-    # features preset's plain, soft cap and dropout cases at 64 and 128
-    # (TFLOP/s and the ratio to each wheel's own plain case: issue 19 asks
-    # soft cap <= 1.15x and dropout <= 1.3x of plain's time).
-    for w in plaintx droppairs; do
-      tests_against $w 200 "dropout or soft_cap or softcap" \
-        test_features.py test_sinks.py test_attention.py test_sm90_dropout.py
-    done
-    AB_DIRS="ab/main ab/plaintx ab/droppairs" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 64 128 \
-      --seqlen 4096 --cotangent random --cases plain:0 plain:1 softcap:0 softcap:1 dropout:0 dropout:1" \
-      bash scripts/gpu_ab.sh
-    ;;
   softcap_poly)
     # pending/sm90-fwd-softcap-poly.patch (session 33, after the plain
     # transforms): part of kPlainSoftcap's exponentials on the FMA pipe
@@ -288,40 +257,6 @@ case "$stage" in
     AB_DIRS="ab/main ab/plaintx ab/poly4 ab/poly2" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 64 128 \
       --seqlen 4096 --cotangent random --cases plain:0 plain:1 softcap:0 softcap:1" bash scripts/gpu_ab.sh
     ;;
-  keepwarps)
-    # Session 34's dropout forward candidates (carry ["ab/droppairs",
-    # "ab/kb0", "ab/kb2", "ab/kb4", "ab/px7", "ab/kb0p7"], ~9 min), all on main + the
-    # plain transforms + the pairs (= ab/droppairs): kb0 the keep bits made
-    # by the producer warpgroup's warps 1 .. 3 (pending/sm90-fwd-dropout-keep-warps.patch),
-    # kb2 the same with two of a consumer thread's eight calls its own
-    # (ab-keep-consumer-calls2.patch; kb4 four, ab-keep-consumer-calls4.patch),
-    # px7 Philox4x32 with 7 rounds
-    # (pending/dropout-philox7.patch: every family's masks change), kb0p7
-    # both. First their dropout tests (the keep warps' path through
-    # kPlainDropout; the host checks of the keep bits and of the 7-round
-    # known answers), then one round of the dropout cases against their own
-    # plain ones (issue 19: dropout <= 1.3x of plain's time, fwd and bwd).
-    tests_against kb0 120 "dropout" test_sm90_dropout.py test_features.py test_attention.py
-    tests_against kb2 90 "dropout" test_sm90_dropout.py test_features.py
-    tests_against kb0p7 90 "dropout or policy" test_sm90_dropout.py test_cpu_transforms.py test_features.py
-    AB_DIRS="ab/droppairs ab/kb0 ab/kb2 ab/kb4 ab/px7 ab/kb0p7" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 128 64 \
-      --seqlen 4096 --cotangent random --cases plain:0 dropout:0 dropout:1" bash scripts/gpu_ab.sh
-    ;;
-  stepcopies)
-    # Session 34's kMasks backward candidate (carry ["ab/droppairs",
-    # "ab/fc"], ~5 min): ab/fc = ab/droppairs + pending/sm90-bwd-feature-step-copies.patch
-    # (steps whose queries x the tile's keys the policy hides nothing of run
-    # a copy of the step without FeatureStepMask and its selects). First
-    # the feature tests that reach kMasks' backward (documents, windows,
-    # lengths, many blocks and tiles) and the host check of the step
-    # answer, then the masks' cases at 128 (the copies' head dim; 64 as a
-    # control: unchanged code) (issue 19: packed >= 0.69, window >= 0.63 of
-    # plain causal's backward).
-    tests_against fc 200 "features_across or segments or many_tiles or feature_forward or float32 or feature_mask" \
-      test_features.py test_sm90_feature_mask.py
-    AB_DIRS="ab/droppairs ab/fc" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 128 64 \
-      --seqlen 4096 --cotangent random --cases plain:1 segments:1 window:1 kv_lengths:0" bash scripts/gpu_ab.sh
-    ;;
   dropout_profile)
     # Where the dropout kernels' time goes once on the plain loops (carry
     # ["ab/droppairs"], ~4 min): stall reasons per instruction of the
@@ -331,43 +266,6 @@ case "$stage" in
     python3 -m pip install -q --no-deps --target /tmp/ab_site/droppairs ab/droppairs/*.whl || exit 1
     PYTHONPATH=/tmp/ab_site/droppairs SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=100 \
       PROFILE_CASES="dropout:ForwardKernel dropout_grad:BackwardKernel" bash scripts/profile_features.sh 2>&1 | tail -30
-    ;;
-  stack_suite)
-    # One suite for the three 256 patches, m0, the plain transforms, the
-    # dropout pairs and the soft cap's PolyExp2 together (carry
-    # ["ab/stack"], ~9 min): ab/stack = main + sm90-bwd-256,
-    # -256-deterministic, -256-operand-split, -counter-m0,
-    # sm90-plain-transforms, sm90-bwd-dropout-pairs and sm90-fwd-softcap-poly
-    # applied in that order (the pairs' hunks in three files resolved by
-    # hand: pending/mkstack.sh rebuilds the combined patch,
-    # ab/stack/stack.patch). A failure's test
-    # names tell which patch it is (the 256 tests; the dropout and soft-cap
-    # ones, which stage plaintx ran against plaintx and droppairs apart).
-    # Then racecheck and synccheck on the sm90 kernels (the dropout
-    # exchange's barriers among them) while the call's time allows.
-    suite_then_sanitizers stack 400 420
-    ;;
-  stackall_suite)
-    # Every pending sm90 patch at once (session 34, rebuilt in session 35;
-    # carry ["ab/stackall"], ~9 min): main + the three 256 patches + m0 +
-    # the plain transforms + the pairs + the PolyExp2 + the keep warps +
-    # Philox with 7 rounds + kMasks' step copies + the bias tiles + the
-    # batch-inner order (`STACK_TOP="sm90-plain-transforms
-    # sm90-bwd-dropout-pairs sm90-fwd-softcap-poly
-    # sm90-fwd-dropout-keep-warps dropout-philox7
-    # sm90-bwd-feature-step-copies sm90-bias-tiles
-    # sm90-fwd-bias-batch-inner" bash pending/mkstack.sh`, then
-    # `bash scripts/ab_wheel.sh stackall /tmp/stack_keep.patch`): their
-    # correctness together, whichever of them the timings keep (a failing
-    # test's name tells which patch). Then racecheck and synccheck.
-    suite_then_sanitizers stackall 400 420
-    ;;
-  plaintx_suite)
-    # Before landing it: the whole suite against ab/plaintx (carry
-    # ["ab/plaintx"], ~7 min), then racecheck and synccheck on its kernels.
-    suite_against plaintx 420
-    SANITIZE_KERNELS=sm90 SANITIZE_TOOLS="racecheck synccheck" \
-      timeout 150 bash ab/plaintx/scripts/sanitize_kernels.sh 2>&1 | tail -6
     ;;
   packed_profile)
     # Issue 19's largest gap, the packed documents' backward (0.55 of plain
@@ -380,73 +278,36 @@ case "$stage" in
       PROFILE_CASES="packed_grad:BackwardKernel plain_grad_1024:BackwardKernel" \
       bash scripts/profile_features.sh 2>&1 | tail -70
     ;;
-  droppairs_suite)
-    # Before landing the two measured patches (session 34: the plain
-    # transforms and the dropout pairs, both faster at every point and
-    # their dropout / soft-cap tests passing): the whole suite against
-    # ab/droppairs = main + both (carry ["ab/droppairs"], ~8 min), then
-    # racecheck and synccheck on the sm90 kernels (the pairs' exchange)
-    # with what the call has left.
-    suite_then_sanitizers droppairs 400 440
+  stack36_suite)
+    # Session 36's stack (carry ["ab/stack36", "ab/stack36_check"], ~8
+    # min): ab/stack36 = main (ab24e31) + pending/sm90-bias-tiles.patch +
+    # sm90-fwd-bias-batch-inner.patch + dropout-philox7.patch, measured in
+    # session 36 (perf_history.md v34: bias 0.77 / 0.83 of plain, dropout
+    # 1.05-1.17x); ab/stack36_check its check programs (the forward's bias
+    # cases never ran: its stale refusal ended it). The forward check's
+    # bias cases and T = 4096 rows (the tiles at 64 and 128 beside
+    # kMasksBias16), the backward check's bias cases, then the whole suite
+    # and racecheck / synccheck. A failure in a check does not stop the
+    # suite (one call says everything). All pass: land the three patches
+    # (git apply, in that order).
+    OUT=ab/stack36_check STEP=run ARGS=--bias CHECK_TIMEOUT=150 bash scripts/sm90_check.sh 2>&1 | tail -30
+    echo "forward check rc ${PIPESTATUS[0]}"
+    cp ab/stack36_check/sm90_fwd_check.log "$OUT/stack36_fwd_check.log" 2>/dev/null
+    OUT=ab/stack36_check STEP=run ARGS="--bias --quick" CHECK_TIMEOUT=100 bash scripts/sm90_bwd_check.sh 2>&1 | grep -v PASS | tail -8
+    echo "backward check rc ${PIPESTATUS[0]}"
+    cp ab/stack36_check/sm90_bwd_check.log "$OUT/stack36_bwd_check.log" 2>/dev/null
+    suite_then_sanitizers stack36 330 500
     ;;
-  biastiles)
-    # Session 35's kMasksBiasTiles (issue 19's bias: forward 0.54-0.57 and
-    # backward 0.68-0.70 of plain, target 0.77; carry ["ab/droppairs",
-    # "ab/biastiles", "ab/biasinner", "ab/biastiles_check"], ~40 MB, ~8
-    # min): ab/biastiles = ab/droppairs + pending/sm90-bias-tiles.patch (a
-    # 16-bit bias copied by TMA into shared memory a step ahead and read by
-    # ldmatrix, forward at 64 and 128, backward at 128), ab/biasinner that +
-    # pending/sm90-fwd-bias-batch-inner.patch (the forward's batch rows
-    # innermost for a batch-broadcast bias), ab/biastiles_check the tiles'
-    # prebuilt check programs (in the patched tree, with the venv's python:
-    # OUT=.../ab/biastiles_check STEP=build bash scripts/sm90_check.sh, and
-    # the same with scripts/sm90_bwd_check.sh). First the forward check's
-    # bias cases (every case against its float reference, kMasksBias16 and
-    # the tiles side by side; then the T = 4096 timing rows of both), the
-    # backward check's bias cases (no 4096 rows: their host references take
-    # minutes), then the Python bias tests against the wheel, then the A/B
-    # (the benchmark's bias is [1, 16, 4096, 4096] bf16, broadcast over B =
-    # 4; fwd and bwd), then the sanitizers on what time is left.
-    # (SKIP_FWD_CHECK=1: session 36's first call found the forward check's
-    # stale refusal test, a mask with the soft cap, which the product now
-    # serves by kMasksSoftcap; that check is rebuilt and run on its own.)
-    if [ "${SKIP_FWD_CHECK:-0}" != 1 ]; then
-      OUT=ab/biastiles_check STEP=run ARGS=--bias CHECK_TIMEOUT=150 bash scripts/sm90_check.sh 2>&1 | tail -45
-      status=${PIPESTATUS[0]}
-      cp ab/biastiles_check/sm90_fwd_check.log "$OUT/biastiles_fwd_check.log" 2>/dev/null
-      [ "$status" = 0 ] || exit 1
-    fi
-    if [ "${SKIP_BWD_CHECK:-0}" != 1 ]; then
-      OUT=ab/biastiles_check STEP=run ARGS="--bias --quick" CHECK_TIMEOUT=120 bash scripts/sm90_bwd_check.sh 2>&1 | tail -25
-      status=${PIPESTATUS[0]}
-      cp ab/biastiles_check/sm90_bwd_check.log "$OUT/biastiles_bwd_check.log" 2>/dev/null
-      [ "$status" = 0 ] || exit 1
-    fi
-    tests_against biastiles 200 "bias" test_bias16.py test_sm90_bias_tiles.py test_features.py test_attention.py
-    tests_against biasinner 100 "bias" test_bias16.py test_sm90_tile_scheduler.py
-    # (128 only, ~170 s for the three wheels' two rounds; 64's forward tiles
-    # against kMasksBias16 are the forward check's last timing rows.)
-    AB_DIRS="ab/droppairs ab/biastiles ab/biasinner" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 128 \
-      --seqlen 4096 --cotangent random --cases plain:0 bias:0 plain:1 bias:1" bash scripts/gpu_ab.sh
-    if [ $SECONDS -lt 470 ]; then
-      SANITIZE_KERNELS=sm90 SANITIZE_TOOLS="racecheck synccheck" \
-        timeout $((570 - SECONDS)) bash ab/biastiles/scripts/sanitize_kernels.sh 2>&1 | tail -6
-    fi
-    ;;
-  kahead)
-    # Session 35's producer order for every forward variant at 64 / 128
-    # with two consumers (carry ["ab/biastiles", "ab/kahead"], ~7 min):
-    # ab/kahead = ab/biastiles + pending/sm90-fwd-k-ahead.patch (K_{j+1}
-    # issued before V_j, FlashAttention-3's order, which kMasksBiasTiles
-    # already takes: K's lead ~0.5 -> ~1.2 steps; no SASS change in the
-    # consumers, no producer spill in the plain kernels). The forward tests,
-    # then the plain and feature points where a tile is short (T = 1024,
-    # packed documents, windows) and long (T = 4096), fwd only matters.
-    # (The forward tests of test_attention.py, ~150 s; the A/B ~310 s.)
-    tests_against kahead 170 "not grad and not backward" test_attention.py
-    AB_DIRS="ab/biastiles ab/kahead" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 128 64 --seqlen 1024 4096 \
-      --causal 0 1 --cotangent random;--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random \
-      --cases segments:1 window:1 dropout:0" bash scripts/gpu_ab.sh
+  features36)
+    # Issue 19's table on one harness run (carry ["ab/stack36", ".peers"],
+    # ~6 min): --preset features with cuDNN and FA3 beside, on the stack's
+    # wheel (main once stack36_suite has landed it).
+    root=$(pwd)
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/stack36 ab/stack36/*.whl || exit 1
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/stack36:$root/.peers
+    export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+    (cd /tmp && timeout 540 python3 -m jax_flash.benchmark --preset features --impl jax_flash cudnn fa3 \
+      --cotangent random --out "$OUT/features36" 2>&1 | tail -40)
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
