@@ -9,6 +9,9 @@
 #      sanitizers; then land them)
 #   2. bash pending/session31.sh features36      carry ab/stack36 .peers
 #      (issue 19's table in one harness run beside cuDNN and FA3)
+#   2b. bash pending/session31.sh grid36         carry ab/stack36 .peers
+#      (issues 20 / 21: the standard grid and T = 131072 / 262144 beside
+#      cuDNN and FA3, one harness run)
 #   3. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
 #   4. bash pending/session31.sh softcap_poly    carry ab/main ab/plaintx ab/poly4 ab/poly2
 # Then: `dropout_profile` (carry ab/droppairs), `e2e` (carry ab/main
@@ -54,7 +57,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite packed_profile dropout_profile softcap_poly stack36_suite features36)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite packed_profile dropout_profile softcap_poly stack36_suite features36 grid36)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -308,6 +311,23 @@ case "$stage" in
     export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
     (cd /tmp && timeout 540 python3 -m jax_flash.benchmark --preset features --impl jax_flash cudnn fa3 \
       --cotangent random --out "$OUT/features36" 2>&1 | tail -40)
+    ;;
+  grid36)
+    # Issues 20 and 21's closing run (carry ["ab/stack36", ".peers"], ~9
+    # min): the standard grid (H = 64 / 128 / 256, T = 1024 / 4096 / 16384,
+    # causal and not, B = 16384 / T, N = 2048 / H) beside cuDNN and FA3 in
+    # one process, then T = 131072 and 262144 causal with the memory line.
+    # On the stack's wheel: main's kernels once stack36_suite has landed it
+    # (the stack changes only the bias and dropout paths).
+    root=$(pwd)
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/stack36 ab/stack36/*.whl || exit 1
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/stack36:$root/.peers
+    export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+    (cd /tmp && timeout 380 python3 -m jax_flash.benchmark --impl jax_flash cudnn fa3 --head-dim 64 128 256 \
+      --seqlen 1024 4096 16384 --causal 0 1 --cotangent random --out "$OUT/grid36" 2>&1 | tail -40)
+    (cd /tmp && timeout $((560 - SECONDS)) python3 -m jax_flash.benchmark --impl jax_flash fa3 cudnn --head-dim 128 \
+      --seqlen 131072 262144 --tokens 131072 --width 2048 --causal 1 --iters 3 --cotangent random --memory \
+      --out "$OUT/long36" 2>&1 | tail -12)
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
