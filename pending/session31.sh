@@ -17,10 +17,11 @@
 # Then: `dropout_profile` (carry ab/droppairs), `e2e` (carry ab/main
 # .peers), `dethelper_ab` (carry ab/main ab/dethelperjax), `persist`
 # (carry ab/persistent), `persist_ab` (carry ab/main ab/persist ab/m0),
-# `persist_suite` (carry ab/persist), `m0_suite` (carry ab/m0). The wheels
-# named here other than ab/stack36 are built on the main before ab24e31
-# (good for timing what they change; a suite that lands a patch runs on a
-# wheel of that patch on the main it lands on).
+# `persist_suite` (carry ab/persist), `m0_suite` (carry ab/m0). ab/main,
+# ab/bwd256 and ab/bwd256ops are built on 78e438f (ab24e31's kernels), the
+# rest named here on the main before ab24e31 (good for timing what they
+# change; a suite that lands a patch runs on a wheel of that patch on the
+# main it lands on).
 #
 # The timing owed for session 30's five forward patches, landed in 9f8256b
 # on their correctness checks alone (README.md): one device call, carry
