@@ -7,13 +7,16 @@
 #      (the bias tiles, the batch-inner order and the 7-round Philox, all
 #      measured: the check programs' bias cases, the whole suite and the
 #      sanitizers; then land them)
-#   2. bash pending/session31.sh features36      carry ab/stack36 .peers
-#      (issue 19's table in one harness run beside cuDNN and FA3)
-#   2b. bash pending/session31.sh grid36         carry ab/stack36 .peers
-#      (issues 20 / 21: the standard grid and T = 131072 / 262144 beside
-#      cuDNN and FA3, one harness run)
-#   3. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
+#   2. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
+#      (the 256 backward's first run, issue 21; the packed backward's
+#      profile, issue 19's largest gap; all three wheels on 78e438f)
+#   3. bash pending/session31.sh dropout_profile  carry ab/stack36   (~5 min)
 #   4. bash pending/session31.sh softcap_poly    carry ab/main ab/plaintx ab/poly4 ab/poly2
+#   5. bash pending/session31.sh features36      carry ab/stack36 .peers
+#      (issue 19's table in one harness run beside cuDNN and FA3)
+#   6. bash pending/session31.sh grid36          carry ab/stack36 .peers
+#      (issues 20 / 21: the standard grid and T = 131072 / 262144 beside
+#      cuDNN and FA3, one harness run; once the 256 backward has landed)
 # Then: `dropout_profile` (carry ab/droppairs), `e2e` (carry ab/main
 # .peers), `dethelper_ab` (carry ab/main ab/dethelperjax), `persist`
 # (carry ab/persistent), `persist_ab` (carry ab/main ab/persist ab/m0),
@@ -262,14 +265,18 @@ case "$stage" in
       --seqlen 4096 --cotangent random --cases plain:0 plain:1 softcap:0 softcap:1" bash scripts/gpu_ab.sh
     ;;
   dropout_profile)
-    # Where the dropout kernels' time goes once on the plain loops (carry
-    # ["ab/droppairs"], ~4 min): stall reasons per instruction of the
-    # forward and backward dropout kernels, for the next step on the Philox
-    # cost (rounds, 8-bit thresholds; FlashAttention-2 uses 7 rounds and
-    # 16 pairs a call, ours 10 and 8).
-    python3 -m pip install -q --no-deps --target /tmp/ab_site/droppairs ab/droppairs/*.whl || exit 1
-    PYTHONPATH=/tmp/ab_site/droppairs SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=100 \
-      PROFILE_CASES="dropout:ForwardKernel dropout_grad:BackwardKernel" bash scripts/profile_features.sh 2>&1 | tail -30
+    # Where the dropout kernels' time goes (issue 19: the forward 0.68 of
+    # plain at 128 with the 7-round Philox, target 0.77; carry
+    # ["ab/stack36"], ~5 min): stall reasons per instruction of the dropout
+    # forward and backward and of the plain forward beside them (the
+    # non-causal B = 4 T = 4096 cases), for the next step: whether the
+    # forward's softmax phase is issue-bound (fewer Philox calls: 8-bit
+    # thresholds, a semantic change) or latency-bound (the next block's
+    # keep bits made while the warpgroup waits on its own products).
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/stack36 ab/stack36/*.whl || exit 1
+    PYTHONPATH=/tmp/ab_site/stack36 SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=100 \
+      PROFILE_CASES="dropout:ForwardKernel default:ForwardKernel dropout_grad:BackwardKernel" \
+      bash scripts/profile_features.sh 2>&1 | tail -60
     ;;
   packed_profile)
     # Issue 19's largest gap, the packed documents' backward (0.55 of plain
