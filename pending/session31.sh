@@ -10,7 +10,10 @@
 #   2. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
 #      (the 256 backward's first run, issue 21; the packed backward's
 #      profile, issue 19's largest gap; all three wheels on 78e438f)
-#   3. bash pending/session31.sh dropout_profile  carry ab/stack36   (~5 min)
+#   3. bash pending/session31.sh keepahead        carry ab/stack36 ab/ka ab/ka64   (~6 min)
+#      then dropout_profile (carry ab/stack36, ~5 min) in a call of its own
+#      (the A/B says whether making the dropout forward's Philox calls in
+#      the wait for S helps, the profile where the rest goes)
 #   4. bash pending/session31.sh softcap_poly    carry ab/main ab/plaintx ab/poly4 ab/poly2
 #   5. bash pending/session31.sh features36      carry ab/stack36 .peers
 #      (issue 19's table in one harness run beside cuDNN and FA3)
@@ -61,7 +64,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite packed_profile dropout_profile softcap_poly stack36_suite features36 grid36)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite packed_profile dropout_profile softcap_poly stack36_suite features36 grid36 keepahead)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -336,6 +339,20 @@ case "$stage" in
     (cd /tmp && timeout $((560 - SECONDS)) python3 -m jax_flash.benchmark --impl jax_flash fa3 cudnn --head-dim 128 \
       --seqlen 131072 262144 --tokens 131072 --width 2048 --causal 1 --iters 3 --cotangent random --memory \
       --out "$OUT/long36" 2>&1 | tail -12)
+    ;;
+  keepahead)
+    # Session 36's dropout forward candidate (carry ["ab/stack36", "ab/ka",
+    # "ab/ka64"], ~6 min): ab/ka = ab/stack36 +
+    # pending/sm90-fwd-dropout-keep-ahead.patch (a block's Philox calls made
+    # between the issue of its S and the wait for it, the softmax only
+    # comparing and selecting: raw words at 64, packed bits at 128), ab/ka64
+    # the same without the 128 bits (pending/ab-keep-ahead-64-only.patch).
+    # The dropout tests against ab/ka, then two rounds of dropout against
+    # plain at 64 and 128, causal and not (issue 19: dropout <= 1.3x of
+    # plain's time; now 1.46x at 128, 1.6x at 64).
+    tests_against ka 150 "dropout" test_sm90_dropout.py test_features.py test_attention.py
+    AB_DIRS="ab/stack36 ab/ka ab/ka64" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 64 128 \
+      --seqlen 4096 --cotangent random --cases plain:0 dropout:0 dropout:1" bash scripts/gpu_ab.sh
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
