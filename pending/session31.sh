@@ -310,7 +310,7 @@ case "$stage" in
     OUT=ab/stack36_check STEP=run ARGS="--bias --quick" CHECK_TIMEOUT=100 bash scripts/sm90_bwd_check.sh 2>&1 | grep -v PASS | tail -8
     echo "backward check rc ${PIPESTATUS[0]}"
     cp ab/stack36_check/sm90_bwd_check.log "$OUT/stack36_bwd_check.log" 2>/dev/null
-    suite_then_sanitizers stack36 330 500
+    suite_then_sanitizers stack36 360 480
     ;;
   features36)
     # Issue 19's table on one harness run (carry ["ab/stack36", ".peers"],
