@@ -15,6 +15,7 @@
 #      (the A/B says whether making the dropout forward's Philox calls in
 #      the wait for S helps, the profile where the rest goes)
 #   4. bash pending/session31.sh softcap_poly    carry ab/main ab/plaintx ab/poly4 ab/poly2
+#   4b. bash pending/session31.sh keymask        carry ab/main ab/km   (~6 min)
 #   5. bash pending/session31.sh features36      carry ab/stack36 .peers
 #      (issue 19's table in one harness run beside cuDNN and FA3)
 #   6. bash pending/session31.sh grid36          carry ab/stack36 .peers
@@ -64,7 +65,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite packed_profile dropout_profile softcap_poly stack36_suite features36 grid36 keepahead)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite packed_profile dropout_profile softcap_poly stack36_suite features36 grid36 keepahead keymask)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -353,6 +354,20 @@ case "$stage" in
     tests_against ka 150 "dropout" test_sm90_dropout.py test_features.py test_attention.py
     AB_DIRS="ab/stack36 ab/ka ab/ka64" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 64 128 \
       --seqlen 4096 --cotangent random --cases plain:0 dropout:0 dropout:1" bash scripts/gpu_ab.sh
+    ;;
+  keymask)
+    # Session 36's key-padding candidate (carry ["ab/main", "ab/km"], ~6
+    # min): ab/km = ab/main (78e438f) + pending/sm90-fwd-keymask-on-masks.patch
+    # (a key-only boolean mask read beside kMasks's features instead of by
+    # kMasksBoolean, whose loop is twice kMasks's code). The mask tests
+    # against ab/km, then two rounds: the key-padding mask against key
+    # lengths (the same keys hidden; issue 19: mask and lengths >= 0.9 of
+    # plain at the same visible work, the mask 0.83 / 0.85 in v26), and the
+    # packed and window cases, which kMasks serves without a mask (its loop
+    # 1174 -> 1238 static instructions, the new path skipped at run time).
+    tests_against km 150 "mask" test_features.py test_attention.py
+    AB_DIRS="ab/main ab/km" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 128 64 --seqlen 4096 \
+      --cotangent random --cases plain:0 mask:0 kv_lengths:0 segments:1 window:1" bash scripts/gpu_ab.sh
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
