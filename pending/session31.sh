@@ -15,7 +15,7 @@
 #      (the A/B says whether making the dropout forward's Philox calls in
 #      the wait for S helps, the profile where the rest goes)
 #   4. bash pending/session31.sh softcap_poly    carry ab/main ab/plaintx ab/poly4 ab/poly2
-#   4b. bash pending/session31.sh keymask        carry ab/main ab/km   (~6 min)
+#   4b. bash pending/session31.sh keymask t1024_profile   carry ab/main ab/km .peers   (~10 min)
 #   5. bash pending/session31.sh features36      carry ab/stack36 .peers
 #      (issue 19's table in one harness run beside cuDNN and FA3)
 #   6. bash pending/session31.sh grid36          carry ab/stack36 .peers
@@ -65,7 +65,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite packed_profile dropout_profile softcap_poly stack36_suite features36 grid36 keepahead keymask)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite packed_profile dropout_profile softcap_poly stack36_suite features36 grid36 keepahead keymask t1024_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -368,6 +368,29 @@ case "$stage" in
     tests_against km 150 "mask" test_features.py test_attention.py
     AB_DIRS="ab/main ab/km" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 128 64 --seqlen 4096 \
       --cotangent random --cases plain:0 mask:0 kv_lengths:0 segments:1 window:1" bash scripts/gpu_ab.sh
+    ;;
+  t1024_profile)
+    # Issue 20's last forward gap, H = 128 at T = 1024 (0.86x / 0.88x of
+    # FA3 non-causal / causal, v31; carry ["ab/main", ".peers"], ~4 min):
+    # Nsight Compute on our plain forward (plain_1024: B = 16, causal) with
+    # source counters, then on FA3's forward kernel at the same shape (the
+    # benchmark's fa3 call; its kernels are the ones named *Fwd*), the same
+    # sections, for the cycle, issue and stall comparison.
+    root=$(pwd)
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/main ab/main/*.whl || exit 1
+    PYTHONPATH=/tmp/ab_site/main SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=100 \
+      PROFILE_CASES="plain_1024:ForwardKernel" bash scripts/profile_features.sh 2>&1 | tail -40
+    export PYTHONPATH=/tmp/ab_site/main:$root/.peers XLA_PYTHON_CLIENT_PREALLOCATE=false
+    export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+    (cd /tmp && timeout 200 ncu --clock-control none --kernel-name regex:"Fwd|fwd" --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section InstructionStats \
+      --section SchedulerStats --section LaunchStats -o /tmp/profile_logs/fa3_1024 \
+      python3 -m jax_flash.benchmark --impl fa3 --head-dim 128 --seqlen 1024 --causal 1 --iters 3 \
+      --out /tmp/fa3_prof > /tmp/profile_logs/fa3_1024.log 2>&1)
+    ncu -i /tmp/profile_logs/fa3_1024.ncu-rep --print-details all > /tmp/profile_logs/fa3_1024.txt 2>&1
+    grep -E "Kernel|Duration|Compute \(SM\) Throughput|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|Registers Per|Grid Size" \
+      /tmp/profile_logs/fa3_1024.txt | head -24
+    (cd /tmp/profile_logs && tar czf "$OUT/profile.tgz" --exclude='*.ncu-rep' .)
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
