@@ -11,17 +11,19 @@
 #      (the 256 backward's first run, issue 21; the packed backward's
 #      profile, issue 19's largest gap; all three wheels on 78e438f)
 #   3. bash pending/session31.sh keepahead        carry ab/stack36 ab/ka ab/ka64   (~6 min)
-#      then dropout_profile (carry ab/stack36, ~5 min) in a call of its own
-#      (the A/B says whether making the dropout forward's Philox calls in
-#      the wait for S helps, the profile where the rest goes)
-#   4. bash pending/session31.sh softcap_poly    carry ab/main ab/plaintx ab/poly4 ab/poly2
-#   4b. bash pending/session31.sh keymask t1024_profile   carry ab/main ab/km .peers   (~10 min)
-#   5. bash pending/session31.sh features36      carry ab/stack36 .peers
+#      (whether making the dropout forward's Philox calls in the wait for
+#      S helps)
+#   4. bash pending/session31.sh dropout_profile t1024_profile   carry ab/stack36 ab/main .peers   (~9 min)
+#      (where the dropout kernels' time goes; ours and FA3's forward at
+#      T = 1024, issue 20's last gap)
+#   5. bash pending/session31.sh keymask          carry ab/main ab/km   (~6 min)
+#   6. bash pending/session31.sh softcap_poly     carry ab/main ab/plaintx ab/poly4 ab/poly2
+#   7. bash pending/session31.sh features36      carry ab/stack36 .peers
 #      (issue 19's table in one harness run beside cuDNN and FA3)
-#   6. bash pending/session31.sh grid36          carry ab/stack36 .peers
+#   8. bash pending/session31.sh grid36          carry ab/stack36 .peers
 #      (issues 20 / 21: the standard grid and T = 131072 / 262144 beside
 #      cuDNN and FA3, one harness run; once the 256 backward has landed)
-# Then: `dropout_profile` (carry ab/droppairs), `e2e` (carry ab/main
+# Then: `e2e` (carry ab/main
 # .peers), `dethelper_ab` (carry ab/main ab/dethelperjax), `persist`
 # (carry ab/persistent), `persist_ab` (carry ab/main ab/persist ab/m0),
 # `persist_suite` (carry ab/persist), `m0_suite` (carry ab/m0). ab/main,
