@@ -348,7 +348,8 @@ case "$stage" in
     # "ab/ka64"], ~6 min): ab/ka = ab/stack36 +
     # pending/sm90-fwd-dropout-keep-ahead.patch (a block's Philox calls made
     # between the issue of its S and the wait for it, the softmax only
-    # comparing and selecting: raw words at 64, packed bits at 128), ab/ka64
+    # comparing and selecting: their words in registers at 64, in shared
+    # memory at 128), ab/ka64
     # the same without the 128 bits (pending/ab-keep-ahead-64-only.patch).
     # The dropout tests against ab/ka, then two rounds of dropout against
     # plain at 64 and 128, causal and not (issue 19: dropout <= 1.3x of
