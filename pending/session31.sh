@@ -17,6 +17,9 @@
 #      (where the dropout kernels' time goes; ours and FA3's forward at
 #      T = 1024, issue 20's last gap)
 #   5. bash pending/session31.sh keymask          carry ab/main ab/km   (~6 min)
+#   5b. bash pending/session31.sh persist_ab      carry ab/main ab/persist ab/m0   (~5 min)
+#      (the persistent backward, rebased in session 36: issue 21's T = 1024
+#      causal backward, 0.89x of FA3)
 #   6. bash pending/session31.sh softcap_poly     carry ab/main ab/plaintx ab/poly4 ab/poly2
 #   7. bash pending/session31.sh features36      carry ab/stack36 .peers
 #      (issue 19's table in one harness run beside cuDNN and FA3)
