@@ -2,6 +2,7 @@
 // capsules (registered with XLA by jax_flash/_registration.py) and says what was built.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "common/test_hooks.h"
 #include "cpu/handlers.h"
@@ -53,6 +54,10 @@ NB_MODULE(_ffi, m) {
   // Test hook (common/test_hooks.h): the next `count` kernel launches report
   // a failure through their real error path (tests/test_robustness.py).
   m.def("inject_launch_failures", [](int count) { jax_flash::InjectLaunchFailures(count); }, nb::arg("count"));
+  // Test hook: record the sm90 kernel variants launched (on: from empty),
+  // and take the names recorded so far (tests/test_bias16.py).
+  m.def("record_kernels", [](bool on) { jax_flash::RecordKernels(on); }, nb::arg("on"));
+  m.def("recorded_kernels", [] { return jax_flash::TakeRecordedKernels(); });
   m.def("build_info", [] {
     nb::dict d;
 #ifdef JAX_FLASH_WITH_CUDA

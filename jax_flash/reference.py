@@ -82,10 +82,14 @@ def attention(query, key, value, bias=None, *, scale=None, logits_soft_cap=None,
     return out
 
 
+PHILOX_ROUNDS = 7  # mask_policy.h's kPhiloxRounds
+
+
 def dropout_factor(seed, b, n, t, s, rate, shared=False):
     """The [B, N, T, S] dropout multipliers jax_flash's kernels draw (NumPy).
 
-    Philox-4x32-10 keyed by ``seed`` (two uint32); 16 bits per pair, so one
+    Philox4x32 with 7 rounds keyed by ``seed`` (two uint32; 10 rounds until
+    December 2026); 16 bits per pair, so one
     call serves 8 pairs: pair (i, j) takes the low (``i % 16 < 8``) or high
     16 bits of output word ``(j % 32) // 8`` of the call with counter
     ``((j // 32) * 8 + j % 8, (i // 16) * 8 + i % 8, h, b)`` (so rows ``i0,
@@ -103,7 +107,7 @@ def dropout_factor(seed, b, n, t, s, rate, shared=False):
                                  indexing="ij")
     c0, c1, c2, c3 = (x.astype(np.uint64) for x in (cc, ii, hh, bb))
     mask32 = np.uint64(0xFFFFFFFF)
-    for _ in range(10):
+    for _ in range(PHILOX_ROUNDS):
         p0 = np.uint64(0xD2511F53) * c0
         p1 = np.uint64(0xCD9E8D57) * c2
         hi0, lo0 = p0 >> np.uint64(32), p0 & mask32

@@ -89,10 +89,13 @@ for h, name, kwargs in runs:
 # A bias and its gradient: on 9.x the sm90 forward's kMasksBias16 (a bf16
 # bias) and kMasksBias (float32), sm80's backward and its dbias-only pass
 # (direct stores for the full-shape bias, float32 atomics and the convert
-# for the broadcast bf16 one), at head dims 64 and 128.
+# for the broadcast bf16 one), at head dims 64 and 128; with 200 keys (rows
+# of whole 16 bytes) the forward's kMasksBiasTiles (TMA copies and ldmatrix
+# reads of its shared-memory tiles).
 for h in (64, 128):
-    q, k, v = (jnp.asarray(rng.standard_normal((1, t, n, h)), jnp.bfloat16) for _ in range(3))
-    for shape, dtype in (((1, n, t, t), jnp.bfloat16), ((1, 1, t, t), jnp.bfloat16), ((1, n, t, t), jnp.float32)):
+    for shape, dtype in (((1, n, t, t), jnp.bfloat16), ((1, 1, t, t), jnp.bfloat16), ((1, n, t, t), jnp.float32),
+                         ((1, n, 200, 200), jnp.bfloat16), ((1, 1, 200, 200), jnp.bfloat16)):
+        q, k, v = (jnp.asarray(rng.standard_normal((1, shape[2], n, h)), jnp.bfloat16) for _ in range(3))
         bias = jnp.asarray(rng.standard_normal(shape), dtype)
         loss = lambda q, k, v, bias: jnp.sum(jax_flash.attention(q, k, v, bias=bias).astype(jnp.float32))
         grads = jax.jit(jax.grad(loss, (0, 1, 2, 3)))(q, k, v, bias)

@@ -30,6 +30,8 @@
 #   SM80=0 bash scripts/sm90_bwd_check.sh      # without the sm80 comparison (faster build)
 #   ARGS=--quick bash scripts/sm90_bwd_check.sh  # skip the 4096-long cases
 #   ARGS=--features bash scripts/sm90_bwd_check.sh  # only the feature variants (--plain: only the plain kernels)
+#   ARGS="--bias --quick" bash scripts/sm90_bwd_check.sh  # only the bias cases (kMasksBias16 and, at 128,
+#                                               # kMasksBiasTiles beside it; the dbias pass), no 4096 rows
 #   STEP=build / STEP=run: only the build (nvcc, ptxas summary) / only the run of a built binary
 #   (pending/check_all.sh builds every check side by side, then runs them one at a time)
 # Writes the binary and the log under ${OUT:-build-sm90-bwd-check}.

@@ -141,12 +141,12 @@ def analyze(ins: list[tuple[int, str]]) -> dict:
 
 
 def short(name: str) -> str:
-    m = re.search(r"ForwardKernelI(\w+?)Li(\d+)ELi(\d+)ELNS1_8ScheduleE(\d)ELNS1_8FeaturesE(\d)", name)
+    m = re.search(r"ForwardKernelI(\w+?)Li(\d+)ELi(\d+)ELNS1_8ScheduleE(\d)ELNS1_8FeaturesE(\d+)", name)
     if not m:
         return name[:80]
     dtype = {"13__nv_bfloat16": "bf16", "6__half": "f16"}.get(m.group(1), m.group(1))
     schedule = ["serial", "overlap", "pingpong"][int(m.group(4))]
-    features = ["plain", "masks", "softcap", "bias", "bias16", "boolean", "dropout", "softcap_only", "plain_softcap", "plain_dropout"][int(m.group(5))]
+    features = ["plain", "masks", "softcap", "bias", "bias16", "boolean", "dropout", "softcap_only", "plain_softcap", "plain_dropout", "bias_tiles"][int(m.group(5))]
     return f"{dtype} H{m.group(2)} N{m.group(3)} {schedule} {features}"
 
 

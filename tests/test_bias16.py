@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import jax_flash
-from jax_flash import _kernel_call, _registration, reference
-from helpers import GRAD_FACTOR, ON_GPU, assert_close, random_qkv, to_f64_cpu
+from jax_flash import _ffi, _kernel_call, _registration, reference
+from helpers import GRAD_FACTOR, ON_GPU, ON_HOPPER, assert_close, random_qkv, to_f64_cpu
 
 B, T, S, N, K, H = 2, 37, 45, 4, 2, 32  # odd lengths: partial blocks; GQA 4:2
 
@@ -80,6 +80,101 @@ def test_16bit_bias_out_and_dbias(rng, dtype, shape, combo):
     assert grads[3].shape == bias.shape and grads[3].dtype == bias.dtype
     for name, g, r in zip(("dq", "dk", "dv", "dbias"), grads, ref_grads):
         assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
+
+
+# Shapes whose rows are whole 16 bytes (S a multiple of 8), which the sm90
+# forward reads through shared memory (kMasksBiasTiles; BiasTilesServe):
+# every broadcast its tensor map takes, and one over the queries, which
+# stays kMasksBias16's. 200 x 264: a partial tile of rows and of keys.
+T_TILES, S_TILES = 200, 264
+TILE_SHAPES = {
+    "BxNxTxS": ((B, N, T_TILES, S_TILES), 128),
+    "1xNxTxS": ((1, N, T_TILES, S_TILES), 64),
+    "Bx1xTxS": ((B, 1, T_TILES, S_TILES), 128),
+    "1x1xTxS": ((1, 1, T_TILES, S_TILES), 64),
+    "TxS": ((T_TILES, S_TILES), 128),
+    "BxNx1xS": ((B, N, 1, S_TILES), 128),  # broadcast over the queries: kMasksBias16
+}
+
+
+@pytest.mark.parametrize("combo", ["plain", "causal", "causal-window-segments"])
+@pytest.mark.parametrize("shape", list(TILE_SHAPES), ids=list(TILE_SHAPES))
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16bit_bias_in_whole_16_byte_rows(rng, dtype, shape, combo):
+    """The forward's bias tiles (on the GPU; every family computes the same):
+    out and the gradients against the reference, head dims 64 and 128."""
+    bias_shape, head_dim = TILE_SHAPES[shape]
+    q, k, v = random_qkv(rng, B, T_TILES, S_TILES, N, K, head_dim, dtype)
+    bias = jnp.asarray(rng.standard_normal(bias_shape) * 2.0, dtype)
+    ours = {"is_causal": True} if "causal" in combo else {}
+    ref_kwargs = dict(ours)
+    if "window" in combo:
+        ids = (_segment_ids(rng, T_TILES), _segment_ids(rng, S_TILES))
+        ours = dict(ours, local_window_size=(70, 0), q_segment_ids=ids[0], kv_segment_ids=ids[1])
+        ref_kwargs = dict(ours)
+    dout = jnp.asarray(rng.standard_normal(q.shape), dtype)
+
+    def loss(q, k, v, b):
+        return jnp.sum(jax_flash.attention(q, k, v, b, **ours).astype(jnp.float32) * dout.astype(jnp.float32))
+
+    out = jax_flash.attention(q, k, v, bias, **ours)
+    ref_out = reference.attention(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), to_f64_cpu(bias), **ref_kwargs)
+    assert_close("out", out, ref_out, dtype)
+    grads = jax.grad(loss, (0, 1, 2, 3))(q, k, v, bias)
+    ref_grads = jax.grad(
+        lambda *a: jnp.sum(reference.attention(*a, **ref_kwargs) * to_f64_cpu(dout)), (0, 1, 2, 3)
+    )(to_f64_cpu(q), to_f64_cpu(k), to_f64_cpu(v), to_f64_cpu(bias))
+    for name, g, r in zip(("dq", "dk", "dv", "dbias"), grads, ref_grads):
+        assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["bias-shared", "bias-batched"])
+def test_16bit_bias_in_whole_16_byte_rows_under_vmap(rng, shared):
+    """Two batch dims (vmap over a batched call): a bias shared by the
+    vmapped dim (broadcast over every batch dim) or batched with it (its
+    batch dims flatten to one stride), as the tiles' map reads them."""
+    q, k, v = random_qkv(rng, 3 * B, T_TILES, S_TILES, N, K, 128, "bfloat16")
+    q, k, v = (x.reshape(3, B, *x.shape[1:]) for x in (q, k, v))
+    bias_shape = (1, N, T_TILES, S_TILES) if shared else (3, B, N, T_TILES, S_TILES)
+    bias = jnp.asarray(rng.standard_normal(bias_shape), jnp.bfloat16)
+    fn = lambda q, k, v, b: jax_flash.attention(q, k, v, b, is_causal=True)  # noqa: E731
+    axes = (0, 0, 0, None if shared else 0)
+    out = jax.vmap(fn, in_axes=axes)(q, k, v, bias)
+    flat = lambda x: to_f64_cpu(x.reshape(3 * B, *x.shape[2:]))  # noqa: E731
+    ref_bias = to_f64_cpu(bias) if shared else flat(bias)
+    want = reference.attention(flat(q), flat(k), flat(v), ref_bias, is_causal=True)
+    assert_close("out", out.reshape(3 * B, *out.shape[2:]), want, "bfloat16")
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="which sm90 variant serves a call (an H100 / H200's kernels)")
+def test_bias_tiles_serve_the_calls_they_can_read(rng):
+    """The dispatch's choice, seen through the launchers' record (a slower
+    variant would compute the same values): a bias in whole 16-byte rows
+    goes through the shared-memory tiles, forward at 64 and 128, backward
+    and its bias-gradient pass at 128; one broadcast over the queries, or
+    with rows TMA cannot read (S odd), stays kMasksBias16's."""
+    cases = [  # bias shape, head dim, seqlen_k, forward tiles, backward tiles
+        ((1, N, T_TILES, S_TILES), 128, S_TILES, True, True),
+        ((B, 1, T_TILES, S_TILES), 64, S_TILES, True, False),  # 64's backward: kMasksBias16
+        ((B, N, 1, S_TILES), 128, S_TILES, False, False),
+        ((1, N, T_TILES, 45), 128, 45, False, False),
+    ]
+    _ffi.record_kernels(True)
+    try:
+        for bias_shape, head_dim, seqlen_k, fwd_tiles, bwd_tiles in cases:
+            q, k, v = random_qkv(rng, B, T_TILES, seqlen_k, N, K, head_dim, "bfloat16")
+            bias = jnp.asarray(rng.standard_normal(bias_shape), jnp.bfloat16)
+            grads = jax.grad(lambda q, k, v, b: jnp.sum(jax_flash.attention(q, k, v, b).astype(jnp.float32)),
+                             (0, 1, 2, 3))(q, k, v, bias)
+            jax.block_until_ready(grads)
+            names = _ffi.recorded_kernels()
+            forward = [n for n in names if "forward kernel" in n]
+            backward = [n for n in names if "backward kernel" in n or "bias gradient" in n]
+            assert forward and len(backward) >= 2, names
+            assert all(("16-bit bias tiles" in n) == fwd_tiles for n in forward), (bias_shape, head_dim, forward)
+            assert all(("16-bit bias tiles" in n) == bwd_tiles for n in backward), (bias_shape, head_dim, backward)
+    finally:
+        _ffi.record_kernels(False)
 
 
 def _custom_call_operand_types(text, target):

@@ -1,6 +1,6 @@
 """Dropout's random layout and the CPU's soft cap.
 
-Dropout: one Philox-4x32-10 call serves rows i0 and i0 + 8 against keys j0,
+Dropout: one Philox4x32 call (7 rounds) serves rows i0 and i0 + 8 against keys j0,
 j0 + 8, j0 + 16, j0 + 24, 16 bits per pair (mask_policy.h). DropoutPolicy (what the CUDA kernels call) is
 checked on the host against Random123's known answers and against
 reference.dropout_factor; the CPU kernels' factors are read back exactly
@@ -25,7 +25,8 @@ from helpers import GRAD_FACTOR, assert_close, random_qkv, to_f64_cpu
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Prints Philox4x32 of Random123's known-answer inputs, then per (shared, b,
+# Prints Philox4x32 of Random123's known-answer inputs (10 rounds, then
+# dropout's 7), then per (shared, b,
 # h, i) one row of DropoutPolicy::Factor over keys 0..S-1 and one of the same
 # keys from KeepBits8 (the tensor-core kernels' calls). Under nvcc a kernel (never launched) makes the policy
 # compile for the device as well.
@@ -50,6 +51,10 @@ int main(int argc, char** argv) {
                               {~0u, ~0u, ~0u, ~0u, ~0u, ~0u},
                               {0xa4093822u, 0x299f31d0u, 0x243f6a88u, 0x85a308d3u, 0x13198a2eu,
                                0x03707344u}};  // key, then counter
+  for (const auto& v : kat) {
+    const Philox4x32Words w = Philox4x32<10>(v[0], v[1], v[2], v[3], v[4], v[5]);
+    std::printf("%08x %08x %08x %08x\n", w.w[0], w.w[1], w.w[2], w.w[3]);
+  }
   for (const auto& v : kat) {
     const Philox4x32Words w = Philox4x32(v[0], v[1], v[2], v[3], v[4], v[5]);
     std::printf("%08x %08x %08x %08x\n", w.w[0], w.w[1], w.w[2], w.w[3]);
@@ -85,11 +90,15 @@ int main(int argc, char** argv) {
 """
 
 
-# Random123's published Philox4x32-10 outputs for the inputs above.
+# Random123's published Philox4x32 outputs (its kat_vectors file) for the
+# inputs above: 10 rounds, then 7 (dropout's, kPhiloxRounds).
 _KNOWN_ANSWERS = [
     "6627e8d5 e169c58d bc57ac4c 9b00dbd8",
     "408f276d 41c83b0e a20bc7c6 6d5451fd",
     "d16cfe09 94fdcceb 5001e420 24126ea1",
+    "5f6fb709 0d893f64 4f121f81 4f730a48",
+    "5207ddc2 45165e59 4d8ee751 8c52f662",
+    "4dfccaba 190a87f0 c47362ba b6b5242a",
 ]
 
 
@@ -118,8 +127,8 @@ def test_dropout_policy_matches_reference_on_the_host(tmp_path):
     seed, rate, (b, n, t, s) = (123456789, 987654321), 0.3, (2, 3, 20, 75)
     lines = subprocess.run([str(exe), *map(str, seed), str(rate), *map(str, (b, n, t, s))],
                            check=True, capture_output=True, text=True).stdout.splitlines()
-    assert lines[:3] == _KNOWN_ANSWERS
-    rows = np.array([line.split() for line in lines[3:]], np.float32).reshape(2, b, n, t, 2, s)
+    assert lines[:6] == _KNOWN_ANSWERS
+    rows = np.array([line.split() for line in lines[6:]], np.float32).reshape(2, b, n, t, 2, s)
     for shared in (False, True):
         want = np.float32(reference.dropout_factor(np.array(seed, np.uint32), b, n, t, s, rate, shared))
         np.testing.assert_array_equal(rows[int(shared), ..., 0, :], want, err_msg="Factor")

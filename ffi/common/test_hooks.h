@@ -12,6 +12,10 @@
 #pragma once
 
 #include <atomic>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace jax_flash {
 
@@ -27,6 +31,35 @@ inline bool TakeInjectedLaunchFailure() {
   while (left > 0)  // a decrement only from a positive count (concurrent launches take one each)
     if (injected_launch_failures.compare_exchange_weak(left, left - 1)) return true;
   return false;
+}
+
+// The kernels launched while recording is on (jax_flash._ffi.record_kernels):
+// each sm90 launcher records the variant it launched (its description, the
+// one its errors carry), so that a test on the GPU can tell that a call
+// reached the variant meant for it and not a slower one that computes the
+// same values (a fallback no numeric test sees). Off, a launch pays one
+// relaxed load.
+inline std::atomic<bool> recording_kernels{false};
+inline std::mutex recorded_kernels_mutex;
+inline std::vector<std::string> recorded_kernels;
+
+// Recording on (the list emptied) or off.
+inline void RecordKernels(bool on) {
+  std::lock_guard<std::mutex> lock(recorded_kernels_mutex);
+  recorded_kernels.clear();
+  recording_kernels.store(on);
+}
+
+inline void RecordKernel(const std::string& what) {
+  if (!recording_kernels.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(recorded_kernels_mutex);
+  recorded_kernels.push_back(what);
+}
+
+// The kernels recorded since the last call (or since recording began).
+inline std::vector<std::string> TakeRecordedKernels() {
+  std::lock_guard<std::mutex> lock(recorded_kernels_mutex);
+  return std::exchange(recorded_kernels, {});
 }
 
 }  // namespace jax_flash

@@ -103,7 +103,8 @@ bool Sm90TakesFeatures(const AttentionParams& p) {
 
 // The forward's: those, or with the masks' features either a bias (the
 // kMasksBias variant, feature_mask.cuh's BiasRows, for a float32 one;
-// kMasksBias16 for one of the inputs' 16-bit dtype, read at half the bytes;
+// kMasksBias16 for one of the inputs' 16-bit dtype, read at half the bytes,
+// kMasksBiasTiles for such a bias whose rows TMA can copy, bias_tiles.cuh;
 // without the soft cap or dropout) or a boolean mask (kMasksBoolean,
 // MaskArrayRows; beside the soft cap kMasksSoftcap reads it, beside dropout
 // kMasksDropout a key-only one), not both, contiguous along the keys

@@ -1,10 +1,11 @@
 // Host check of the sm90 forward's persistent tile orders (tile_scheduler.cuh):
 // for many shapes, grid sizes and causal section sizes, the rounds deal every
-// (query block, head, batch) to exactly one block; causal tiles come heaviest
-// first within each section, in the whole order and in each block's own
-// sequence; a section's tiles hold only its (batch, head) pairs; and with
-// one section (order 0) the causal work (keys per tile ~ query block + 1)
-// ends balanced across blocks to within one tile's weight. The sectioned
+// (query block, head, batch) to exactly one block (the (batch, head) pairs
+// flat with heads or, batch_inner, batch rows innermost); causal tiles come
+// heaviest first within each section, in the whole order and in each
+// block's own sequence; a section's tiles hold only its (batch, head)
+// pairs; and with one section (order 0) the causal work (keys per tile ~
+// query block + 1) ends balanced across blocks to within one tile's weight. The sectioned
 // orders' worst spread is printed (LPT holds per section only, so their
 // balance is the timings' business). Then the plain kernel's key blocks per
 // tile (fwd_kernel.cuh's PlainKeyBlocks, FirstMaskedKeyBlock) against brute force, for
@@ -24,19 +25,27 @@ using namespace jax_flash::cuda::sm90;
 
 namespace {
 
+// The flat (batch, head) pair of a tile's coordinates: b * heads + h, or
+// with batch_inner h * batch + b (TileScheduler::batch_inner).
+int FlatPair(const TileScheduler& s, const TileCoord& c) {
+  return s.batch_inner ? c.h * s.batch + c.b : c.b * s.heads + c.h;
+}
+
 // Decode as plain int32 divisions (the definition FastDivisor replaces).
 TileCoord ReferenceDecode(const TileScheduler& s, int tile) {
   const int pairs = s.heads * s.batch;
+  int m_block, pair;
   if (s.causal) {
     const int sec = s.SectionPairs();
     const int first = tile / (sec * s.m_blocks) * sec;
     const int count = pairs - first < sec ? pairs - first : sec;
     const int rest = tile - first * s.m_blocks;
-    const int bh = first + rest % count;
-    return {s.m_blocks - 1 - rest / count, bh % s.heads, bh / s.heads};
+    m_block = s.m_blocks - 1 - rest / count, pair = first + rest % count;
+  } else {
+    m_block = tile % s.m_blocks, pair = tile / s.m_blocks;
   }
-  const int rest = tile / s.m_blocks;
-  return {tile % s.m_blocks, rest % s.heads, rest / s.heads};
+  if (s.batch_inner) return {m_block, pair / s.batch, pair % s.batch};
+  return {m_block, pair % s.heads, pair / s.heads};
 }
 
 // FastDivisor against / and % on divisors and dividends at the edges of
@@ -128,6 +137,7 @@ int main() {
     std::printf("FAIL %s (m_blocks %d, heads %d, batch %d, grid %d, section %d)\n", what, m_blocks, heads,
                 batch, grid, section);
   };
+  for (int batch_inner = 0; batch_inner < 2; ++batch_inner)
   for (int causal = 0; causal < 2; ++causal)
     for (int section : {0, 1, 2, 3, 4, 16, 1000})
       for (int m_blocks : {1, 2, 3, 8, 32, 33})
@@ -137,6 +147,7 @@ int main() {
               if (!causal && section > 0) continue;  // sections order causal tiles only
               ++configs;
               TileScheduler s{m_blocks, heads, batch, bool(causal)};
+              s.batch_inner = batch_inner;
               const int blocks = int(std::min<int64_t>(grid, s.Tiles()));
               s.SetSections(section, blocks);  // as the launch does
               const int pairs = heads * batch;
@@ -146,14 +157,14 @@ int main() {
               bool in_range = true, heaviest_first = true, own_pairs = true, order_heaviest_first = true;
               bool decodes = true;
               for (int t = 0; t < s.Tiles(); ++t) {
-                const TileCoord a = s.Decode(t), r = ReferenceDecode(s, t);
+                const TileCoord a = s.Decode<true>(t), r = ReferenceDecode(s, t);
                 decodes &= a.m_block == r.m_block && a.h == r.h && a.b == r.b;
               }
               expect(decodes, "Decode equals the plain divisions", m_blocks, heads, batch, grid, section);
               // The order itself: tile t + 1 never heavier than tile t of the same section.
               for (int t = 0; t + 1 < s.Tiles(); ++t) {
-                const TileCoord a = s.Decode(t), c = s.Decode(t + 1);
-                const int sa = (a.b * heads + a.h) / sec, sc = (c.b * heads + c.h) / sec;
+                const TileCoord a = s.Decode<true>(t), c = s.Decode<true>(t + 1);
+                const int sa = FlatPair(s, a) / sec, sc = FlatPair(s, c) / sec;
                 if (causal && sa == sc && c.m_block > a.m_block) order_heaviest_first = false;
                 if (causal && sc < sa) order_heaviest_first = false;  // sections in order
               }
@@ -168,14 +179,14 @@ int main() {
                     break;
                   }
                   if (tile < 0) continue;  // none this round (the end of a section)
-                  const TileCoord c = s.Decode(tile);
+                  const TileCoord c = s.Decode<true>(tile);
                   if (c.m_block < 0 || c.m_block >= m_blocks || c.h < 0 || c.h >= heads || c.b < 0 ||
                       c.b >= batch) {
                     in_range = false;
                     break;
                   }
                   ++seen[(int64_t(c.b) * heads + c.h) * m_blocks + c.m_block];
-                  const int pair_section = (c.b * heads + c.h) / sec;
+                  const int pair_section = FlatPair(s, c) / sec;
                   if (pair_section != tile / (sec * m_blocks)) own_pairs = false;
                   if (causal && pair_section == last_section && c.m_block > last_m) heaviest_first = false;
                   last_m = c.m_block;

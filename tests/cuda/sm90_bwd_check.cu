@@ -30,6 +30,7 @@
 //   bash scripts/sm90_bwd_check.sh         # builds and runs this
 //   ./sm90_bwd_check --quick               # skip the 4096-long cases
 //   ./sm90_bwd_check --features            # only the feature cases (--plain: only the plain ones)
+//   ./sm90_bwd_check --bias                # only the bias cases (kMasksBias16, kMasksBiasTiles, the dbias pass)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -782,6 +783,8 @@ struct FeatureTimingRow {
   // kLeanDq (its schedule until session 19) and, at 64, kDqFirstUniform
   // over 64-query steps; each timed right after the package's.
   double sm90_lean = 0, sm90_dqfu64 = 0;
+  // kMasksBiasTiles beside the package's kMasksBias16 (aligned 16-bit bias, 128).
+  double sm90_tiles = 0;
 };
 std::vector<FeatureTimingRow> feature_timing_rows;
 
@@ -963,6 +966,19 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
                                           : "sm90 features (the package's schedule)",
                                 launch90);
   const bool ok_lean = with_bias || run_and_check("sm90 features lean-dQ (former)", launch90_lean);
+  // A 16-bit bias that TMA can read at 128: kMasksBiasTiles too (the bias
+  // through a shared-memory tile per step, BwdBiasTile), beside the
+  // package's kMasksBias16 (LaunchBiasScheduled).
+  const bool tiles = with_bias && kHeadDim == 128 && jax_flash::cuda::sm90::BiasTilesServe(p);
+  auto launch90_tiles = [&] {
+    using jax_flash::cuda::sm90::Features;
+    if constexpr (kHeadDim == 128)
+      return jax_flash::cuda::sm90::LaunchBackwardScheduled<Element, kHeadDim,
+                                                            jax_flash::cuda::sm90::FeatureBwdSchedule(kHeadDim),
+                                                            Features::kMasksBiasTiles>(p, 0);
+    return std::string("kMasksBiasTiles at head dim 128 only");
+  };
+  const bool ok_tiles = !tiles || run_and_check("sm90 features with bias tiles (kMasksBiasTiles)", launch90_tiles);
   const bool ok_dqfu64 = !k64 || run_and_check("sm90 features dQ-first uniform-desc 64-query steps", launch90_dqfu64);
   FeatureTimingRow row;
   double flops = 0;
@@ -1010,6 +1026,7 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
     };
     if (!with_bias) time_beside("lean-dQ", ok_lean, launch90_lean, &row.sm90_lean);
     if (k64) time_beside("dQ-first uniform-desc 64-query steps", ok_dqfu64, launch90_dqfu64, &row.sm90_dqfu64);
+    if (tiles) time_beside("with bias tiles", ok_tiles, launch90_tiles, &row.sm90_tiles);
   }
 #ifdef JAX_FLASH_CHECK_SM80
   // sm80's feature backward on the same inputs (what serves these calls
@@ -1034,7 +1051,7 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
                                                 ref_dq, ref_dk, ref_dv, d_q_lens, d_kv_lens, d_offsets, d_q_ids,
                                                 d_kv_ids, d_q_ranges, d_kv_ranges, d_bias, d_bias16})
     if (ptr) cudaFree(ptr);
-  return ok && ok_lean && ok_dqfu64 && ok_dbias;
+  return ok && ok_lean && ok_dqfu64 && ok_tiles && ok_dbias;
 }
 
 template <typename Element>
@@ -1122,6 +1139,16 @@ std::vector<FeatureCase> BackwardFeatureCases(bool quick) {
                               {900, 450}, {100, 0}, -1, -1, kDocs, {250, 400}},
                              kNts | kBias16));
       cases.push_back(biased({"one query, 16-bit bias [B,N,T,S]", 3, 1, 300, 2, 1, H, cz}, kBnts | kBias16));
+      // Rows in whole 16 bytes (S % 8 = 0) with tails of queries and keys:
+      // at 128 kMasksBiasTiles too (and on [B,N,T,S] above, S = 1000), with
+      // kv lengths (a tile without steps), a window, documents and offsets.
+      cases.push_back(biased({"16-bit bias [1,N,T,S], T != S, S % 8 = 0", 2, 257, 336, 2, 1, H, cz}, kNts | kBias16));
+      cases.push_back(biased({"16-bit bias [B,1,T,S] with -inf, kv lengths 600/99", 2, 333, 600, 4, 2, H, cz, {},
+                              {600, 99}},
+                             kBiasBatch | kBiasRows | kBiasInf | kBias16));
+      cases.push_back(biased({"16-bit bias [1,N,T,S], window (100, 37), documents, offsets, S % 8 = 0", 2, 600, 904,
+                              4, 2, H, cz, {}, {}, {100, 0}, 100, 37, kDocs, {250, 400}},
+                             kNts | kBias16));
     }
   // Padded head dims in the 128 kernel (the dispatch takes 72..128).
   for (int H : {72, 96}) {
@@ -1272,14 +1299,16 @@ bool FeatureLauncherRejects() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --quick: no 4096-long cases; --plain / --features: only that half.
-  bool quick = false, plain = true, features = true;
+  // --quick: no 4096-long cases; --plain / --features: only that half;
+  // --bias: only the bias cases of the features half.
+  bool quick = false, plain = true, features = true, bias_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     else if (std::strcmp(argv[i], "--plain") == 0) features = false;
     else if (std::strcmp(argv[i], "--features") == 0) plain = false;
+    else if (std::strcmp(argv[i], "--bias") == 0) plain = false, bias_only = true;
     else {
-      std::printf("unknown argument %s (--quick, --plain, --features)\n", argv[i]);
+      std::printf("unknown argument %s (--quick, --plain, --features, --bias)\n", argv[i]);
       return 2;
     }
   }
@@ -1325,6 +1354,7 @@ int main(int argc, char** argv) {
   if (features) {
     failures += !FeatureLauncherRejects<__nv_bfloat16>();
     for (const FeatureCase& c : BackwardFeatureCases(quick)) {
+      if (bias_only && c.bias < 0) continue;
       failures += !RunBwdFeatureCaseAnyHead<__nv_bfloat16>(c);
       if (!c.timed) failures += !RunBwdFeatureCaseAnyHead<__half>(c);
     }
@@ -1348,11 +1378,13 @@ int main(int argc, char** argv) {
                 "backward, same shape and causality, over its own pairs)\n");
     std::printf("(sm90: the package's feature schedule, dQ-first uniform-desc, over 128-query steps at 64; "
                 "lean-dQ: the former one; dQFu64: dQ-first uniform over 64-query steps, head dim 64 only; each "
-                "timed beside the package's in its own line above; ratio: sm90 / sm80)\n");
-    std::printf("%-48s %8s %8s %8s %8s %8s %8s\n", "shape", "sm90", "lean-dQ", "dQFu64", "plain", "sm80", "ratio");
+                "timed beside the package's in its own line above; tiles: kMasksBiasTiles beside kMasksBias16; "
+                "ratio: sm90 / sm80)\n");
+    std::printf("%-48s %8s %8s %8s %8s %8s %8s %8s\n", "shape", "sm90", "lean-dQ", "dQFu64", "tiles", "plain", "sm80",
+                "ratio");
     for (const FeatureTimingRow& r : feature_timing_rows)
-      std::printf("%-48s %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm90_lean,
-                  r.sm90_dqfu64, r.sm90_plain, r.sm80, r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
+      std::printf("%-48s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.2f\n", r.shape.c_str(), r.sm90, r.sm90_lean,
+                  r.sm90_dqfu64, r.sm90_tiles, r.sm90_plain, r.sm80, r.sm80 > 0 ? r.sm90 / r.sm80 : 0.0);
   }
   if (!dbias_timing_rows.empty()) {
     std::printf("\nbias gradient (the dbias pass alone), TFLOP/s as 4 H N per visible pair (the forward's count, "

@@ -128,7 +128,9 @@ struct FeatureCase {
   // A bias (kMasksBias) when >= 0, of the shape these bits give: kBiasBatch,
   // kBiasHeads, kBiasRows each a full dim (else broadcast, size 1); the keys
   // always full. kBiasInf: about 1 in 29 elements -inf (a bias as a mask).
-  // kBias16: in the inputs' 16-bit type (kMasksBias16), else float32.
+  // kBias16: in the inputs' 16-bit type (kMasksBias16), else float32;
+  // kBiasTiles with it: kMasksBiasTiles (the bias through shared memory),
+  // which the case's bias must suit (sm90::BiasTilesServe).
   int bias = -1;
   // A boolean mask (kMasksBoolean) when >= 0, of the shape kMaskBatch,
   // kMaskHeads, kMaskRows give (as the bias's bits; keys always full), with
@@ -139,7 +141,7 @@ struct FeatureCase {
   // kMaskRows rows i % 13 == 5 hidden whole.
   int mask = -1;
 };
-constexpr int kBiasBatch = 1, kBiasHeads = 2, kBiasRows = 4, kBiasInf = 8, kBias16 = 16;
+constexpr int kBiasBatch = 1, kBiasHeads = 2, kBiasRows = 4, kBiasInf = 8, kBias16 = 16, kBiasTiles = 32;
 constexpr int kMaskBatch = 1, kMaskHeads = 2, kMaskRows = 4, kMaskPadding = 8, kMaskHole = 16, kMaskDense = 32;
 
 // Element (b, h, i, j) of a case's mask (b, h, i 0 along broadcast dims).
@@ -230,7 +232,8 @@ struct FeatureRun {
   sm90::CausalOrder order;
   int section_pairs;
   const char* what;
-  bool bias16 = false;  // p.features.bias holds Element values (kMasksBias16)
+  bool bias16 = false;      // p.features.bias holds Element values (kMasksBias16)
+  bool bias_tiles = false;  // and kMasksBiasTiles reads them
 };
 
 template <typename Element, int kHeadDim>
@@ -246,6 +249,11 @@ std::string LaunchFeatures(const AttentionParams& p, const FeatureRun& run) {
   if (p.features.bias) {
     // kMasksBias at 64 and 128 only (pending/sm90-fwd-bias.patch's dispatch).
     if constexpr (kHeadDim <= 128) {
+      if (run.bias_tiles) {
+        if (!sm90::BiasTilesServe(p)) return "the case's bias does not suit kMasksBiasTiles (BiasTilesServe)";
+        return sm90::LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, sm90::Features::kMasksBiasTiles>(
+            p, 0, run.max_blocks, run.order, run.section_pairs);
+      }
       if (run.bias16)
         return sm90::LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, sm90::Features::kMasksBias16>(
             p, 0, run.max_blocks, run.order, run.section_pairs);
@@ -397,7 +405,7 @@ bool RunFeatureCase(const FeatureCase& c) {
     runs.insert(runs.end(), {{7, sm90::CausalOrder::kSections, 1, "on 7 blocks, sections of 1 pair"},
                              {0, sm90::CausalOrder::kSections, 3, "full grid, sections of 3 pairs"}});
   if (c.timed) runs.resize(1);
-  for (FeatureRun& run : runs) run.bias16 = d_bias16 != nullptr;
+  for (FeatureRun& run : runs) run.bias16 = d_bias16 != nullptr, run.bias_tiles = c.bias >= 0 && (c.bias & kBiasTiles);
   bool all_ok = true;
   for (const FeatureRun& run : runs) {
     char name[320];
@@ -548,6 +556,19 @@ inline std::vector<FeatureCase> BiasCases(bool quick) {
     // S odd: BiasRows's element loads (the even-S cases above take its pair loads).
     add("16-bit bias [1,N,T,S] with -inf, S odd (element loads), T < S", 2, 129, 1025, 2, 1, H, false,
         kBiasHeads | kBiasRows | kBiasInf | kBias16);
+    // kMasksBiasTiles (S a multiple of 8: rows in whole 16 bytes): every
+    // broadcast its map takes (batch, heads; queries broadcast is
+    // kMasksBias16's), tails of rows and keys, GQA, the masks beside it.
+    const int kTiles = kBias16 | kBiasTiles;
+    add("bias tiles [B,N,T,S], causal", 2, 1000, 1000, 4, 2, H, true, kFull | kTiles);
+    add("bias tiles [B,N,T,S], T != S", 2, 300, 1000, 4, 2, H, false, kFull | kTiles);
+    add("bias tiles [1,N,T,S] with -inf, causal, T < S", 2, 200, 776, 4, 4, H, true,
+        kBiasHeads | kBiasRows | kBiasInf | kTiles);
+    add("bias tiles [B,1,T,S], T > S", 2, 555, 336, 2, 1, H, false, kBiasBatch | kBiasRows | kTiles);
+    add("bias tiles [1,1,T,S], one row of tiles", 1, 129, 1032, 2, 1, H, false, kBiasRows | kTiles);
+    add("bias tiles [B,N,T,S], kv lengths 900/450, causal", 2, 600, 904, 4, 2, H, true, kFull | kTiles, {900, 450});
+    add("bias tiles [1,N,T,S], window (100, 37), documents 300/200/500", 2, 1000, 1000, 2, 2, H, false,
+        kBiasHeads | kBiasRows | kTiles, {}, 100, 37, Segments::kDocuments, {300, 200, 500});
   }
   if (!quick) {
     add("T=4096 bias [B,N,T,S]", 4, 4096, 4096, 16, 16, 128, false, kFull, {}, -1, -1, Segments::kNone, {}, true);
@@ -561,6 +582,16 @@ inline std::vector<FeatureCase> BiasCases(bool quick) {
         Segments::kNone, {}, true);
     add("T=4096 16-bit bias [B,N,T,S], causal", 4, 4096, 4096, 16, 16, 128, true, kFull | kBias16, {}, -1, -1,
         Segments::kNone, {}, true);
+    add("T=4096 bias tiles [B,N,T,S]", 4, 4096, 4096, 16, 16, 128, false, kFull | kBias16 | kBiasTiles, {}, -1,
+        -1, Segments::kNone, {}, true);
+    add("T=4096 bias tiles [1,N,T,S]", 4, 4096, 4096, 16, 16, 128, false, kBiasHeads | kBiasRows | kBias16 |
+        kBiasTiles, {}, -1, -1, Segments::kNone, {}, true);
+    add("T=4096 bias tiles [B,N,T,S], causal", 4, 4096, 4096, 16, 16, 128, true, kFull | kBias16 | kBiasTiles, {},
+        -1, -1, Segments::kNone, {}, true);
+    add("T=4096 H=64 bias tiles [1,N,T,S]", 4, 4096, 4096, 32, 32, 64, false, kBiasHeads | kBiasRows | kBias16 |
+        kBiasTiles, {}, -1, -1, Segments::kNone, {}, true);
+    add("T=4096 H=64 16-bit bias [1,N,T,S]", 4, 4096, 4096, 32, 32, 64, false, kBiasHeads | kBiasRows | kBias16, {},
+        -1, -1, Segments::kNone, {}, true);
   }
   return cases;
 }

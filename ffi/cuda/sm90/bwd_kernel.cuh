@@ -118,6 +118,7 @@
 
 #include "common/params.h"
 #include "cuda/row_stats.cuh"
+#include "cuda/sm90/bias_tiles.cuh"
 #include "cuda/sm90/bulk_reduce.cuh"
 #include "cuda/sm90/bwd_kernel_traits.cuh"
 #include "cuda/sm90/dropout.cuh"
@@ -167,10 +168,11 @@ constexpr int kDsBarrier = 1;
 constexpr int kStageBarrier = 2;  // + consumer warpgroup
 
 // The dynamic shared memory of a backward variant: the traits', and the
-// dropout variants' keep-bit exchange past it.
+// dropout variants' keep-bit exchange or kMasksBiasTiles's tile past it.
 template <typename Tr, Features kFeatures>
 constexpr int BackwardVariantSmemBytes() {
   if constexpr (AppliesDropout(kFeatures)) return KeepExchange<Tr>::kSmemBytes;  // (not instantiated otherwise)
+  else if constexpr (kFeatures == Features::kMasksBiasTiles) return BwdBiasTile<Tr>::kSmemBytes;
   else return Tr::kSmemBytes;
 }
 
@@ -280,11 +282,18 @@ __device__ __forceinline__ uint64_t MnMajorDescriptor(uint32_t rows, int chunk_b
 // (wgmma.cuh's UniformDescriptor, KMajorOffset, MnMajorOffset).
 
 // Thread 0 of the producer: the tile's K and V, then Q and dO per step.
-template <typename Tr>
+// kBiasTiles (kMasksBiasTiles): then the step's bias tile (BwdBiasTile, from
+// `bias_map` at batch row `bias_b`, at the step's head where
+// `bias_per_head`, else 0), whose wait (every consumer's read of the step
+// before's tile, at the start of step i - 1) comes about when the stage's
+// (the end of step i - 2), so the pair issues together a step ahead.
+template <typename Tr, bool kBiasTiles = false>
 __device__ __forceinline__ void ProduceBackwardTile(const CUtensorMap* q_map, const CUtensorMap* k_map,
                                                     const CUtensorMap* v_map, const CUtensorMap* do_map,
                                                     const BackwardArgs& a, BwdBarriers<Tr> bars, uint32_t smem,
-                                                    const BwdTile& tile, const BwdSteps<Tr>& steps) {
+                                                    const BwdTile& tile, const BwdSteps<Tr>& steps,
+                                                    const CUtensorMap* bias_map = nullptr, int bias_b = 0,
+                                                    bool bias_per_head = false) {
   PrefetchTensorMap(q_map);
   PrefetchTensorMap(k_map);
   PrefetchTensorMap(v_map);
@@ -304,6 +313,7 @@ __device__ __forceinline__ void ProduceBackwardTile(const CUtensorMap* q_map, co
     MbarrierArriveExpectTx(bars.do_full(s), Tr::kQTileBytes);
     LoadTile<Tr>(smem + Tr::kDoOffset + s * Tr::kQTileBytes, Tr::kQChunkBytes, do_map, bars.do_full(s), m0, h,
                  tile.b);
+    if constexpr (kBiasTiles) BwdBiasTile<Tr>{smem}.Issue(bias_map, n0, m0, bias_per_head ? h : 0, bias_b, i & 1);
   }
 }
 
@@ -340,6 +350,7 @@ template <typename Tr, Features kFeatures = Features::kNone, typename Element = 
 __device__ __forceinline__ void StageRowStats(const BackwardArgs& a, const AttentionParams& p, BwdBarriers<Tr> bars,
                                               uint32_t smem, const BwdTile& tile, const BwdSteps<Tr>& steps,
                                               int lane) {
+  // (kMasksBiasTiles: the producer copies the tiles; nothing to prefetch.)
   constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
   using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
   [[maybe_unused]] const BiasT* bias_keys = nullptr;
@@ -744,9 +755,12 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   // counters instead.
   constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
   constexpr bool kSoftcap = AppliesSoftcap(kFeatures);
-  constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
+  constexpr bool kBias = AddsBias(kFeatures);
+  // kMasksBiasTiles: the step's bias from the shared-memory tile
+  // (BwdBiasTile), not BiasColumns' loads a step ahead.
+  constexpr bool kBiasTiles = kFeatures == Features::kMasksBiasTiles;
   constexpr bool kDropout = AppliesDropout(kFeatures);
-  using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
+  using BiasT = std::conditional_t<ReadsBias16(kFeatures), Element, float>;
   constexpr bool kDqFirst = BwdDqFirst(kSchedule);
   // The bias's loads for step i + 1 go out under step i's dK product, where
   // nothing else is in flight between steps (kDqFirst's order).
@@ -803,7 +817,9 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   // loaded a step ahead (load_bias, under the previous step's dK).
   [[maybe_unused]] BiasColumns<BiasT> bias{};
   [[maybe_unused]] uint32_t bias_raw[kBlockM / 2];
-  if constexpr (kBias) bias = BiasColumns<BiasT>::For(p, tile.b, wg_n0 + row0);
+  // (kMasksBiasTiles: only the dbias pass's, whose stores address the
+  // gradient through it, StoreBiasGradient.)
+  if constexpr (kBias && (!kBiasTiles || kBiasGradient)) bias = BiasColumns<BiasT>::For(p, tile.b, wg_n0 + row0);
   // kMasksDropout, kPlainDropout (dropout.cuh): the batch row's Philox
   // keys, once per tile, and each step's keep bits (FeatureStepMask's
   // layout), made two steps ahead under dK's product, where S^T, dP^T and
@@ -844,7 +860,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     return StepMaskBits<kBlockM>(own | other);
   };
   [[maybe_unused]] auto load_bias = [&](int i) {
-    if constexpr (kBias)
+    if constexpr (kBias && !kBiasTiles)
       bias.template Load<kBlockM>(bias_raw, p, steps.head(i, tile.hk, a.group), steps.m0(i), t);
   };
 
@@ -858,7 +874,11 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     const uint32_t base = Opaque(smem);
     const uint32_t q_tile = base + Tr::kQOffset + s * Tr::kQTileBytes;
     const uint32_t k_rows = base + Tr::kKOffset + warpgroup * 64 * 128;
-    if constexpr (kBias) BiasColumns<BiasT>::template ToLogits<kBlockM>(st, bias_raw, a.softcap_unscale);
+    if constexpr (kBiasTiles) {
+      BwdBiasTile<Tr>{base}.template Load<BiasT>(st, warpgroup, warp, lane, uint32_t(i) & 1u, a.softcap_unscale);
+    } else if constexpr (kBias) {
+      BiasColumns<BiasT>::template ToLogits<kBlockM>(st, bias_raw, a.softcap_unscale);
+    }
     MbarrierWait(bars.q_full(s), (i / Tr::kStages) & 1);
     WgmmaFence();
     if constexpr (kUniform) {
@@ -1403,14 +1423,18 @@ template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatu
 __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const CUtensorMap* k_map,
                                                  const CUtensorMap* v_map, const CUtensorMap* do_map,
                                                  const BackwardArgs& a, const AttentionParams& p,
-                                                 int* dq_counters = nullptr) {
+                                                 int* dq_counters = nullptr, const CUtensorMap* bias_map = nullptr) {
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
   constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
+  constexpr bool kBiasTiles = kFeatures == Features::kMasksBiasTiles;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte aligned atoms (kSmemBytes includes the slack).
   const uint32_t smem = (SmemAddress(smem_raw) + 1023u) & ~1023u;
   const BwdBarriers<Tr> bars{smem + Tr::kBarrierOffset};
-  if (threadIdx.x == 0) bars.Init();
+  if (threadIdx.x == 0) {
+    if constexpr (kBiasTiles) BwdBiasTile<Tr>{smem}.Init();  // (before bars.Init's fence)
+    bars.Init();
+  }
   __syncthreads();
 
   // Every role derives the same tile and steps, so their phases agree
@@ -1433,8 +1457,16 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
     // A mask-policy variant's tile without steps copies nothing (its consumers
     // then wait on nothing and write zeros).
     if (threadIdx.x == 0) {
-      if (!kPolicy || steps.count > 0)
+      if constexpr (kBiasTiles) {
+        // The bias's batch row and head (0 where it is broadcast: BiasTilesCoordinate).
+        PrefetchTensorMap(bias_map);
+        if (steps.count > 0)
+          ProduceBackwardTile<Tr, true>(q_map, k_map, v_map, do_map, a, bars, smem, tile, steps, bias_map,
+                                        BiasTilesCoordinate(BiasFlatBatchStride(p.features), tile.b),
+                                        p.features.bias_stride.head != 0);
+      } else if (!kPolicy || steps.count > 0) {
         ProduceBackwardTile<Tr>(q_map, k_map, v_map, do_map, a, bars, smem, tile, steps);
+      }
     } else if (threadIdx.x / 32 == 1) {
       StageRowStats<Tr, kFeatures, Element>(a, p, bars, smem, tile, steps, threadIdx.x % 32);
     }
@@ -1447,13 +1479,17 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
 
 // grid: key_blocks * num_heads_k * batch blocks, one tile each (BwdTile).
 // `p`: the call's parameters, read by the feature variants' mask policy
-// only (last, so that the plain kernel's argument offsets stay as they were).
+// only (last, so that the plain kernel's argument offsets stay as they
+// were); `bias_map`: kMasksBiasTiles's bias (bwd_launch.cuh; after p for
+// the same reason; unset and unread elsewhere).
 template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures = Features::kNone>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     BackwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                    const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
-                   const BackwardArgs a, const __grid_constant__ AttentionParams p) {
-  RunBackwardBlock<Element, kHeadDim, kSchedule, kFeatures, false>(&q_map, &k_map, &v_map, &do_map, a, p);
+                   const BackwardArgs a, const __grid_constant__ AttentionParams p,
+                   const __grid_constant__ CUtensorMap bias_map) {
+  RunBackwardBlock<Element, kHeadDim, kSchedule, kFeatures, false>(&q_map, &k_map, &v_map, &do_map, a, p, nullptr,
+                                                                   &bias_map);
 }
 
 // The deterministic variant (bwd_launch.cuh's LaunchBackwardDeterministic;
@@ -1482,14 +1518,17 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 // the consumers' S^T and dP^T products only (two of the backward's five)
 // and dS^T into the bias gradient (StoreBiasGradient); the dS^T tile and
 // dQ staging of the shared memory go unused. Grid as BackwardKernel's.
+// kMasksBiasTiles (head dim 128): the bias read from BwdBiasTile's tile
+// (`bias_map`), as the backward's; unset and unread elsewhere.
 template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatures>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     BiasGradientKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                        const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
-                       const BackwardArgs a, const __grid_constant__ AttentionParams p) {
-  static_assert(kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16,
-                "the bias gradient of the bias variants");
-  RunBackwardBlock<Element, kHeadDim, kSchedule, kFeatures, true>(&q_map, &k_map, &v_map, &do_map, a, p);
+                       const BackwardArgs a, const __grid_constant__ AttentionParams p,
+                       const __grid_constant__ CUtensorMap bias_map) {
+  static_assert(AddsBias(kFeatures), "the bias gradient of the bias variants");
+  RunBackwardBlock<Element, kHeadDim, kSchedule, kFeatures, true>(&q_map, &k_map, &v_map, &do_map, a, p, nullptr,
+                                                                  &bias_map);
 }
 
 }  // namespace jax_flash::cuda::sm90

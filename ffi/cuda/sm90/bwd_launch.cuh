@@ -199,13 +199,14 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   const auto& s = p.shape;
-  constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
+  constexpr bool kBias = AddsBias(kFeatures);
   constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
   const std::string what = DescribeBackward(s, kHeadDim) +
                            (kFeatures == Features::kNone          ? ""
                             : kFeatures == Features::kMasks       ? " with masks"
                             : kFeatures == Features::kMasksBias   ? " with masks and bias"
                             : kFeatures == Features::kMasksBias16 ? " with masks and 16-bit bias"
+                            : kFeatures == Features::kMasksBiasTiles ? " with masks and 16-bit bias tiles"
                             : kFeatures == Features::kMasksDropout ? " with masks and dropout"
                             : kFeatures == Features::kPlainDropout ? " with dropout, causal or none"
                             : kFeatures == Features::kPlainSoftcap ? " with soft cap, causal or none"
@@ -219,7 +220,7 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
   if constexpr (kBias) {
     if (p.features.dbias || p.features.dbias_direct)
       return fail("computes no bias gradient (the bias-gradient pass, LaunchBiasGradientScheduled, does)");
-    if (!BiasRowsFit(p))  // BiasColumns::Load's 32-bit row offsets
+    if (kFeatures != Features::kMasksBiasTiles && !BiasRowsFit(p))  // BiasColumns::Load's 32-bit row offsets
       return fail("the bias's rows of one batch entry and head must span fewer than 2^32 elements");
   }
   if (p.deterministic) return fail("no deterministic variant yet (dQ is summed by atomic adds)");
@@ -244,11 +245,20 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
       causal_section = BackwardCausalSection(s, CeilDiv(s.seqlen_k, Tr::kBlockN), CausalSectionTiles(kHeadDim));
     const int64_t pairs = s.batch * s.num_heads_k;
     args.causal_section = causal_section > 0 && causal_section < pairs ? causal_section : 0;
+    // kMasksBiasTiles: the bias's map (the forward's, EncodeBiasTilesMap: a
+    // box is a 64-query step's rows); zeroed, unread, elsewhere.
+    alignas(64) CUtensorMap bias_map{};
+    if constexpr (kFeatures == Features::kMasksBiasTiles) {
+      static_assert(Tr::kBlockM == 64, "BwdBiasTile: one box of rows per step");
+      if (auto e = EncodeBiasTilesMap<Element>(&bias_map, p); !e.empty()) return e + " (" + what + ")";
+    }
     auto kernel = BackwardKernel<Element, kHeadDim, kSchedule, kFeatures>;
-    constexpr int kSmem = BackwardVariantSmemBytes<Tr, kFeatures>();  // (the dropout variants' keep-bit exchange)
+    // (The dropout variants' keep-bit exchange, kMasksBiasTiles's tile.)
+    constexpr int kSmem = BackwardVariantSmemBytes<Tr, kFeatures>();
     if (auto e = PrepareSmem(kernel, kSmem, "sm90 backward kernel"); !e.empty())
       return e + " (" + what + ")";
-    kernel<<<unsigned(tiles), Tr::kThreads, kSmem, stream>>>(q_map, k_map, v_map, do_map, args, p);
+    RecordKernel(what);  // (test hook: common/test_hooks.h)
+    kernel<<<unsigned(tiles), Tr::kThreads, kSmem, stream>>>(q_map, k_map, v_map, do_map, args, p, bias_map);
     if (auto e = CheckLaunch("sm90 backward kernel"); !e.empty()) return e + " (" + what + ")";
   }
 
@@ -277,10 +287,16 @@ std::string LaunchBiasGradientScheduled(const AttentionParams& p, cudaStream_t s
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   const auto& s = p.shape;
   const bool bias16 = p.features.bias_type != BiasType::kAccum;
+  // kMasksBiasTiles at 128 (64-query steps) where the backward's would
+  // serve: the bias from BwdBiasTile's tile, as the backward reads it.
+  bool bias_tiles = false;
+  if constexpr (kHeadDim == 128 && Tr::kBlockM == 64)
+    bias_tiles = bias16 && BiasTilesServe(p) && DeviceHasSmem(BwdBiasTile<Tr>::kSmemBytes);
   const std::string what = "sm90 bias gradient (B=" + std::to_string(s.batch) + ", Tq=" + std::to_string(s.seqlen_q) +
                            ", Tk=" + std::to_string(s.seqlen_k) + ", N=" + std::to_string(s.num_heads) +
                            ", K=" + std::to_string(s.num_heads_k) + ", H=" + std::to_string(s.head_dim) + " in " +
-                           std::to_string(kHeadDim) + (bias16 ? ", 16-bit bias)" : ", float32 bias)");
+                           std::to_string(kHeadDim) +
+                           (bias_tiles ? ", 16-bit bias tiles)" : bias16 ? ", 16-bit bias)" : ", float32 bias)");
   auto fail = [&](const std::string& why) { return "jax_flash: " + what + ": " + why; };
   if (auto why = UnsupportedFeatures(p, bias16 ? Features::kMasksBias16 : Features::kMasksBias); !why.empty())
     return fail(why);
@@ -302,13 +318,26 @@ std::string LaunchBiasGradientScheduled(const AttentionParams& p, cudaStream_t s
   BackwardArgs args;
   if (auto e = PrepareBackwardCall<Element, Tr>(p, true, &q_map, &k_map, &v_map, &do_map, &args); !e.empty())
     return e + " (" + what + ")";
-  auto kernel = bias16 ? BiasGradientKernel<Element, kHeadDim, kSchedule, Features::kMasksBias16>
-                       : BiasGradientKernel<Element, kHeadDim, kSchedule, Features::kMasksBias>;
-  if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 bias gradient kernel"); !e.empty())
-    return e + " (" + what + ")";
-  kernel<<<unsigned(tiles), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, do_map, args, p);
-  if (auto e = CheckLaunch("sm90 bias gradient kernel"); !e.empty()) return e + " (" + what + ")";
-  return {};
+  auto launch = [&](auto kernel, int smem_bytes, const CUtensorMap& bias_map) -> std::string {
+    if (auto e = PrepareSmem(kernel, smem_bytes, "sm90 bias gradient kernel"); !e.empty())
+      return e + " (" + what + ")";
+    RecordKernel(what);  // (test hook: common/test_hooks.h)
+    kernel<<<unsigned(tiles), Tr::kThreads, smem_bytes, stream>>>(q_map, k_map, v_map, do_map, args, p, bias_map);
+    if (auto e = CheckLaunch("sm90 bias gradient kernel"); !e.empty()) return e + " (" + what + ")";
+    return {};
+  };
+  if constexpr (kHeadDim == 128 && Tr::kBlockM == 64) {
+    if (bias_tiles) {
+      alignas(64) CUtensorMap bias_map;
+      if (auto e = EncodeBiasTilesMap<Element>(&bias_map, p); !e.empty()) return e + " (" + what + ")";
+      return launch(BiasGradientKernel<Element, kHeadDim, kSchedule, Features::kMasksBiasTiles>,
+                    BwdBiasTile<Tr>::kSmemBytes, bias_map);
+    }
+  }
+  alignas(64) const CUtensorMap unused{};  // (the tiles' map: unread by these)
+  return launch(bias16 ? BiasGradientKernel<Element, kHeadDim, kSchedule, Features::kMasksBias16>
+                       : BiasGradientKernel<Element, kHeadDim, kSchedule, Features::kMasksBias>,
+                Tr::kSmemBytes, unused);
 }
 
 // The deterministic variant's counters (DqOrder, bwd_kernel.cuh): one
@@ -456,10 +485,17 @@ std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t st
 }
 
 // The bias variants at FeatureBwdSchedule: kMasksBias16 where the bias has
-// the inputs' 16-bit dtype, kMasksBias for a float32 one.
+// the inputs' 16-bit dtype, kMasksBias for a float32 one; at 128
+// kMasksBiasTiles (BwdBiasTile) for a 16-bit one that TMA can read
+// (BiasTilesServe) where the device has the shared memory (every 9.x part).
 template <typename Element, int kHeadDim>
 std::string LaunchBackwardWithBias(const AttentionParams& p, cudaStream_t stream) {
   constexpr BwdSchedule kSchedule = FeatureBwdSchedule(kHeadDim);
+  if constexpr (kHeadDim == 128) {
+    if (BiasTilesServe(p) && DeviceHasSmem(BwdBiasTile<BwdTraitsFor<kHeadDim, kSchedule>>::kSmemBytes))
+      return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksBiasTiles>(p, stream,
+                                                                                              kSizedCausalSection);
+  }
   if (p.features.bias_type != BiasType::kAccum)
     return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksBias16>(p, stream,
                                                                                          kSizedCausalSection);

@@ -81,7 +81,7 @@ struct FragmentDropout {
     return f;
   }
 
-  // Philox-4x32-10 of counter (c0, c1, head, batch): Philox4x32's rounds.
+  // Philox4x32 (kPhiloxRounds rounds) of counter (c0, c1, head, batch).
   __host__ __device__ __forceinline__ Philox4x32Words Bits(uint32_t c0, uint32_t c1) const {
     return Philox4x32(k0, k1, c0, c1, head, batch);
   }

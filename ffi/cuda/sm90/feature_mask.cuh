@@ -205,6 +205,39 @@ __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, 
 // (FeatureStepMask).
 inline bool IsKeyOnlyMask(const AttentionFeatures& f) { return f.mask && f.mask_stride.row == 0; }
 
+// The bias's stride between flat batch entries (the kernels' b) where one
+// stride serves them all: 0 where it is broadcast over every batch dim, s
+// where its batch dims' strides are those of a row-major [batch...] of
+// stride s (size-1 dims aside, their strides never multiply); -1 otherwise.
+// (A TMA map has one batch dimension: BiasTilesServe.)
+__host__ __device__ __forceinline__ int64_t BiasFlatBatchStride(const AttentionFeatures& f) {
+  int64_t stride = 0, next = 0;  // next: the stride the next outer dim must have
+  bool first = true;
+  for (int d = f.num_batch_dims - 1; d >= 0; --d) {
+    const int64_t size = f.batch_dims[d], s = f.bias_stride.batch[d];
+    if (size == 1) continue;
+    if (s < 0 || (!first && s != next)) return -1;
+    if (first) stride = s, first = false;
+    next = s * size;
+  }
+  return stride;
+}
+
+// Whether the forward's kMasksBiasTiles (bias_tiles.cuh) can read p's bias:
+// a 16-bit one (the inputs' type: DecodeFeatures admits no other) with one
+// row per query (row stride not 0: TMA's box cannot repeat a row), keys
+// contiguous, one flat batch stride (BiasFlatBatchStride), and the base and
+// the row, head and batch strides in whole 16 bytes (TMA's rules; a
+// broadcast dimension's stride is 0, and the map gives it size 1).
+inline bool BiasTilesServe(const AttentionParams& p) {
+  const AttentionFeatures& f = p.features;
+  if (!f.bias || f.bias_type == BiasType::kAccum || f.bias_stride.col != 1 || f.bias_stride.row == 0) return false;
+  if (reinterpret_cast<uintptr_t>(f.bias) % 16 != 0) return false;
+  const int64_t batch = BiasFlatBatchStride(f);
+  auto aligned = [](int64_t stride) { return stride >= 0 && stride % 8 == 0 && stride < (int64_t(1) << 39); };
+  return aligned(f.bias_stride.row) && aligned(f.bias_stride.head) && aligned(batch);
+}
+
 // Why a feature variant cannot serve p (empty: it can), forward and
 // backward alike. The soft cap needs kMasksSoftcap, a bias kMasksBias(16), a
 // boolean mask kMasksBoolean (forward), dropout kMasksDropout; the pairs
@@ -244,7 +277,7 @@ inline std::string UnsupportedFeatures(const AttentionParams& p, Features varian
       return "dropout with a bias, a boolean mask or the soft cap is not supported (the sm80 kernels serve it)";
     return {};
   }
-  if (variant == Features::kMasksBias || variant == Features::kMasksBias16) {
+  if (AddsBias(variant)) {
     // The bias is loaded into S's accumulators before S = Q K^T adds the
     // products to it (BiasRows): there is no raw q.k left for a soft cap to
     // apply to before the bias, so that pair stays on the sm80 forward.
@@ -255,13 +288,16 @@ inline std::string UnsupportedFeatures(const AttentionParams& p, Features varian
     // 16-bit type (DecodeFeatures admits no other 16-bit bias).
     if (variant == Features::kMasksBias && f.bias_type != BiasType::kAccum)
       return "the kMasksBias variant reads a float32 bias";
-    if (variant == Features::kMasksBias16 && f.bias_type == BiasType::kAccum)
-      return "the kMasksBias16 variant reads a bias of the inputs' 16-bit dtype";
+    if (ReadsBias16(variant) && f.bias_type == BiasType::kAccum)
+      return "the kMasksBias16 and kMasksBiasTiles variants read a bias of the inputs' 16-bit dtype";
     if (f.softcap > 0.0) return "a bias with the soft cap is not supported (the sm80 forward serves it)";
     if (f.bias_stride.col != 1)  // BiasRows::Load's immediate offsets
       return "the bias must be contiguous along the keys (one broadcast along them stays on the sm80 forward)";
     // (No parity or alignment requirement: a 16-bit bias with seqlen_k odd or
     // a base not 4-byte aligned takes BiasRows's element loads.)
+    if (variant == Features::kMasksBiasTiles && !BiasTilesServe(p))
+      return "the kMasksBiasTiles variant needs a bias with one row per query and its base and strides in whole "
+             "16 bytes (kMasksBias16 serves the others)";
     return {};
   }
   if (variant == Features::kMasksBoolean) {

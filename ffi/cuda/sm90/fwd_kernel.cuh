@@ -118,8 +118,8 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   // The mask policy's machinery (feature_mask.cuh); the plain kernel and its
   // kPlain* transforms take the plain kernel's masks and loops instead.
   constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
-  constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
-  using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
+  constexpr bool kBias = AddsBias(kFeatures);
+  using BiasT = std::conditional_t<ReadsBias16(kFeatures), Element, float>;
   // kMasksBoolean, and kMasksSoftcap beside the soft cap, read a boolean
   // mask (ReadsMaskArray: MaskArrayRows, as below, when the call has one).
   constexpr bool kMaskArray = ReadsMaskArray(kFeatures);
@@ -188,10 +188,18 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   // kMasksBias(16): this thread's bias rows for the tile (one broadcast
   // offset per tile); load_bias(i) puts block i's values, times 1 / scale
   // (softcap_unscale in these variants), into S's accumulators.
+  // kMasksBiasTiles: the same values from the warpgroup's bias tile in
+  // shared memory (bias_tiles.cuh), which the producer copied, in the
+  // phase of the block's count (one tile per warpgroup).
+  constexpr bool kBiasTiles = kFeatures == Features::kMasksBiasTiles;
   BiasRows<BiasT> bias{};
-  if constexpr (kBias) bias = BiasRows<BiasT>::For(params, b, h, wg_m0 + row0);
+  if constexpr (kBias && !kBiasTiles) bias = BiasRows<BiasT>::For(params, b, h, wg_m0 + row0);
   auto load_bias = [&](float (&s)[kBlockN / 2], int i) {
-    if constexpr (kBias) bias.template Load<kBlockN>(s, (n_hi - 1 - i) * kBlockN, t, a.softcap_unscale);
+    if constexpr (kBiasTiles) {
+      BiasTiles<Tr>{smem}.template Load<BiasT>(s, warpgroup, warp, lane, uint32_t(pipe + i) & 1u, a.softcap_unscale);
+    } else if constexpr (kBias) {
+      bias.template Load<kBlockN>(s, (n_hi - 1 - i) * kBlockN, t, a.softcap_unscale);
+    }
   };
   // kMasksBoolean: this thread's mask rows for the tile (one broadcast
   // offset per tile), and a key-only mask's bytes of the next block, read
@@ -482,21 +490,37 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
                            coord.b, SinkLog2<float>(params.features, coord.b, coord.h, a.num_heads));
 }
 
+// The block's shared memory (ForwardKernel's launch): the traits' map, and
+// past it kMasksBiasTiles's bias tiles.
+template <typename Tr, Features kFeatures>
+constexpr int ForwardKernelSmemBytes() {
+  if constexpr (kFeatures == Features::kMasksBiasTiles) return BiasTiles<Tr>::kSmemBytes;
+  return Tr::kSmemBytes;
+}
+
+// bias_map: kMasksBiasTiles's bias (launch.cuh; the last parameter, so that
+// the others' offsets, hence every other variant's code, stay as they were;
+// unused and unset elsewhere).
 template <typename Element, int kHeadDim, int kBlockN, Schedule kSchedule, Features kFeatures = Features::kNone,
           int kConsumers = 2>
 __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThreads, 1)
     ForwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
                   const ForwardArgs a,
-                  const TileScheduler scheduler, const __grid_constant__ AttentionParams p) {
+                  const TileScheduler scheduler, const __grid_constant__ AttentionParams p,
+                  const __grid_constant__ CUtensorMap bias_map) {
   using Tr = FwdTraits<kHeadDim, kBlockN, kConsumers>;
   constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
+  constexpr bool kBiasTiles = kFeatures == Features::kMasksBiasTiles;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte aligned atoms (kSmemBytes includes the slack).
   const uint32_t smem = (SmemAddress(smem_raw) + 1023u) & ~1023u;
   const Barriers<Tr> bars{smem + Tr::kBarrierOffset};
 
-  if (threadIdx.x == 0) bars.Init();
+  if (threadIdx.x == 0) {
+    if constexpr (kBiasTiles) BiasTiles<Tr>{smem}.Init();  // (before bars.Init's fence)
+    bars.Init();
+  }
   __syncthreads();
 
   // Both roles walk the same tiles and count the same key blocks, so their
@@ -513,7 +537,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
       const int tile = scheduler.Next(cursor, blockIdx.x, gridDim.x);
       if (tile >= tiles) break;  // past the end
       if (tile < 0) continue;    // no tile this round (a section's last round)
-      const TileCoord c = scheduler.Decode(tile);
+      const TileCoord c = scheduler.template Decode<AddsBias(kFeatures)>(tile);
       const int m0 = c.m_block * Tr::kBlockM;
       const KeyBlocks keys = keys_of(m0, c.h, c.b, tile_iter);
       body(tile, m0, c.h, c.b, keys, pipe, tile_iter, 0);
@@ -538,7 +562,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
     const int tiles = int(scheduler.Tiles());
     int pipe = 0, tile_iter = 0;
     for (int tile = blockIdx.x; tile < tiles;) {
-      const TileCoord c = scheduler.Decode(tile);
+      const TileCoord c = scheduler.template Decode<AddsBias(kFeatures)>(tile);
       const int m0 = c.m_block * Tr::kBlockM;
       int next_tile = 0;
       const KeyBlocks keys = keys_of(m0, c.h, c.b, tile_iter, &next_tile);
@@ -558,7 +582,11 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
     // One thread issues the copies; the feature variants run the whole warp
     // through the loop for FeatureKeyBlocks' votes.
     if (kPolicy ? threadIdx.x < 32 : threadIdx.x == 0) {
-      if (threadIdx.x == 0) PrefetchTensorMaps(&q_map, &k_map, &v_map), PrefetchTensorMap(&o_map);
+      if (threadIdx.x == 0) {
+        PrefetchTensorMaps(&q_map, &k_map, &v_map), PrefetchTensorMap(&o_map);
+        if constexpr (kBiasTiles) PrefetchTensorMap(&bias_map);
+      }
+      const int64_t bias_batch_stride = kBiasTiles ? BiasFlatBatchStride(p.features) : 0;
       auto keys_of = [&](int m0, int h, int b, int) {
         if constexpr (kPolicy) {
           return FeatureKeyBlocks<Tr::kBlockM, Tr::kBlockN, ReadsMaskArray(kFeatures) || TakesKeyMaskBeside(kFeatures),
@@ -568,9 +596,14 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim, kBlockN, kConsumers>::kThr
         }
       };
       auto produce = [&](int, int m0, int h, int b, KeyBlocks keys, int pipe, int tile_iter, int next_tile) {
-        if (threadIdx.x == 0)
-          ProduceTile<Tr, kPolicy>(&q_map, &k_map, &v_map, bars, smem, m0, h, a.group.Div(h), b, keys, pipe,
-                                       tile_iter, next_tile);
+        if (threadIdx.x == 0) {
+          // kMasksBiasTiles: the bias's head and batch row (0 where it is
+          // broadcast: BiasTilesCoordinate).
+          const int bias_h = kBiasTiles ? BiasTilesCoordinate(p.features.bias_stride.head, h) : 0;
+          const int bias_b = kBiasTiles ? BiasTilesCoordinate(bias_batch_stride, b) : 0;
+          ProduceTile<Tr, kPolicy, kBiasTiles>(&q_map, &k_map, &v_map, bars, smem, m0, h, a.group.Div(h), b, keys,
+                                               pipe, tile_iter, next_tile, &bias_map, bias_h, bias_b);
+        }
       };
       if (taken) {
         // Lane 0's counter values, one tile ahead: `ahead` is the tile after

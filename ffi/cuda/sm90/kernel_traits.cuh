@@ -36,10 +36,21 @@ enum class Schedule { kSerial, kOverlap, kPingPong };
 // early-outs, the backward's per-element selects of the step's visibility
 // bits, the producer's per-tile votes (and kMasksDropout 3 spills in its
 // forward loop at 128): ~5-10% of the dropout's issued instructions.
+// kMasksBiasTiles (the forward at 64 and 128, the backward at 128):
+// kMasksBias16 with the bias copied by TMA into shared memory a key block
+// (backward: a step) ahead (bias_tiles.cuh), where the bias's layout allows
+// it (BiasTilesServe); kMasksBias16 serves the rest.
 enum class Features {
   kNone, kMasks, kMasksSoftcap, kMasksBias, kMasksBias16, kMasksBoolean, kMasksDropout, kSoftcap,
-  kPlainSoftcap, kPlainDropout
+  kPlainSoftcap, kPlainDropout, kMasksBiasTiles
 };
+
+// The variants that add a bias to the logits, and those whose bias has the
+// inputs' 16-bit type (the others' is float32).
+constexpr bool AddsBias(Features f) {
+  return f == Features::kMasksBias || f == Features::kMasksBias16 || f == Features::kMasksBiasTiles;
+}
+constexpr bool ReadsBias16(Features f) { return f == Features::kMasksBias16 || f == Features::kMasksBiasTiles; }
 
 // The variants that soft-cap the logits.
 constexpr bool AppliesSoftcap(Features f) {

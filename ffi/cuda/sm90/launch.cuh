@@ -47,6 +47,8 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   static_assert(kFeatures == Features::kNone || Tr::kBlockN <= 128, "VisibleBits: 32 bits per fragment row");
   static_assert(kFeatures != Features::kMasksBoolean || Tr::kBlockN == 128, "MaskArrayRows: 4 key bytes per lane");
+  static_assert(kFeatures != Features::kMasksBiasTiles || kHeadDim <= 128,
+                "BiasTiles: no room for them beside 256's K/V ring");
   static_assert(kFeatures == Features::kNone || kC == 2, "feature variants: two consumers (VariantConsumers)");
   const auto& s = p.shape;
   const std::string what = DescribeForward(s, kHeadDim) +
@@ -54,6 +56,7 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
                             : kFeatures == Features::kMasks       ? " with masks"
                             : kFeatures == Features::kMasksBias   ? " with masks and bias"
                             : kFeatures == Features::kMasksBias16 ? " with masks and 16-bit bias"
+                            : kFeatures == Features::kMasksBiasTiles ? " with masks and 16-bit bias tiles"
                             : kFeatures == Features::kMasksBoolean ? " with masks and boolean mask"
                             : kFeatures == Features::kMasksDropout ? " with masks and dropout"
                             : kFeatures == Features::kSoftcap      ? " with masks and soft cap, no boolean mask"
@@ -131,15 +134,26 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   args.is_causal = p.is_causal;
   const SoftcapFactors cap = SoftcapFactors::For(p);
   args.softcap_scale = cap.scale_over_cap;
-  constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
+  constexpr bool kBias = AddsBias(kFeatures);
   args.softcap_unscale = kBias ? float(1.0 / p.scale) : cap.cap_over_scale;
 
   auto kernel = ForwardKernel<Element, kHeadDim, Tr::kBlockN, kSchedule, kFeatures, kC>;
-  if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 forward kernel"); !e.empty())
+  // kMasksBiasTiles: the bias's map (EncodeBiasTilesMap: one consumer
+  // warpgroup's 64 rows x one 128-byte column chunk a box). Other variants
+  // pass it zeroed, unread.
+  alignas(64) CUtensorMap bias_map{};
+  if constexpr (kFeatures == Features::kMasksBiasTiles)
+    if (auto e = EncodeBiasTilesMap<Element>(&bias_map, p); !e.empty()) return e + " (" + what + ")";
+
+  constexpr int kSmemBytes = ForwardKernelSmemBytes<Tr, kFeatures>();
+  if (auto e = PrepareSmem(kernel, kSmemBytes, "sm90 forward kernel"); !e.empty())
     return e + " (" + what + ")";
   // One block per SM (its shared memory and 384 or 512 threads at their
   // registers allow no second), looping over the tiles.
   TileScheduler scheduler{int(CeilDiv(s.seqlen_q, Tr::kBlockM)), int(s.num_heads), int(s.batch), p.is_causal};
+  // A bias broadcast over the batch: its batch rows of a head together, so
+  // that they share each tile's bias rows in L2 (TileScheduler::batch_inner).
+  if constexpr (kBias) scheduler.batch_inner = s.batch > 1 && BiasFlatBatchStride(p.features) == 0;
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
@@ -158,7 +172,9 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
     pairs = section_pairs > 0 ? section_pairs
                               : CausalSection(kv_head_bytes, s.group(), scheduler.m_blocks, s.num_heads * s.batch, blocks);
   scheduler.SetSections(pairs, int(blocks));
-  kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, o_map, args, scheduler, p);
+  RecordKernel(what);  // (test hook: common/test_hooks.h)
+  kernel<<<unsigned(blocks), Tr::kThreads, kSmemBytes, stream>>>(q_map, k_map, v_map, o_map, args, scheduler, p,
+                                                                   bias_map);
   if (auto e = CheckLaunch("sm90 forward kernel"); !e.empty()) return e + " (" + what + ")";
   return {};
 }
@@ -188,9 +204,15 @@ std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t str
   // inputs' 16-bit dtype (its loads into S's accumulators; no soft cap with
   // either). On the H200 (session 19, sm90_check --bias, B=4 T=S=4096
   // H=128 bf16) a [B,N,T,S] bias ran 354 TFLOP/s as bf16, 277 as float32.
+  // kMasksBiasTiles (the 16-bit bias through shared memory) where
+  // BiasTilesServe says TMA can read it and the device has the shared
+  // memory (every 9.x part has: 231,424 of its 232,448 bytes at 128).
   if (p.features.bias) {
-    if (p.features.bias_type != BiasType::kAccum)
+    if (p.features.bias_type != BiasType::kAccum) {
+      if (BiasTilesServe(p) && DeviceHasSmem(BiasTiles<FwdTraits<kHeadDim, 0, 2>>::kSmemBytes))
+        return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBiasTiles>(p, stream);
       return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBias16>(p, stream);
+    }
     return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBias>(p, stream);
   }
   // A boolean mask: kMasksBoolean (its reads into the masks' bits; no soft

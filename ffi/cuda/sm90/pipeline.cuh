@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/params.h"
+#include "cuda/sm90/bias_tiles.cuh"
 #include "cuda/sm90/feature_mask.cuh"
 #include "cuda/sm90/kernel_traits.cuh"
 #include "cuda/sm90/tile_scheduler.cuh"  // FastDivisor
@@ -144,11 +145,15 @@ __device__ __forceinline__ int LoadNextTile(uint32_t slot) {
 // on empties start from parity 1: a fresh barrier counts its "previous"
 // phase as done. kPublishKeys (feature variants): also publishes `keys`
 // and `next_tile` for the consumers (KeyBlocksSlot) before q_full's arrival.
-template <typename Tr, bool kPublishKeys = false>
+// kBiasTiles (kMasksBiasTiles): also each block's bias tiles (BiasTiles,
+// from `bias_map` at head `bias_h`, batch row `bias_b`), in an order of
+// their own (below).
+template <typename Tr, bool kPublishKeys = false, bool kBiasTiles = false>
 __device__ __forceinline__ void ProduceTile(const CUtensorMap* q_map, const CUtensorMap* k_map,
                                             const CUtensorMap* v_map, Barriers<Tr> bars, uint32_t smem,
                                             int m0, int h, int hk, int b, KeyBlocks keys, int pipe,
-                                            int tile_iter, int next_tile = 0) {
+                                            int tile_iter, int next_tile = 0, const CUtensorMap* bias_map = nullptr,
+                                            int bias_h = 0, int bias_b = 0) {
   const uint32_t q_parity = (tile_iter & 1) ^ 1;
   auto publish = [&] {
     if constexpr (kPublishKeys) StoreKeyBlocks(KeyBlocksSlot<Tr>(smem, tile_iter), keys, next_tile);
@@ -173,29 +178,73 @@ __device__ __forceinline__ void ProduceTile(const CUtensorMap* q_map, const CUte
     MbarrierArriveExpectTx(bars.k_full(stage), Tr::kKvTileBytes);
     LoadTile<Tr>(KTile<Tr>(smem, stage), Tr::kKvChunkBytes, k_map, bars.k_full(stage), n0, hk, b);
   };
-  auto load_v_and_advance = [&] {
-    MbarrierWait(bars.v_empty(stage), parity ^ 1);
-    MbarrierArriveExpectTx(bars.v_full(stage), Tr::kKvTileBytes);
-    LoadTile<Tr>(VTile<Tr>(smem, stage), Tr::kKvChunkBytes, v_map, bars.v_full(stage), n0, hk, b);
+  auto advance = [&] {
     if (++stage == Tr::kStages) stage = 0, parity ^= 1;
     n0 -= Tr::kBlockN;
   };
+  auto load_v = [&](int v_stage, uint32_t v_parity, int v_n0) {
+    MbarrierWait(bars.v_empty(v_stage), v_parity ^ 1);
+    MbarrierArriveExpectTx(bars.v_full(v_stage), Tr::kKvTileBytes);
+    LoadTile<Tr>(VTile<Tr>(smem, v_stage), Tr::kKvChunkBytes, v_map, bars.v_full(v_stage), v_n0, hk, b);
+  };
+  auto load_q = [&] {
+    MbarrierWait(bars.q_empty(), q_parity);
+    publish();
+    MbarrierArriveExpectTx(bars.q_full(), Tr::kQBytes);
+    LoadTile<Tr>(smem + Tr::kQOffset, Tr::kQChunkBytes, q_map, bars.q_full(), m0, h, b);
+  };
+  if constexpr (kBiasTiles) {
+    // K and the bias tiles one block ahead of V (FlashAttention-3's
+    // producer order), each block's first warpgroup's tile before the
+    // previous block's V and the others' after it. In ping-pong, with
+    // warpgroup w's step j over [j + w / 2, j + 1 + w / 2) (in steps), the
+    // producer's gates are: K_{j+1} the end of both S_{j-1} (~j - 0.2),
+    // warpgroup 0's tile j + 1 its read of tile j (j), V_j the release of
+    // its stage's previous V (the end of both steps j - 1: j + 0.5),
+    // warpgroup 1's tile j + 1 its read of tile j (j + 0.5). So each tile
+    // has a whole step to land, K 1.2 and V 0.5 as before (in the order K,
+    // bias, V, warpgroup 0's tile j + 1 waited behind V_j: half a step; K
+    // too).
+    const BiasTiles<Tr> tiles{smem};
+    uint32_t bias_parity = pipe & 1;  // one tile per warpgroup: the block count's parity
+    int v_stage = stage, v_n0 = n0;
+    uint32_t v_parity = parity;
+    load_k();
+    load_q();
+#pragma unroll
+    for (int w = 0; w < Tr::kConsumerWarpgroups; ++w) tiles.Issue(w, bias_map, n0, m0, bias_h, bias_b, bias_parity);
+    bias_parity ^= 1;
+    advance();
+#pragma unroll 1
+    while (n0 >= n_end) {
+      load_k();
+      tiles.Issue(0, bias_map, n0, m0, bias_h, bias_b, bias_parity);
+      load_v(v_stage, v_parity, v_n0);
+      if (++v_stage == Tr::kStages) v_stage = 0, v_parity ^= 1;
+      v_n0 -= Tr::kBlockN;
+#pragma unroll
+      for (int w = 1; w < Tr::kConsumerWarpgroups; ++w) tiles.Issue(w, bias_map, n0, m0, bias_h, bias_b, bias_parity);
+      bias_parity ^= 1;
+      advance();
+    }
+    load_v(v_stage, v_parity, v_n0);  // the last block's
+    return;
+  }
   // The first block, with Q after its K (peeled: m0, h and the Q parity are
   // then dead in the loop below, which holds only the ring state, n0 and
   // the coordinates of K/V: the producer has 24 registers at 256).
   load_k();
-  MbarrierWait(bars.q_empty(), q_parity);
-  publish();
-  MbarrierArriveExpectTx(bars.q_full(), Tr::kQBytes);
-  LoadTile<Tr>(smem + Tr::kQOffset, Tr::kQChunkBytes, q_map, bars.q_full(), m0, h, b);
-  load_v_and_advance();
+  load_q();
+  load_v(stage, parity, n0);
+  advance();
   // Not unrolled: the copies gain nothing from it, and the unrolled loop's
   // state is what spilled the producer's 24 registers (ptxas: 80 B of
   // spills in the plain kernels, before this loop lost Q and the divisions).
 #pragma unroll 1
   while (n0 >= n_end) {
     load_k();
-    load_v_and_advance();
+    load_v(stage, parity, n0);
+    advance();
   }
 }
 

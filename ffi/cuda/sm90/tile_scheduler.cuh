@@ -70,12 +70,22 @@ struct FastDivisor {
 struct TileScheduler {
   int m_blocks, heads, batch;
   bool causal;
+  // The flat (batch, head) pair of the orders above: b * heads + h, or with
+  // batch_inner h * batch + b, so that the batch rows of one head run
+  // together. The launch sets it for a bias broadcast over the batch
+  // (launch.cuh): each tile reads its rows' [128 x seqlen_k] of the bias,
+  // which the tiles of the other batch rows then read from L2 (heads
+  // innermost, the ~132 tiles in flight span ~4 heads of one batch row, and
+  // a batch row's bias comes back from HBM a whole batch row of tiles
+  // later). K and V differ per pair either way (a section still holds
+  // `section` pairs' K/V).
+  bool batch_inner = false;
   int section = 0;         // (batch, head) pairs per causal section; 0: one section of all
   int section_tiles = 0;   // tiles per section (SetSections)
   int section_rounds = 1;  // rounds per section (SetSections)
   // Decode's divisors (SetSections): query blocks, heads, tiles per section,
   // and the pairs of a full section and of the last one.
-  FastDivisor by_m_blocks, by_heads, by_section_tiles, by_section_pairs, by_last_pairs;
+  FastDivisor by_m_blocks, by_heads, by_section_tiles, by_section_pairs, by_last_pairs, by_batch;
 
   __host__ __device__ int64_t Tiles() const { return int64_t(m_blocks) * heads * batch; }
   // Pairs per section: all of them (one section) unless causal and sectioned.
@@ -93,6 +103,7 @@ struct TileScheduler {
     section_rounds = (section_tiles + blocks - 1) / blocks;
     by_m_blocks = FastDivisor(m_blocks);
     by_heads = FastDivisor(heads);
+    by_batch = FastDivisor(batch);
     by_section_tiles = FastDivisor(section_tiles);
     by_section_pairs = FastDivisor(s);
     by_last_pairs = FastDivisor(all - (all - 1) / s * s);  // the last section's pairs
@@ -122,6 +133,10 @@ struct TileScheduler {
   // again for its epilogue), so they agree on each tile's coordinates and
   // hence on its key blocks and barrier phases. Divisions by FastDivisor
   // (SetSections must have run).
+  // kBatchInner: whether this kernel honours batch_inner (the bias
+  // variants; elsewhere the flag stays false and its branch out of the
+  // code: in the dropout kernels it cost loop spills).
+  template <bool kBatchInner = false>
   __host__ __device__ TileCoord Decode(int tile) const {
     int rest = tile, m_block;
     if (causal) {
@@ -135,13 +150,17 @@ struct TileScheduler {
       rest = tile - first * m_blocks;
       const int q = count.Div(rest);
       m_block = m_blocks - 1 - q;
-      rest = first + (rest - q * int(count.divisor));  // the flat pair b * heads + h
+      rest = first + (rest - q * int(count.divisor));  // the flat pair
     } else {
       const int q = by_m_blocks.Div(tile);
       m_block = tile - q * m_blocks;
       rest = q;
     }
-    const int b = by_heads.Div(rest);
+    if (kBatchInner && batch_inner) {  // the flat pair h * batch + b
+      const int h = by_batch.Div(rest);
+      return {m_block, h, rest - h * batch};
+    }
+    const int b = by_heads.Div(rest);  // b * heads + h
     return {m_block, rest - b * heads, b};
   }
 };
