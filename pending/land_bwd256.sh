@@ -3,12 +3,11 @@
 # timing beside FA3, cuDNN and sm80's backward) and `bwd256_suite` (the
 # whole suite and racecheck / synccheck against ab/bwd256) have passed:
 # pending/sm90-bwd-256.patch, -deterministic and -operand-split (rebased
-# onto ab24e31 in session 36), and, with OPERANDS=1 (when `bwd256` timed
-# ab/bwd256ops faster), ab-bwd256-operands-default.patch. One commit; the
-# patch files removed. Run here on a clean main, after pending/land_stack36.sh
-# if that has landed first (the two touch different kernels; check that
-# they apply together: bwd_launch.cuh's launch site is shared, see
-# pending/mkstack.sh's hand resolution in ab/stack_resolved_bias/). Then
+# onto ebf7bbc, the bias tiles' main, in session 37: the launch site's
+# hand resolution is ab/stack_resolved_bias/bwd_launch.cuh's), and, with
+# OPERANDS=1 (session 37 timed ab/bwd256ops 1.02-1.04x the query halves
+# at T >= 4096), ab-bwd256-operands-default.patch. One commit; the
+# patch files removed. Run here on a clean main. Then
 # record the numbers in docs/perf_history.md and docs/PERF.md, and run
 # .ci/run on a fresh clone (the 256 units add to CI's compile time: report
 # it).

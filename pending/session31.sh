@@ -1,39 +1,31 @@
 #!/usr/bin/env bash
-# The device plan, in order (each call ~8-10 minutes of wall time plus
-# ~85 s of cold start: three fit a session's 30 minutes). Session 36 ran
-# droppairs_suite (landed: ab24e31), biastiles, keepwarps, stepcopies and
-# kahead (perf_history.md v34; those stages are in git history). Next:
-#   1. bash pending/session31.sh stack36_suite   carry ab/stack36 ab/stack36_check
-#      (the bias tiles, the batch-inner order and the 7-round Philox, all
-#      measured: the check programs' bias cases, the whole suite and the
-#      sanitizers; then land them)
-#   2. bash pending/session31.sh bwd256 packed_profile   carry ab/main ab/bwd256 ab/bwd256ops .peers
-#      (the 256 backward's first run, issue 21; the packed backward's
-#      profile, issue 19's largest gap; all three wheels on 78e438f)
-#   3. bash pending/session31.sh keepahead        carry ab/stack36 ab/ka ab/ka64   (~6 min)
-#      (whether making the dropout forward's Philox calls in the wait for
-#      S helps)
+# The device plan, in order (each call ~4-8 minutes of wall time; the
+# first adds ~85 s of cold start; a warm machine goes back after 30 s
+# idle, so issue the calls back to back). Session 37 ran stack36_suite
+# (landed: ebf7bbc), bwd256 + packed_profile, keepahead, features36, keymask
+# and persist_ab (perf_history.md v35; the dropped candidates' stages are in
+# git history). Next:
+#   1. bash pending/session31.sh stepclass        carry ab/stack36 ab/stepclass ab/epi   (~8 min)
+#      (the packed / window backward without the per-step policy where no
+#      element needs a check, issue 19's largest gap, 0.80x FA3; and the
+#      staged dK / dV epilogue, issue 21's T = 1024 backward); if faster,
+#      `stepclass_suite` (carry ab/epi), then land them
+#   2. bash pending/session31.sh bwd256_suite     carry ab/bwd256ops   (~9 min)
+#      (the whole suite and the sanitizers against the 256 backward with
+#      the operand split; then OPERANDS=1 bash pending/land_bwd256.sh)
+#   3. bash pending/session31.sh grid36           carry ab/stack36 .peers
+#      (issues 20 / 21: the standard grid and T = 131072 / 262144 beside
+#      cuDNN and FA3, one harness run; after the 256 backward lands, with
+#      its wheel instead)
 #   4. bash pending/session31.sh dropout_profile t1024_profile   carry ab/stack36 ab/main .peers   (~9 min)
 #      (where the dropout kernels' time goes; ours and FA3's forward at
 #      T = 1024, issue 20's last gap)
-#   5. bash pending/session31.sh keymask          carry ab/main ab/km   (~6 min)
-#   5b. bash pending/session31.sh persist_ab      carry ab/main ab/persist ab/m0   (~5 min)
-#      (the persistent backward, rebased in session 36: issue 21's T = 1024
-#      causal backward, 0.89x of FA3)
-#   6. bash pending/session31.sh softcap_poly     carry ab/main ab/plaintx ab/poly4 ab/poly2
-#   7. bash pending/session31.sh features36      carry ab/stack36 .peers
-#      (issue 19's table in one harness run beside cuDNN and FA3)
-#   8. bash pending/session31.sh grid36          carry ab/stack36 .peers
-#      (issues 20 / 21: the standard grid and T = 131072 / 262144 beside
-#      cuDNN and FA3, one harness run; once the 256 backward has landed)
-# Then: `e2e` (carry ab/main
-# .peers), `dethelper_ab` (carry ab/main ab/dethelperjax), `persist`
-# (carry ab/persistent), `persist_ab` (carry ab/main ab/persist ab/m0),
-# `persist_suite` (carry ab/persist), `m0_suite` (carry ab/m0). ab/main,
-# ab/bwd256 and ab/bwd256ops are built on 78e438f (ab24e31's kernels), the
-# rest named here on the main before ab24e31 (good for timing what they
-# change; a suite that lands a patch runs on a wheel of that patch on the
-# main it lands on).
+#   5. bash pending/session31.sh softcap_poly     carry ab/main ab/plaintx ab/poly4 ab/poly2
+# Then: `e2e` (carry ab/main .peers), `dethelper_ab` (carry ab/main
+# ab/dethelperjax). ab/stack36 is main's code (ebf7bbc); ab/main is
+# 78e438f (ab24e31's kernels), the rest named here on older mains (good
+# for timing what they change; a suite that lands a patch runs on a wheel
+# of that patch on the main it lands on).
 #
 # The timing owed for session 30's five forward patches, landed in 9f8256b
 # on their correctness checks alone (README.md): one device call, carry
@@ -70,7 +62,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e persist persist_ab persist_suite m0_suite packed_profile dropout_profile softcap_poly stack36_suite features36 grid36 keepahead keymask t1024_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly features36 grid36 stepclass stepclass_suite t1024_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -156,12 +148,15 @@ case "$stage" in
       --causal 0 1 --cotangent random --out "$OUT/bench_bwd256ops" 2>&1 | grep "^|" | tail -8)
     ;;
   bwd256_suite)
-    suite_against bwd256 400
+    # (ab/bwd256ops: main ebf7bbc + the three 256 patches + the operand
+    # split as the default, what lands with OPERANDS=1; rebuilt in session
+    # 37.)
+    suite_against bwd256ops 400
     # The sanitizers on the 256 kernels (after the suite: a sanitizer that
     # outlives its limit must not share the GPU with timings).
     # (memcheck in a later call: three tools did not fit beside the suite.)
     SANITIZE_KERNELS=256Kernel SANITIZE_TOOLS="racecheck synccheck" \
-      timeout 170 bash ab/bwd256/scripts/sanitize_kernels.sh 2>&1 | tail -6
+      timeout 170 bash ab/bwd256ops/scripts/sanitize_kernels.sh 2>&1 | tail -6
     ;;
   dethelper)
     # pending/sm90-bwd-det-helper.patch's check program, built here (carry
@@ -202,52 +197,6 @@ case "$stage" in
     done
     (cd /tmp && python3 -m jax_flash.benchmark --impl jax_flash fa3 cudnn --head-dim 128 --seqlen 131072 262144 \
       --tokens 131072 --width 2048 --causal 1 --iters 3 --cotangent random --memory --out "$OUT/bench_long" 2>&1 | tail -16)
-    ;;
-  persist)
-    # pending/sm90-bwd-persistent.patch (session 32): the sm90 backward's
-    # default schedules in a persistent kernel, one block per SM over the
-    # tiles, for plain calls and the feature variants (carry
-    # ["ab/persistent"], ~6 min). The check program, prebuilt here
-    # (OUT=ab/persistent STEP=build bash scripts/sm90_bwd_check.sh from a
-    # tree with the patch): every plain and feature case against the
-    # references, the candidate beside the package's launch (among them
-    # cases of 320+ tiles on 132 SMs, so that blocks run several tiles),
-    # then the timed rows' "package / persist / p-ratio" columns (plain: T
-    # = 1024 and 4096, 64 and 128, causal or not; features: T = 4096
-    # documents, windows, soft cap, biases). A hang in the new barriers
-    # costs the limit.
-    rc=0
-    OUT=ab/persistent STEP=run CHECK_TIMEOUT=420 bash scripts/sm90_bwd_check.sh > "$OUT/persist_check.log" 2>&1 || rc=$?
-    cp ab/persistent/sm90_bwd_check.log "$OUT/" 2> /dev/null
-    echo "persist check rc=$rc"; grep -E "FAIL" "$OUT/persist_check.log" | head -20
-    sed -n '/^TFLOP\/s/,$p' "$OUT/persist_check.log" | head -70
-    [ $rc -eq 0 ] || exit 1
-    ;;
-  persist_ab)
-    # The same through JAX (carry ["ab/main", "ab/persist", "ab/m0"], ~5
-    # min; all three rebuilt in session 36 on ab24e31's kernels): main
-    # against main + m0 + the patch with the plain calls' sm90 backward in
-    # the persistent kernel (pending/ab-bwd-persistent-default.patch; since
-    # session 36's rebase the feature variants keep their launches), two
-    # rounds of the plain grid at T = 1024 / 4096 (issue 21: T = 1024
-    # causal 0.89x of FA3's backward, v31; predicted 1.05-1.08x there).
-    # (ab/m0: main + pending/sm90-bwd-counter-m0.patch, the one-tile
-    # default's step counter without the spilled word, beside them.)
-    AB_DIRS="ab/main ab/persist ab/m0" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 64 128 --seqlen 1024 4096 \
-      --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
-    ;;
-  persist_suite)
-    # Before landing the persistent kernel as the default: the whole suite
-    # against ab/persist (carry ["ab/persist"], ~6 min), then the
-    # sanitizers on its backward kernels.
-    suite_against persist 420
-    SANITIZE_KERNELS=BackwardKernel SANITIZE_TOOLS="racecheck synccheck" \
-      timeout 150 bash ab/persist/scripts/sanitize_kernels.sh 2>&1 | tail -6
-    ;;
-  m0_suite)
-    # pending/sm90-bwd-counter-m0.patch before landing: the whole suite
-    # against ab/m0 (carry ["ab/m0"], ~6 min).
-    suite_against m0 480
     ;;
   dethelper_ab)
     # The helper warp through JAX (issue 21 measures deterministic=True
@@ -299,26 +248,6 @@ case "$stage" in
       PROFILE_CASES="packed_grad:BackwardKernel plain_grad_1024:BackwardKernel" \
       bash scripts/profile_features.sh 2>&1 | tail -70
     ;;
-  stack36_suite)
-    # Session 36's stack (carry ["ab/stack36", "ab/stack36_check"], ~8
-    # min): ab/stack36 = main (ab24e31) + pending/sm90-bias-tiles.patch +
-    # sm90-fwd-bias-batch-inner.patch + dropout-philox7.patch, measured in
-    # session 36 (perf_history.md v34: bias 0.77 / 0.83 of plain, dropout
-    # 1.05-1.17x); ab/stack36_check its check programs (the forward's bias
-    # cases never ran: its stale refusal ended it). The forward check's
-    # bias cases and T = 4096 rows (the tiles at 64 and 128 beside
-    # kMasksBias16), the backward check's bias cases, then the whole suite
-    # and racecheck / synccheck. A failure in a check does not stop the
-    # suite (one call says everything). All pass: land the three patches
-    # (git apply, in that order).
-    OUT=ab/stack36_check STEP=run ARGS=--bias CHECK_TIMEOUT=150 bash scripts/sm90_check.sh 2>&1 | tail -30
-    echo "forward check rc ${PIPESTATUS[0]}"
-    cp ab/stack36_check/sm90_fwd_check.log "$OUT/stack36_fwd_check.log" 2>/dev/null
-    OUT=ab/stack36_check STEP=run ARGS="--bias --quick" CHECK_TIMEOUT=100 bash scripts/sm90_bwd_check.sh 2>&1 | grep -v PASS | tail -8
-    echo "backward check rc ${PIPESTATUS[0]}"
-    cp ab/stack36_check/sm90_bwd_check.log "$OUT/stack36_bwd_check.log" 2>/dev/null
-    suite_then_sanitizers stack36 360 480
-    ;;
   features36)
     # Issue 19's table on one harness run (carry ["ab/stack36", ".peers"],
     # ~6 min): --preset features with cuDNN and FA3 beside, on the stack's
@@ -347,34 +276,37 @@ case "$stage" in
       --seqlen 131072 262144 --tokens 131072 --width 2048 --causal 1 --iters 3 --cotangent random --memory \
       --out "$OUT/long36" 2>&1 | tail -12)
     ;;
-  keepahead)
-    # Session 36's dropout forward candidate (carry ["ab/stack36", "ab/ka",
-    # "ab/ka64"], ~6 min): ab/ka = ab/stack36 +
-    # pending/sm90-fwd-dropout-keep-ahead.patch (a block's Philox calls made
-    # between the issue of its S and the wait for it, the softmax only
-    # comparing and selecting: their words in registers at 64, in shared
-    # memory at 128), ab/ka64
-    # the same without the 128 bits (pending/ab-keep-ahead-64-only.patch).
-    # The dropout tests against ab/ka, then two rounds of dropout against
-    # plain at 64 and 128, causal and not (issue 19: dropout <= 1.3x of
-    # plain's time; now 1.46x at 128, 1.6x at 64).
-    tests_against ka 150 "dropout" test_sm90_dropout.py test_features.py test_attention.py
-    AB_DIRS="ab/stack36 ab/ka ab/ka64" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 64 128 \
-      --seqlen 4096 --cotangent random --cases plain:0 dropout:0 dropout:1" bash scripts/gpu_ab.sh
+  stepclass)
+    # Session 37's two backward candidates (carry ["ab/stack36",
+    # "ab/stepclass", "ab/epi"], ~8 min): ab/stepclass = main (ebf7bbc,
+    # whose code ab/stack36 is) + pending/sm90-bwd-step-class.patch (the
+    # row-statistics warp classes each consumer warp's step, hidden /
+    # visible / check, from the mask policy a step or two ahead; the
+    # consumers skip FeatureStepMask's ~300 instructions per step where no
+    # element needs a check); ab/epi = that + pending/sm90-bwd-staged-epilogue.patch
+    # (dK and dV through the K / V tiles' shared memory and 16-byte
+    # stores; the last reduce's wait for its read only). Session 37's
+    # profiles: main's packed backward 897 instructions per consumer warp
+    # and step against plain's ~540, 1.25x its time; the T = 1024 causal
+    # backward's epilogue 14% of its stall samples (the store queue).
+    # The backward feature tests against ab/epi (both patches), then one
+    # round of each wheel: packed and window (issue 19: bwd 0.55 / 0.52 of
+    # plain, FA3 0.62 / 0.59), the key mask (all `check` steps: unchanged
+    # but for the epilogue), plain at T = 1024 (issue 21: 0.87-0.89x FA3)
+    # and 4096, at 128 and 64.
+    tests_against epi 200 "" test_features.py test_bias16.py test_sm90_dropout.py test_sinks.py
+    AB_DIRS="ab/stack36 ab/stepclass ab/epi" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 128 64 --seqlen 4096 \
+      --cotangent random --cases segments:1 window:1 mask:0 plain:1;--impl jax_flash --head-dim 128 64 --seqlen 1024 \
+      --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
     ;;
-  keymask)
-    # Session 36's key-padding candidate (carry ["ab/main", "ab/km"], ~6
-    # min): ab/km = ab/main (78e438f) + pending/sm90-fwd-keymask-on-masks.patch
-    # (a key-only boolean mask read beside kMasks's features instead of by
-    # kMasksBoolean, whose loop is twice kMasks's code). The mask tests
-    # against ab/km, then two rounds: the key-padding mask against key
-    # lengths (the same keys hidden; issue 19: mask and lengths >= 0.9 of
-    # plain at the same visible work, the mask 0.83 / 0.85 in v26), and the
-    # packed and window cases, which kMasks serves without a mask (its loop
-    # 1174 -> 1238 static instructions, the new path skipped at run time).
-    tests_against km 150 "mask" test_features.py test_attention.py
-    AB_DIRS="ab/main ab/km" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash --head-dim 128 64 --seqlen 4096 \
-      --cotangent random --cases plain:0 mask:0 kv_lengths:0 segments:1 window:1" bash scripts/gpu_ab.sh
+  stepclass_suite)
+    # Once `stepclass` has timed them faster (carry ["ab/epi"], ~8 min;
+    # ab/stepclass instead if only the step class won): the whole suite
+    # against both patches, then racecheck and synccheck on the sm90
+    # kernels (the class bytes are a new producer -> consumer handoff
+    # through shared memory, the staged dK / dV a reuse of the K / V
+    # tiles); all pass: land them.
+    suite_then_sanitizers ${STEPCLASS_WHEEL:-epi} 360 480
     ;;
   t1024_profile)
     # Issue 20's last forward gap, H = 128 at T = 1024 (0.86x / 0.88x of
