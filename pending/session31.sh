@@ -21,6 +21,7 @@
 #      (where the dropout kernels' time goes; ours and FA3's forward at
 #      T = 1024, issue 20's last gap)
 #   5. bash pending/session31.sh softcap_poly     carry ab/main ab/plaintx ab/poly4 ab/poly2
+#   6. bash pending/session31.sh packed_fwd_profile   carry ab/stack36   (~3 min; fits beside 4)
 # Then: `e2e` (carry ab/main .peers), `dethelper_ab` (carry ab/main
 # ab/dethelperjax). ab/stack36 is main's code (ebf7bbc); ab/main is
 # 78e438f (ab24e31's kernels), the rest named here on older mains (good
@@ -62,7 +63,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly features36 grid36 stepclass stepclass_suite t1024_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly features36 grid36 packed_fwd_profile stepclass stepclass_suite t1024_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
@@ -275,6 +276,17 @@ case "$stage" in
     (cd /tmp && timeout $((560 - SECONDS)) python3 -m jax_flash.benchmark --impl jax_flash fa3 cudnn --head-dim 128 \
       --seqlen 131072 262144 --tokens 131072 --width 2048 --causal 1 --iters 3 --cotangent random --memory \
       --out "$OUT/long36" 2>&1 | tail -12)
+    ;;
+  packed_fwd_profile)
+    # Issue 19's packed and window forward (0.91x / 1.00x of FA3, v35):
+    # the same profile as packed_profile's, on the forward kernel, packed
+    # documents against plain T = 1024 causal (the same tiles) and one
+    # document (carry ["ab/stack36"], ~3 min): whether the forward's
+    # per-block policy (FeatureBlockMask) costs what the backward's did.
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/stack36 ab/stack36/*.whl || exit 1
+    PYTHONPATH=/tmp/ab_site/stack36 SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=80 \
+      PROFILE_CASES="packed:ForwardKernel plain_1024:ForwardKernel one_doc_1024:ForwardKernel" \
+      bash scripts/profile_features.sh 2>&1 | tail -70
     ;;
   stepclass)
     # Session 37's two backward candidates (carry ["ab/stack36",

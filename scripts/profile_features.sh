@@ -12,7 +12,8 @@
 # with PYTHONPATH=/tmp/ab_site/NAME SKIP_BUILD=1. With PROFILE_SOURCE=1 the
 # per-instruction CSVs in profile.tgz can be read per source line here:
 # scripts/sass_lines.py CSV OBJECT, the object the same translation unit
-# compiled here with -lineinfo (nvcc ... -lineinfo -c ffi/cuda/sm90/launch_*.cu).
+# compiled here with -lineinfo (nvcc ... -lineinfo -c ffi/cuda/sm90/launch_*.cu),
+# and two cases against each other with scripts/ncu_compare.py A.csv B.csv.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-/tmp/profile_out}
