@@ -106,6 +106,14 @@ tests_against() {
   (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/$name timeout "$limit" \
     python3 -m pytest -q -x -n 12 -p no:cacheprovider "${files[@]}" -k "$expr" 2>&1 | tail -6) || exit 1
 }
+# Nsight Compute with source counters (scripts/profile_features.sh) on
+# PROFILE_CASES against wheel ab/NAME, within LIMIT seconds a case.
+profile_against() {
+  local name=$1 limit=$2 cases=$3
+  python3 -m pip install -q --no-deps --target /tmp/ab_site/$name ab/$name/*.whl || exit 1
+  PYTHONPATH=/tmp/ab_site/$name SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=$limit PROFILE_CASES="$cases" \
+    bash scripts/profile_features.sh 2>&1 | tail -70
+}
 for stage in "$@"; do
 echo "== stage $stage ($(date +%T))"
 case "$stage" in
@@ -233,10 +241,7 @@ case "$stage" in
     # forward's softmax phase is issue-bound (fewer Philox calls: 8-bit
     # thresholds, a semantic change) or latency-bound (the next block's
     # keep bits made while the warpgroup waits on its own products).
-    python3 -m pip install -q --no-deps --target /tmp/ab_site/stack36 ab/stack36/*.whl || exit 1
-    PYTHONPATH=/tmp/ab_site/stack36 SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=100 \
-      PROFILE_CASES="dropout:ForwardKernel default:ForwardKernel dropout_grad:BackwardKernel" \
-      bash scripts/profile_features.sh 2>&1 | tail -60
+    profile_against stack36 100 "dropout:ForwardKernel default:ForwardKernel dropout_grad:BackwardKernel"
     ;;
   packed_profile)
     # Issue 19's largest gap, the packed documents' backward (0.55 of plain
@@ -244,10 +249,7 @@ case "$stage" in
     # 0.65): Nsight Compute with source counters on main's sm90 backward,
     # packed_grad against plain_grad_1024 (carry ["ab/main"], ~3 min; after
     # bwd256 in the same call, which installs main's wheel).
-    python3 -m pip install -q --no-deps --target /tmp/ab_site/main ab/main/*.whl || exit 1
-    PYTHONPATH=/tmp/ab_site/main SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=80 \
-      PROFILE_CASES="packed_grad:BackwardKernel plain_grad_1024:BackwardKernel" \
-      bash scripts/profile_features.sh 2>&1 | tail -70
+    profile_against main 80 "packed_grad:BackwardKernel plain_grad_1024:BackwardKernel"
     ;;
   features36)
     # Issue 19's table on one harness run (carry ["ab/stack36", ".peers"],
@@ -283,10 +285,7 @@ case "$stage" in
     # documents against plain T = 1024 causal (the same tiles) and one
     # document (carry ["ab/stack36"], ~3 min): whether the forward's
     # per-block policy (FeatureBlockMask) costs what the backward's did.
-    python3 -m pip install -q --no-deps --target /tmp/ab_site/stack36 ab/stack36/*.whl || exit 1
-    PYTHONPATH=/tmp/ab_site/stack36 SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=80 \
-      PROFILE_CASES="packed:ForwardKernel plain_1024:ForwardKernel one_doc_1024:ForwardKernel" \
-      bash scripts/profile_features.sh 2>&1 | tail -70
+    profile_against stack36 80 "packed:ForwardKernel plain_1024:ForwardKernel one_doc_1024:ForwardKernel"
     ;;
   stepclass)
     # Session 37's two backward candidates (carry ["ab/stack36",
