@@ -22,7 +22,7 @@
 #      T = 1024, issue 20's last gap)
 #   5. bash pending/session31.sh softcap_poly     carry ab/main ab/plaintx ab/poly4 ab/poly2
 #   6. bash pending/session31.sh packed_fwd_profile   carry ab/stack36   (~3 min; fits beside 4)
-# Then: `e2e` (carry ab/main .peers), `dethelper_ab` (carry ab/main
+# Then: `e2e` (carry ab/main .peers), `dethelper_ab` (carry ab/stack36
 # ab/dethelperjax). ab/stack36 is main's code (ebf7bbc); ab/main is
 # 78e438f (ab24e31's kernels), the rest named here on older mains (good
 # for timing what they change; a suite that lands a patch runs on a wheel
@@ -209,12 +209,13 @@ case "$stage" in
     ;;
   dethelper_ab)
     # The helper warp through JAX (issue 21 measures deterministic=True
-    # against the default there; carry ["ab/main", "ab/dethelperjax"],
-    # ~5 min): main against main + sm90-bwd-det-helper.patch with the
+    # against the default there; carry ["ab/stack36", "ab/dethelperjax"],
+    # ~5 min): main (ebf7bbc's code) against main + sm90-bwd-det-helper.patch
+    # (rebased onto ebf7bbc, its wheel rebuilt in session 37) with the
     # helper as the package's handoff (ab-det-helper-default.patch), each
     # timing jax_flash and jax_flash_deterministic, two rounds; the
     # deterministic / default ratio per wheel is the target's (>= 0.87).
-    AB_DIRS="ab/main ab/dethelperjax" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash jax_flash_deterministic \
+    AB_DIRS="ab/stack36 ab/dethelperjax" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash jax_flash_deterministic \
       --head-dim 64 128 --seqlen 1024 4096 --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
     ;;
   softcap_poly)
