@@ -303,12 +303,12 @@ case "$stage" in
     # backward's epilogue 14% of its stall samples (the store queue).
     # The backward feature tests against ab/epi (both patches), then one
     # round of each wheel: packed and window (issue 19: bwd 0.55 / 0.52 of
-    # plain, FA3 0.62 / 0.59), the key mask (all `check` steps: unchanged
-    # but for the epilogue), plain at T = 1024 (issue 21: 0.87-0.89x FA3)
-    # and 4096, at 128 and 64.
+    # plain, FA3 0.62 / 0.59), key padding and key lengths (their steps
+    # classed by the keys: bwd 0.83 / 0.86 of plain, target 0.9), plain at
+    # T = 1024 (issue 21: 0.87-0.89x FA3) and 4096, at 128 and 64.
     tests_against epi 200 "" test_features.py test_bias16.py test_sm90_dropout.py test_sinks.py
     AB_DIRS="ab/stack36 ab/stepclass ab/epi" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 128 64 --seqlen 4096 \
-      --cotangent random --cases segments:1 window:1 mask:0 plain:1;--impl jax_flash --head-dim 128 64 --seqlen 1024 \
+      --cotangent random --cases segments:1 window:1 mask:0 kv_lengths:0 plain:1;--impl jax_flash --head-dim 128 64 --seqlen 1024 \
       --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
     ;;
   stepclass_suite)
