@@ -9,7 +9,7 @@
 #      (the packed / window backward without the per-step policy where no
 #      element needs a check, issue 19's largest gap, 0.80x FA3; and the
 #      staged dK / dV epilogue, issue 21's T = 1024 backward); if faster,
-#      `stepclass_suite` (carry ab/epi), then land them
+#      `stepclass_suite` (carry ab/epi ab/epi_check), then land them
 #   2. bash pending/session31.sh bwd256_suite     carry ab/bwd256ops   (~9 min)
 #      (the whole suite and the sanitizers against the 256 backward with
 #      the operand split; then OPERANDS=1 bash pending/land_bwd256.sh)
@@ -312,12 +312,20 @@ case "$stage" in
       --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
     ;;
   stepclass_suite)
-    # Once `stepclass` has timed them faster (carry ["ab/epi"], ~8 min;
+    # Once `stepclass` has timed them faster (carry ["ab/epi",
+    # "ab/epi_check"], ~9 min;
     # ab/stepclass instead if only the step class won): the whole suite
     # against both patches, then racecheck and synccheck on the sm90
     # kernels (the class bytes are a new producer -> consumer handoff
     # through shared memory, the staged dK / dV a reuse of the K / V
-    # tiles); all pass: land them.
+    # tiles); all pass: land them. First the backward check program's
+    # feature cases (ab/epi_check: built here in session 37 from main +
+    # both patches, `STEP=build bash scripts/sm90_bwd_check.sh`; carry it
+    # too): every feature variant against its float64 reference in C++,
+    # and the kernel alone timed beside the former lean-dQ schedule.
+    OUT=ab/epi_check STEP=run ARGS="--features --quick" CHECK_TIMEOUT=100 bash scripts/sm90_bwd_check.sh 2>&1 \
+      | grep -v PASS | tail -25
+    echo "backward check rc ${PIPESTATUS[0]}"
     suite_then_sanitizers ${STEPCLASS_WHEEL:-epi} 360 480
     ;;
   t1024_profile)
