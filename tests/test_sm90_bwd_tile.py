@@ -2,8 +2,9 @@
 the host: every (key block, key head, batch) exactly once, the former order
 without sections, a pair's key blocks in increasing tile order (the
 deterministic variant's waits go to lower indices only: no deadlock), causal
-key blocks outermost within contiguous sections; and BackwardCausalSection's
-and L2SizedSection's sizes. nvcc builds tests/cpp/sm90_bwd_tile_test.cu as a
+key blocks outermost within contiguous sections; BackwardCausalSection's
+and L2SizedSection's sizes; and the epilogue's dK / dV staging layout
+(KeyRowPiece: every pair once, read back in order, no bank conflicts). nvcc builds tests/cpp/sm90_bwd_tile_test.cu as a
 plain program; skipped without nvcc."""
 
 import shutil

@@ -20,7 +20,9 @@
 //     hold every visible pair of its keys, a query block its segment trim
 //     would drop holds none, and FeatureStepMask, for every warp and lane,
 //     marks exactly the visible pairs of its S^T fragment (keys g, g + 8;
-//     queries 8j + 2t + e; 64-bit words at 128 queries);
+//     queries 8j + 2t + e; 64-bit words at 128 queries), and
+//     FeatureStepClass calls a warp's step hidden or visible only where
+//     every lane's bits are 0 or all ones;
 //   - the backward's bias (BiasColumns: For once per tile, Load per step,
 //     ToLogits), for every warp and lane of both consumer warpgroups and
 //     every step and head, puts bias[b, h, query, key] / scale of each of
@@ -213,6 +215,10 @@ long Check(const Spec& c, long* checked) {
   return failures;
 }
 
+// How often each FeatureStepClass came up in CheckBackward (each must, or
+// the class check proves nothing).
+long class_counts[3] = {0, 0, 0};
+
 // The backward's tiles (128 keys) and steps (kBlockM queries: 64, or 128
 // for the Rows128 schedules, whose step masks are 64-bit words).
 template <int kBlockM>
@@ -320,9 +326,18 @@ long CheckBackward(const Spec& c, long* checked) {
           const IdSpan w_ref = policy.KeyIds(n0 + 16 * warp, int64_t(n0) + 16 * warp + 16);
           if (w.lo != w_ref.lo || w.hi != w_ref.hi) fail("SummarySpan<16> differs from Span (keys)", n0, m0, -1, -1);
         }
+        // The warp's class (FeatureStepClass, made by the row-statistics
+        // warp): hidden only where every lane's bits are 0, visible only
+        // where they are all ones.
+        const StepClass step_class = FeatureStepClass<kBlockM>(p, 0, 0, m0, n0 + 16 * warp);
+        ++class_counts[step_class];
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4, t = lane % 4, warp_j0 = n0 + 16 * warp, key = warp_j0 + g;
           const StepMaskBits<kBlockM> visible = FeatureStepMask<kBlockM>(p, 0, 0, m0, warp_j0, key, t);
+          if ((step_class == kStepHidden && visible != 0) || (step_class == kStepVisible && ~visible != 0))
+            fail(step_class == kStepHidden ? "a step classed hidden has visible bits"
+                                           : "a step classed visible has hidden bits",
+                 n0, m0, -1, key);
           for (int hh = 0; hh < 2; ++hh)
             for (int j = 0; j < kBlockM / 8; ++j)
               for (int e = 0; e < 2; ++e) {
@@ -502,6 +517,10 @@ int main() {
     failures += CheckBiasColumns<__nv_bfloat16, 128>(B, N, T, S, broadcast, &checked);
     ++configs;
   }
+  std::printf("backward step classes: %ld hidden, %ld visible, %ld checked per element\n", class_counts[kStepHidden],
+              class_counts[kStepVisible], class_counts[kStepCheck]);
+  for (long count : class_counts)
+    if (count == 0 && failures++ < 5) std::printf("FAIL a backward step class never came up\n");
   std::printf("%ld configurations, %ld pairs checked, %ld failures\n", configs, checked, failures);
   return failures == 0 ? 0 : 1;
 }

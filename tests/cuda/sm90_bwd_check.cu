@@ -944,10 +944,11 @@ bool RunBwdFeatureCase(const FeatureCase& c) {
                                 tol);
   };
 
-  // The package's launch (FeatureBwdSchedule: kDqFirstUniform at 128,
-  // kDqFirstUniformRows128 at 64), then the schedules it replaced on the same
-  // case, each counted like it: kLeanDq and, at 64, kDqFirstUniform over
-  // 64-query steps (at 128 that is the package's).
+  // The package's launch (FeatureBwdSchedule: kDqFirstUniformCounters at
+  // 128, kDqFirstUniformCountersRows128 at 64), then the schedules it
+  // replaced on the same case, each counted like it: kLeanDq and, at 64,
+  // kDqFirstUniform over 64-query steps (at 128 the package's without the
+  // counters).
   using jax_flash::cuda::sm90::BwdSchedule;
   // A bias: the bias variants at the package's feature schedule (not yet
   // dispatched by it: LaunchBiasScheduled) and, at 64, over 64-query

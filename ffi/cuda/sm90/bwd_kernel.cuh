@@ -344,6 +344,11 @@ __device__ __forceinline__ void PrefetchBiasRows(const AttentionParams& p, const
 // Warp 1 of the producer: per step, lse in log2 units (+inf past seqlen_q,
 // so that those queries' P is 0; Log2Lse: also for rows that saw no key)
 // and delta (0 past seqlen_q) of the step's queries, [lse2 x 64][delta x 64].
+// The mask-policy variants: then each consumer warp's StepClass of the step
+// (FeatureStepClass; lane w for consumer warp w, one byte each in the
+// stage's kStepClassBytes), made before the wait for the stage (its reads then
+// overlap it), so that a consumer warp whose step needs no element check
+// skips FeatureStepMask.
 // kMasksBias(16): then the bias rows of the next step into L2
 // (PrefetchBiasRows).
 template <typename Tr, Features kFeatures = Features::kNone, typename Element = void>
@@ -352,6 +357,8 @@ __device__ __forceinline__ void StageRowStats(const BackwardArgs& a, const Atten
                                               int lane) {
   // (kMasksBiasTiles: the producer copies the tiles; nothing to prefetch.)
   constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
+  constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
+  static_assert(!kPolicy || Tr::kConsumerWarps <= 32, "one lane per consumer warp's class");
   using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
   [[maybe_unused]] const BiasT* bias_keys = nullptr;
   [[maybe_unused]] int bias_key_bytes = 0;
@@ -365,6 +372,12 @@ __device__ __forceinline__ void StageRowStats(const BackwardArgs& a, const Atten
     const uint32_t parity = (i / Tr::kStages) & 1;
     const int m0 = steps.m0(i), h = steps.head(i, tile.hk, a.group);
     const int64_t row0 = (int64_t(tile.b) * a.num_heads + h) * a.seqlen_q;
+    // Consumer warp `lane`'s keys: warpgroup lane / 4's 64 from n0, its 16.
+    [[maybe_unused]] uint32_t step_class = kStepCheck;
+    if constexpr (kPolicy)
+      if (lane < Tr::kConsumerWarps)
+        step_class = FeatureStepClass<Tr::kBlockM, ReadsDenseStepMask(kFeatures, Tr::kHeadDim)>(
+            p, tile.b, h, m0, tile.n_block * Tr::kBlockN + 64 * (lane / 4) + 16 * (lane % 4));
     MbarrierWait(bars.empty(s), parity ^ 1);
     const uint32_t stats = smem + Tr::kStatOffset + s * Tr::kStatBytes;
 #pragma unroll
@@ -375,6 +388,11 @@ __device__ __forceinline__ void StageRowStats(const BackwardArgs& a, const Atten
       asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(stats + 4 * r), "f"(lse2) : "memory");
       asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(stats + 4 * (Tr::kBlockM + r)), "f"(delta) : "memory");
     }
+    if constexpr (kPolicy)
+      if (lane < Tr::kConsumerWarps)
+        asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(smem + Tr::kStepClassOffset + s * Tr::kStepClassBytes + lane),
+                     "r"(step_class)
+                     : "memory");
     MbarrierArrive(bars.do_full(s));  // release: the stores above are visible to the waiters
     if constexpr (kBias) {
       const int next = min(i + 1, steps.count - 1);
@@ -550,24 +568,59 @@ __device__ __forceinline__ void SendDqFull(const BackwardArgs& a, const float (&
   }
 }
 
-// dK (times scale) or dV rows of this thread to global memory: 32-bit pairs
-// (head_dim is a multiple of 8; the launch checks 16-byte strides).
-template <typename Element, int kHeadDim>
-__device__ __forceinline__ void StoreKeyGradient(const BackwardArgs& a, void* base, const float (&acc)[kHeadDim / 2],
-                                                 float scale, int key0, int b, int hk, int t) {
+// The epilogue's dK and dV go through shared memory: each consumer
+// warpgroup stages its 64 rows as 16-bit pairs in its own rows of the K or
+// V tile (free once the products reading them are complete), in the
+// tile's TMA layout (64-column chunks of kBlockN rows x 128 bytes, a
+// row's 16-byte piece j at j ^ (row % 8): a warp's pair stores, lanes g on
+// 8 rows, hit 32 banks), then stores 16-byte pieces, a row's consecutive
+// pieces by consecutive threads. Stored straight from the fragments (4-byte
+// pairs, 8 rows x 16 bytes per warp store, 64 stores a thread at 128) the
+// epilogue was 14% of the T = 1024 causal backward's stall samples
+// (session 37's profile), most of them the store queue's (lg).
+// The staging address of row `row` (of the warpgroup's 64 from row 64
+// `warpgroup` of the tile at `tile`), 16-byte piece `c`.
+// (Host-callable for tests/cpp/sm90_bwd_tile_test.cu.)
+template <typename Tr>
+__host__ __device__ __forceinline__ uint32_t KeyRowPiece(uint32_t tile, int warpgroup, int row, int c) {
+  return tile + uint32_t((c / 8) * Tr::kKvChunkBytes + (64 * warpgroup + row) * 128 + 16 * ((c % 8) ^ (row % 8)));
+}
+
+// This thread's dK (times scale) or dV pairs (rows row0, row0 + 8 of the
+// warpgroup's 64; columns 8j + 2t, + 1) into the staging (KeyRowPiece).
+template <typename Element, typename Tr>
+__device__ __forceinline__ void StageKeyGradient(uint32_t tile, int warpgroup, const float (&acc)[Tr::kHeadDim / 2],
+                                                 float scale, int row0, int t) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int j = 0; j < Tr::kHeadDim / 8; ++j)
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(KeyRowPiece<Tr>(tile, warpgroup, row0 + 8 * hh, j) + 4 * t),
+                   "r"(PackPair<Element>(acc[4 * j + 2 * hh] * scale, acc[4 * j + 2 * hh + 1] * scale))
+                   : "memory");
+}
+
+// The warpgroup's 64 staged rows (keys key0 .., those below seqlen_k) to
+// dK or dV in global memory, 16 bytes a store (head_dim is a multiple of
+// 8; the launch checks 16-byte strides); `tid`: the thread in the
+// warpgroup. After a warpgroup barrier over the staging stores.
+template <typename Element, typename Tr>
+__device__ __forceinline__ void StoreStagedKeyRows(const BackwardArgs& a, void* base, uint32_t tile, int warpgroup,
+                                                   int key0, int b, int hk, int tid) {
+  constexpr int kPieces = Tr::kHeadDim / 8;  // 16-byte pieces per row
   Element* rows = static_cast<Element*>(base) + int64_t(b) * a.k_stride.batch + int64_t(hk) * a.k_stride.head;
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int key = key0 + 8 * hh;
-    if (key >= a.seqlen_k) continue;
-    Element* row = rows + int64_t(key) * a.k_stride.row;
-#pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
-      const int col = 8 * j + 2 * t;
-      if (col < a.head_dim)
-        *reinterpret_cast<uint32_t*>(row + col) =
-            PackPair<Element>(acc[4 * j + 2 * hh] * scale, acc[4 * j + 2 * hh + 1] * scale);
-    }
+  for (int k = 0; k < 64 * kPieces / 128; ++k) {
+    const int q = tid + 128 * k, row = q / kPieces, c = q % kPieces;
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(KeyRowPiece<Tr>(tile, warpgroup, row, c))
+                 : "memory");
+    if (key0 + row < a.seqlen_k && 8 * c < a.head_dim)
+      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(rows + int64_t(key0 + row) * a.k_stride.row + 8 * c),
+                   "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                   : "memory");
   }
 }
 
@@ -770,7 +823,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   static_assert(!kBiasGradient || kBias, "the bias gradient is the bias variants' pass");
   constexpr bool kUniform = BwdUniformDescriptors(kSchedule);
   constexpr bool kDiagonalMasks = BwdDiagonalMasks(kSchedule) && !kPolicy;
-  constexpr bool kCounters = BwdStepCounters(kSchedule) && !kPolicy;
+  constexpr bool kCounters = BwdStepCounters(kSchedule);
   static_assert(!kCounters || BwdDqFirst(kSchedule), "the counters are the current step's (no send of step i - 1)");
   constexpr bool kEarlyS = kSchedule != BwdSchedule::kSerial && !kDqFirst;
   constexpr bool kLeanDq = kSchedule == BwdSchedule::kLeanDq || kSchedule == BwdSchedule::kLeanDqEarlyDp ||
@@ -1014,20 +1067,32 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     const int m0 = m0_of(i);
     issue_s(i);
     if constexpr (kSendPrevious && !kSendAfterDp) send_dq(i - 1);
-    // Feature variants: the step's visibility bits (FeatureStepMask), while
-    // S^T runs, so that its reads (lengths, offsets, id summaries, ids) hide
-    // under the product instead of holding back its issue (not timed yet);
-    // b and h opaque, so that the policy is rebuilt from the parameters here
-    // rather than held across the loop.
+    MbarrierWait(bars.do_full(s), parity);
+    // Feature variants: the step's visibility bits, while S^T runs. The
+    // warp's StepClass first (the row-statistics warp's, published with
+    // do_full): hidden or visible whole, no policy to run; else
+    // FeatureStepMask, whose reads (lengths, offsets, id summaries, ids)
+    // hide under the product instead of holding back its issue; b and h
+    // opaque, so that the policy is rebuilt from the parameters here rather
+    // than held across the loop.
     // 128-query steps: the warp's first key opaque too, so that its key
     // summary entries (warp_j0 / 64) are rebuilt per step: hoisted, they were
     // the two words f16's kMasksSoftcap spilled (2 LDL per step).
     [[maybe_unused]] StepMaskBits<kBlockM> visible = ~StepMaskBits<kBlockM>(0);
     if constexpr (kPolicy) {
-      const int warp_j0 = wg_n0 + 16 * warp;
-      visible = FeatureStepMask<kBlockM, ReadsDenseStepMask(kFeatures, kHeadDim)>(p, int(Opaque(uint32_t(tile.b))),
-                                         int(Opaque(uint32_t(steps.head(i, tile.hk, a.group)))), m0,
-                                         Tr::kDqSplitRows ? int(Opaque(uint32_t(warp_j0))) : warp_j0, wg_n0 + row0, t);
+      uint32_t step_class;
+      asm volatile("ld.shared.u8 %0, [%1];\n"
+                   : "=r"(step_class)
+                   : "r"(Opaque(smem) + Tr::kStepClassOffset + s * Tr::kStepClassBytes + 4 * warpgroup + warp)
+                   : "memory");
+      if (step_class == kStepHidden) {
+        visible = 0;
+      } else if (step_class != kStepVisible) {
+        const int warp_j0 = wg_n0 + 16 * warp;
+        visible = FeatureStepMask<kBlockM, ReadsDenseStepMask(kFeatures, kHeadDim)>(
+            p, int(Opaque(uint32_t(tile.b))), int(Opaque(uint32_t(head_of(i)))), m0,
+            Tr::kDqSplitRows ? int(Opaque(uint32_t(warp_j0))) : warp_j0, wg_n0 + row0, t);
+      }
     }
     // dP^T = V dO^T [64 keys][64 queries], raw.
     float dpt[kBlockM / 2];
@@ -1035,7 +1100,6 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     const uint32_t q_tile = base + Tr::kQOffset + s * Tr::kQTileBytes;
     const uint32_t do_tile = base + Tr::kDoOffset + s * Tr::kQTileBytes;
     const uint32_t v_rows = base + Tr::kVOffset + warpgroup * 64 * 128;
-    MbarrierWait(bars.do_full(s), parity);
     WgmmaFence();
     if constexpr (kUniform) {
       const UniformDescriptor v_desc(v_rows, 16, 1024), do_desc(do_tile, 16, 1024);
@@ -1385,12 +1449,24 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
       DqOrder::Arrive(dq_counters, dq_previous);
     }
   } else {
-    if (lane == 0) BulkWait<0>();  // the block's shared memory stays until the last reduce has run
+    // The block's shared memory stays until the last reduce has read its
+    // staging (the adds themselves complete on their own, before the grid
+    // does, as a TMA store's after CUTLASS's epilogue wait).
+    if (lane == 0) BulkWaitRead<0>();
   }
 
-  StoreKeyGradient<Element, kHeadDim>(a, a.dk, dk, a.scale, wg_n0 + row0, tile.b, tile.hk, t);
-  StoreKeyGradient<Element, kHeadDim>(a, a.dv, dv, kDropout ? a.dropout_keep_scale : 1.0f, wg_n0 + row0, tile.b,
-                                      tile.hk, t);
+  // dK, dV through shared memory (KeyRowPiece). This warpgroup's K and V
+  // rows are free once its own last products have completed (the step's
+  // wait) and, where a warpgroup's dQ product reads the other's keys
+  // (kDqReadsBothDs), once the other's has: the barrier both reach.
+  if constexpr (Tr::kDqReadsBothDs) NamedBarrierSync(kDsBarrier, 256);
+  const uint32_t k_tile = Opaque(smem) + Tr::kKOffset, v_tile = Opaque(smem) + Tr::kVOffset;
+  StageKeyGradient<Element, Tr>(k_tile, warpgroup, dk, a.scale, row0, t);
+  StageKeyGradient<Element, Tr>(v_tile, warpgroup, dv, kDropout ? a.dropout_keep_scale : 1.0f, row0, t);
+  if (warpgroup == 0) NamedBarrierSync(kStageBarrier, 128);
+  else NamedBarrierSync(kStageBarrier + 1, 128);
+  StoreStagedKeyRows<Element, Tr>(a, a.dk, k_tile, warpgroup, wg_n0, tile.b, tile.hk, tid);
+  StoreStagedKeyRows<Element, Tr>(a, a.dv, v_tile, warpgroup, wg_n0, tile.b, tile.hk, tid);
 }
 
 // The bias-gradient pass's tile order: BwdTile's, but where the bias is

@@ -65,6 +65,11 @@ namespace jax_flash::cuda::sm90 {
 //            N = 128, dQ is reduced once, and a step's fixed costs (the
 //            barriers, waits, the send's issue) are spread over twice the
 //            FLOPs.
+// Session 37's (appended likewise):
+//   kDqFirstUniformCounters, kDqFirstUniformCountersRows128:
+//            kDqFirstUniform(Rows128) with the step counters of
+//            kDqFirstUniformDiagCounters(Rows128) (the feature variants,
+//            whose masks are the mask policy's, not the diagonal's).
 enum class BwdSchedule {
   kSerial,
   kEarlyS,
@@ -77,25 +82,28 @@ enum class BwdSchedule {
   kDqFirstUniformDiagCounters,
   kLeanDqRows128,
   kDqFirstUniformRows128,
-  kDqFirstUniformDiagCountersRows128
+  kDqFirstUniformDiagCountersRows128,
+  kDqFirstUniformCounters,
+  kDqFirstUniformCountersRows128
 };
 constexpr bool BwdRows128(BwdSchedule s) {
   return s == BwdSchedule::kLeanDqRows128 || s == BwdSchedule::kDqFirstUniformRows128 ||
-         s == BwdSchedule::kDqFirstUniformDiagCountersRows128;
+         s == BwdSchedule::kDqFirstUniformDiagCountersRows128 || s == BwdSchedule::kDqFirstUniformCountersRows128;
 }
 constexpr bool BwdStepCounters(BwdSchedule s) {
-  return s == BwdSchedule::kDqFirstUniformDiagCounters || s == BwdSchedule::kDqFirstUniformDiagCountersRows128;
+  return s == BwdSchedule::kDqFirstUniformDiagCounters || s == BwdSchedule::kDqFirstUniformDiagCountersRows128 ||
+         s == BwdSchedule::kDqFirstUniformCounters || s == BwdSchedule::kDqFirstUniformCountersRows128;
 }
 constexpr bool BwdDiagonalMasks(BwdSchedule s) {
   return s == BwdSchedule::kDqFirstUniformDiag || BwdStepCounters(s);
 }
 constexpr bool BwdDqFirst(BwdSchedule s) {
-  return s == BwdSchedule::kDqFirst || s == BwdSchedule::kDqFirstUniform || BwdDiagonalMasks(s) ||
-         s == BwdSchedule::kDqFirstUniformRows128;
+  return s == BwdSchedule::kDqFirst || s == BwdSchedule::kDqFirstUniform || BwdStepCounters(s) ||
+         BwdDiagonalMasks(s) || s == BwdSchedule::kDqFirstUniformRows128;
 }
 constexpr bool BwdUniformDescriptors(BwdSchedule s) {
-  return s == BwdSchedule::kLeanDqUniform || s == BwdSchedule::kDqFirstUniform || BwdDiagonalMasks(s) ||
-         s == BwdSchedule::kDqFirstUniformRows128;
+  return s == BwdSchedule::kLeanDqUniform || s == BwdSchedule::kDqFirstUniform || BwdStepCounters(s) ||
+         BwdDiagonalMasks(s) || s == BwdSchedule::kDqFirstUniformRows128;
 }
 
 // The package's schedules. Plain kernels: at 128 kDqFirstUniformDiagCounters,
@@ -116,14 +124,22 @@ constexpr bool BwdUniformDescriptors(BwdSchedule s) {
 constexpr BwdSchedule DefaultBwdSchedule(int head_dim) {
   return head_dim <= 64 ? BwdSchedule::kDqFirstUniformDiagCountersRows128 : BwdSchedule::kDqFirstUniformDiagCounters;
 }
+// Since session 37 the feature variants take the step counters too
+// (kDqFirstUniformCounters, kDqFirstUniformCountersRows128: the plain
+// defaults' counters, not their diagonal-only masks): with the step class
+// (FeatureStepClass) deciding a step's masks, the division by the query
+// block count was ~25-30 of a visible step's ~580 (128) / ~830 (64)
+// instructions (SASS: the cheapest path through kMasks's step).
 constexpr BwdSchedule FeatureBwdSchedule(int head_dim) {
-  return head_dim <= 64 ? BwdSchedule::kDqFirstUniformRows128 : BwdSchedule::kDqFirstUniform;
+  return head_dim <= 64 ? BwdSchedule::kDqFirstUniformCountersRows128 : BwdSchedule::kDqFirstUniformCounters;
 }
 // The dropout variant's: 64-query steps at every head dim. Over 128-query
 // steps at 64 its keep bits (64 per thread, made a step ahead) beside S^T
 // and dP^T in flight (64 floats each) left ptxas ~10 words short: 21 local
-// accesses per step, in the loop.
-constexpr BwdSchedule DropoutBwdSchedule(int) { return BwdSchedule::kDqFirstUniform; }
+// accesses per step, in the loop. With the step counters since session 37
+// (the cheapest path through a step 1027 -> 1007 instructions at 128,
+// 976 -> 955 at 64, where its loop's local accesses went 10 -> 6).
+constexpr BwdSchedule DropoutBwdSchedule(int) { return BwdSchedule::kDqFirstUniformCounters; }
 // kPlainSoftcap's and kPlainDropout's (the plain kernel's steps with the
 // soft cap or dropout alone): at 128 the plain default (diagonal-only
 // masks, step counters); at 64, dropout on 64-query steps (as above), the
@@ -225,15 +241,17 @@ struct BwdTraits {
   static constexpr int kDqStageBytes = kDqRows * kDqCols * 4;
   // lse (log2 units) and delta of a step's kBlockM queries.
   static constexpr int kStatBytes = 2 * kBlockM * 4;
+  // The mask-policy variants' StepClass of a step, a byte per consumer warp.
+  static constexpr int kStepClassBytes = 16;
 
   // Shared memory: K, V, the Q stages, the dO stages, the two dS^T buffers,
-  // the dQ staging per consumer warpgroup, the lse/delta stages, then the
-  // mbarriers. The base is rounded up to 1024 bytes inside the kernel, hence
+  // the dQ staging per consumer warpgroup, the lse/delta stages, the step
+  // classes' stages, then the mbarriers. The base is rounded up to 1024 bytes inside the kernel, hence
   // the extra 1024 requested. Bytes at 128 x 128 (kBlockM x kBlockN), head
   // dim 64: K, V 16 KiB each, Q, dO 2 x 16 KiB each (128 rows of 128
   // bytes), dS^T 2 x 32 KiB (both warpgroups' keys x 128 queries), dQ
-  // staging 2 x 16 KiB, lse / delta 2 x 1 KiB: 194 KiB, + 56 bytes of
-  // mbarriers + 1024 of alignment slack = 199,736 (one block per SM, as at
+  // staging 2 x 16 KiB, lse / delta 2 x 1 KiB, step classes 2 x 16 bytes: 194 KiB + 32, + 56 bytes of
+  // mbarriers + 1024 of alignment slack = 199,768 (one block per SM, as at
   // 64 x 128).
   static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKOffset + kKvTileBytes;
@@ -242,7 +260,8 @@ struct BwdTraits {
   static constexpr int kDsOffset = kDoOffset + kStages * kQTileBytes;
   static constexpr int kDqStageOffset = kDsOffset + 2 * kDsBytes;
   static constexpr int kStatOffset = kDqStageOffset + kConsumerWarpgroups * kDqStageBytes;
-  static constexpr int kBarrierOffset = kStatOffset + kStages * kStatBytes;
+  static constexpr int kStepClassOffset = kStatOffset + kStages * kStatBytes;
+  static constexpr int kBarrierOffset = kStepClassOffset + kStages * kStepClassBytes;
   // kv_full, then per stage q_full, do_full, empty.
   static constexpr int kBarriers = 1 + 3 * kStages;
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;

@@ -1044,53 +1044,78 @@ __host__ __device__ __forceinline__ StepMaskBits<kBlockM> DenseStepMask(const At
   }
   return visible;
 }
-// kDenseMask: the variant takes a per-query mask too
-// (ReadsDenseStepMask).
+// The tests of one warp's step (its 16 keys from warp_j0 x kBlockM queries
+// from m0) that need no element: the mask policy, whether no pair can be
+// visible (`hidden`: the segment summaries never meet, or a per-query
+// mask's block summary hides them all), and what is left to read per
+// element: a key-only mask's bytes (`key_mask`), a per-query mask's
+// (`dense`; null where its block summary shows every pair), segment ids
+// (meet == kSome). FeatureStepMask and FeatureStepClass both start here,
+// so that the class agrees with the bits by construction.
+// kDenseMask: the variant takes a per-query mask too (ReadsDenseStepMask).
+struct StepScreen {
+  MaskPolicy policy;
+  const uint8_t* dense = nullptr;
+  SegmentMeet meet = SegmentMeet::kAll;
+  bool key_mask = false, hidden = false;
+};
+template <int kBlockM, bool kDenseMask>
+__host__ __device__ __forceinline__ StepScreen ScreenStep(const AttentionParams& p, int b, int h, int m0,
+                                                          int warp_j0) {
+  StepScreen screen{MaskPolicy::For(p, b, h)};
+  const MaskPolicy& policy = screen.policy;
+  // A boolean mask (UnsupportedFeatures' MaskBeside::kAny): key-only, or
+  // per query where the variant reads one.
+  if (policy.mask) {
+    if (!kDenseMask || policy.mask_row == 0) screen.key_mask = true;
+    else screen.dense = policy.mask;
+  }
+  if (policy.q_segments)
+    screen.meet = policy.HasSegmentRanges()
+                      ? Meet(SummarySpan<kBlockM>(policy.q_ranges, m0), SummarySpan<16>(policy.kv_ranges, warp_j0))
+                      : SegmentMeet::kSome;
+  if (screen.meet == SegmentMeet::kNone) {
+    screen.hidden = true;
+    return screen;
+  }
+  if constexpr (kDenseMask) {
+    // The mask's block summary over the step's queries and the warp's 16
+    // keys: hidden whole (no pair to read), visible whole (none either), or
+    // read pair by pair.
+    if (screen.dense && p.features.mask_blocks) {
+      const uint32_t bits = SliceMaskBlocks(p.features, b, h).SpanOf<kBlockM, 16, true>(m0, warp_j0);
+      if (!(bits & kMaskBlockSome)) screen.hidden = true;
+      if (bits & kMaskBlockAll) screen.dense = nullptr;
+    }
+  }
+  return screen;
+}
+
 template <int kBlockM, bool kDenseMask = true>
 __host__ __device__ __forceinline__ StepMaskBits<kBlockM> FeatureStepMask(const AttentionParams& p, int b, int h,
                                                                           int m0, int warp_j0, int key, int t) {
   using Bits = StepMaskBits<kBlockM>;
   constexpr int kTiles = kBlockM / 8, kRowBits = 2 * kTiles;
   static_assert(kBlockM == 64 || kBlockM == 128, "two rows of 2 kBlockM / 8 bits in one word");
-  MaskPolicy policy = MaskPolicy::For(p, b, h);
-  // A boolean mask (UnsupportedFeatures' MaskBeside::kAny). Key-only: the
-  // bytes of the thread's two keys (clamped into the sequence: keys past
-  // it are hidden by the bounds) hide or keep each row whole. Per query:
-  // every pair's byte (DenseStepMask), ANDed into the rest of the policy's
-  // answer, which goes without it.
+  const StepScreen screen = ScreenStep<kBlockM, kDenseMask>(p, b, h, m0, warp_j0);
+  if (screen.hidden) return Bits(0);
+  const MaskPolicy& policy = screen.policy;
+  // Key-only: the bytes of the thread's two keys (clamped into the
+  // sequence: keys past it are hidden by the bounds) hide or keep each row
+  // whole. Per query: every pair's byte (DenseStepMask), ANDed into the
+  // rest of the policy's answer, which goes without it.
   Bits rows = ~Bits(0);
-  const uint8_t* dense = nullptr;
-  const int64_t dense_row = policy.mask_row;
-  if (policy.mask) {
+  if (screen.key_mask) {
     const int k_last = int(p.shape.seqlen_k) - 1;
-    if (!kDenseMask || policy.mask_row == 0) {
-      if (policy.mask[int64_t(std::min(key, k_last)) * policy.mask_col] == 0) rows &= ~((Bits(1) << kRowBits) - 1);
-      if (policy.mask[int64_t(std::min(key + 8, k_last)) * policy.mask_col] == 0) rows &= (Bits(1) << kRowBits) - 1;
-    } else {
-      dense = policy.mask;
-    }
-    policy.mask = nullptr;
+    if (policy.mask[int64_t(std::min(key, k_last)) * policy.mask_col] == 0) rows &= ~((Bits(1) << kRowBits) - 1);
+    if (policy.mask[int64_t(std::min(key + 8, k_last)) * policy.mask_col] == 0) rows &= (Bits(1) << kRowBits) - 1;
   }
-  SegmentMeet meet = SegmentMeet::kAll;
-  if (policy.q_segments)
-    meet = policy.HasSegmentRanges()
-               ? Meet(SummarySpan<kBlockM>(policy.q_ranges, m0), SummarySpan<16>(policy.kv_ranges, warp_j0))
-               : SegmentMeet::kSome;
-  if (meet == SegmentMeet::kNone) return Bits(0);
-  if constexpr (kDenseMask) {
-    // The mask's block summary over the step's queries and the warp's 16
-    // keys: hidden whole (no pair to read), visible whole (none either), or
-    // read pair by pair.
-    if (dense && p.features.mask_blocks) {
-      const uint32_t bits = SliceMaskBlocks(p.features, b, h).SpanOf<kBlockM, 16, true>(m0, warp_j0);
-      if (!(bits & kMaskBlockSome)) return Bits(0);
-      if (bits & kMaskBlockAll) dense = nullptr;
-    }
-    if (dense) rows &= DenseStepMask<kBlockM>(p, dense, dense_row, policy.mask_col, m0, key, t);
-  }
-  const bool ids = meet == SegmentMeet::kSome;
+  if constexpr (kDenseMask)
+    if (screen.dense) rows &= DenseStepMask<kBlockM>(p, screen.dense, policy.mask_row, policy.mask_col, m0, key, t);
+  const bool ids = screen.meet == SegmentMeet::kSome;
   if (!ids && !policy.NeedsBoundsCheck(m0, int64_t(m0) + kBlockM, warp_j0, int64_t(warp_j0) + 16)) return rows;
-  const MaskPolicy bounds = policy.WithoutSegments();
+  MaskPolicy bounds = policy.WithoutSegments();
+  bounds.mask = nullptr;
   Bits visible = Bits(VisibleBits<kTiles, false>(bounds, key, int64_t(m0) + 2 * t)) |
                  Bits(VisibleBits<kTiles, false>(bounds, int64_t(key) + 8, int64_t(m0) + 2 * t)) << kRowBits;
   if (ids) {
@@ -1110,6 +1135,48 @@ __host__ __device__ __forceinline__ StepMaskBits<kBlockM> FeatureStepMask(const 
       }
   }
   return visible & rows;
+}
+
+// What one warp's step needs (ScreenStep's answer, kDenseMask as there):
+// kStepHidden where FeatureStepMask's bits are 0 for every lane,
+// kStepVisible where they are all ones (no mask bytes, ids or bounds to
+// check), kStepCheck otherwise. The backward's row-statistics warp
+// (bwd_kernel.cuh, StageRowStats) makes it for the consumer warps a step or
+// two ahead of them, so that their steps without element work skip the
+// policy (~300 instructions per warp and step, on the step's path).
+// A key-only mask (key padding) is read here for all 16 keys of the warp
+// (FeatureStepMask reads a thread's two): all hidden makes the step hidden,
+// all shown leaves the other tests to decide, keys past the sequence
+// (clamped reads, as there) being the bounds' to hide.
+enum StepClass : uint32_t { kStepHidden = 0, kStepVisible = 1, kStepCheck = 2 };
+template <int kBlockM, bool kDenseMask = true>
+__host__ __device__ __forceinline__ StepClass FeatureStepClass(const AttentionParams& p, int b, int h, int m0,
+                                                               int warp_j0) {
+  const StepScreen screen = ScreenStep<kBlockM, kDenseMask>(p, b, h, m0, warp_j0);
+  if (screen.hidden) return kStepHidden;
+  bool mixed_keys = false;
+  if (screen.key_mask) {
+    const int k_last = int(p.shape.seqlen_k) - 1;
+    const uint8_t* keys = screen.policy.mask;
+    int shown = 0;
+#ifdef __CUDA_ARCH__
+    // Contiguous, aligned and inside the sequence: one 16-byte load.
+    if (screen.policy.mask_col == 1 && warp_j0 + 15 <= k_last &&
+        (reinterpret_cast<uintptr_t>(keys + warp_j0) & 15u) == 0) {
+      const uint4 w = *reinterpret_cast<const uint4*>(keys + warp_j0);
+      const uint32_t zero_bytes = __vcmpeq4(w.x, 0u) | __vcmpeq4(w.y, 0u) | __vcmpeq4(w.z, 0u) | __vcmpeq4(w.w, 0u);
+      shown = (w.x | w.y | w.z | w.w) == 0 ? 0 : zero_bytes == 0 ? 16 : 1;
+    } else
+#endif
+    {
+      for (int j = 0; j < 16; ++j) shown += keys[int64_t(std::min(warp_j0 + j, k_last)) * screen.policy.mask_col] != 0;
+    }
+    if (shown == 0) return kStepHidden;
+    mixed_keys = shown < 16;
+  }
+  const bool elements = mixed_keys || screen.dense || screen.meet == SegmentMeet::kSome ||
+                        screen.policy.NeedsBoundsCheck(m0, int64_t(m0) + kBlockM, warp_j0, int64_t(warp_j0) + 16);
+  return elements ? kStepCheck : kStepVisible;
 }
 
 }  // namespace jax_flash::cuda::sm90
