@@ -344,7 +344,7 @@ def _takes_sm90_deterministic_scratch(q, static) -> bool:
 
     Mirrors ffi/cuda/handlers.cu's Sm90DeterministicScratch at trace time,
     without a GPU: a build with those kernels, "auto" or "sm90", 16-bit
-    inputs, a head dim that is a multiple of 8 up to 128, a positive scale,
+    inputs, a head dim that is a multiple of 8 up to 256, a positive scale,
     and a plain call (no bias, mask, lengths, segments, window, position
     offsets, soft cap or dropout; causal or not). The device is not known
     here: where it is not a 9.x GPU the handler ignores the scratch and runs
@@ -356,7 +356,7 @@ def _takes_sm90_deterministic_scratch(q, static) -> bool:
         and static.implementation in (0, 3)  # "auto" (None), "sm90"
         and q.dtype in (jnp.float16, jnp.bfloat16)
         and head_dim % 8 == 0
-        and head_dim <= 128
+        and head_dim <= 256
         and static.scale > 0
         and static.features == 0
         and static.window_left < 0
@@ -369,7 +369,7 @@ def _takes_sm90_deterministic_scratch(q, static) -> bool:
 
 # Fewest query rows per counter of the deterministic sm90 backward
 # (DeterministicCounterCount, ffi/cuda/sm90/bwd_launch.cuh: its schedule's
-# kBlockM, 128 at head dim 64 and 64 at 128; no schedule has fewer than 64).
+# kBlockM, 128 at head dim 64 and 64 at 128 and 256; none has fewer than 64).
 _DETERMINISTIC_COUNTER_ROWS = 64
 
 
@@ -442,8 +442,14 @@ def _ffi_backward(q, k, v, out, lse, dout, feature_ops, static):
 # ran at 0.74x of the same shape's MHA speed per FLOP (v17, H200). Giving each
 # key head `copies` copies, each serving G / copies of the group's query
 # heads, multiplies the blocks; the copies' dK and dV are summed after.
-_KEY_BLOCK = 128  # keys per backward block (sm80 and sm90 at head dims <= 128)
 _TARGET_BLOCKS_PER_SM = 4  # ~two waves of two co-resident blocks: the LPT order then balances
+
+
+def _key_block(head_dim: int) -> int:
+    """Keys per backward block: 128 up to head dim 128, 64 beyond (sm80's
+    fused backward and sm90's Bwd256Traits, at the head dims rounded up to
+    256)."""
+    return 128 if head_dim <= 128 else 64
 
 
 def _multiprocessors() -> int:
@@ -460,9 +466,9 @@ def key_head_copies(q_shape, k_shape, multiprocessors: int) -> int:
     _TARGET_BLOCKS_PER_SM blocks per multiprocessor (G if none does); 1 for
     MHA or when the key blocks already suffice. Extra memory: `copies` times
     k, v, dk and dv, bounded because copies > 1 only for few key blocks."""
-    *batch, s, kv_heads, _ = k_shape
+    *batch, s, kv_heads, head_dim = k_shape
     group = q_shape[-2] // kv_heads
-    blocks = math.prod(batch) * kv_heads * -(-s // _KEY_BLOCK)
+    blocks = math.prod(batch) * kv_heads * -(-s // _key_block(head_dim))
     target = _TARGET_BLOCKS_PER_SM * multiprocessors
     if group == 1 or blocks >= target:
         return 1

@@ -116,18 +116,20 @@ def attention(
         either a soft cap, dropout, or a bias or a boolean mask that is not
         broadcast along the keys; a boolean mask also beside a soft cap,
         a key-only one, [B|1, N|1, 1, S], beside dropout; only at head
-        dims up to 128), and the sm90 backward for calls at head
-        dims up to 128 with those features (a per-query boolean mask also
-        beside dropout) but a per-query boolean mask beside a soft cap at
-        head dims up to 64 or dropout with a soft cap (a bias contiguous
+        dims up to 128), and the sm90 backward for plain calls at head
+        dims up to 256 and for calls at head dims up to 128 with those
+        features (a per-query boolean mask also beside dropout) but a
+        per-query boolean mask beside a soft cap at head dims up to 64 or
+        dropout with a soft cap (a bias contiguous
         along the keys included, its gradient on the
         sm90 bias-gradient pass), and its deterministic variant for
         ``deterministic`` plain calls. ``"sm90"`` forces the Hopper (wgmma /
         TMA) forward (compute capability 9.x, 16-bit, head dim a multiple of
         8, those features) and, where it covers the call (head dim <= 128,
-        those features; deterministic: plain calls only), the Hopper
-        backward (sm80's otherwise); ``"sm80"`` forces the mma.sync tensor-core
-        kernels (float16/bfloat16, head dim a multiple of 8, compute capability
+        those features; above 128 and deterministic: plain calls), the
+        Hopper backward (sm80's otherwise);
+        ``"sm80"`` forces the mma.sync tensor-core kernels
+        (float16/bfloat16, head dim a multiple of 8, compute capability
         >= 8.0; an error otherwise), ``"generic"`` the exact SIMT kernels that
         take every dtype and head dim. The mma.sync kernels cover head dims up to
         256 (``deterministic=True``: up to 128; above that its backward runs
@@ -136,7 +138,7 @@ def attention(
         tensor-core backward adds each key block's share of dQ into a float32
         buffer with atomics (fastest; the summation order varies run to run);
         ``True`` computes dQ in a separate pass instead (on Hopper, plain
-        16-bit calls up to head dim 128: the sm90 backward with dQ's adds
+        16-bit calls up to head dim 256: the sm90 backward with dQ's adds
         in a fixed order, which takes the default's float32 scratch). The CPU backward is
         always deterministic; on the GPU the gradient of a broadcast ``bias``
         is summed with atomics either way.

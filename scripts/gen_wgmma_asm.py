@@ -6,9 +6,10 @@ strings (%0 ... %127), so they are written out here instead of by hand.
 """
 import pathlib
 
-SS_WIDTHS = (64, 80, 128, 176)  # S = Q K^T: N = kBlockN
+SS_WIDTHS = (32, 64, 80, 128, 176)  # S = Q K^T: N = kBlockN; 32: the 256 backward's S^T, dP^T halves
 RS_WIDTHS = (64, 128, 256)  # O += P V: N = kHeadDim
-SS_MN_WIDTHS = (64,)  # backward dQ = dS K: both operands MN-major
+SS_MN_WIDTHS = (64, 128)  # backward dQ = dS K: both operands MN-major (128: the 256 backward's column half)
+SS_TB_WIDTHS = (128,)  # the 256 backward's dV += P^T dO, dK += dS^T Q: A K-major, B MN-major, both in shared memory
 
 
 def operands(count, start=0):
@@ -55,18 +56,23 @@ def main():
             f"      : {accumulators(r)}",
             '      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d))',
         ]))
-    for n in SS_MN_WIDTHS:
-        r = n // 2
-        out.append(f"\n// m64n{n}k16, A and B from shared memory, both MN-major (imm-trans-a = imm-trans-b = 1).\n")
-        out.append(macro(f"JAX_FLASH_WGMMA_SS_MN_{n}", [
-            "  asm volatile(",
-            f'      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"',
-            f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32." TYPE "." TYPE " "',
-            f'      "{{{operands(r)}}}, "',
-            f'      "%{r}, %{r + 1}, p, 1, 1, 1, 1;\\n}}\\n"',
-            f"      : {accumulators(r)}",
-            '      : "l"(a_desc), "l"(b_desc), "r"(scale_d))',
-        ]))
+    # Both operands from shared memory with a transpose: (widths, name, what, imm-trans-a, imm-trans-b).
+    for widths, name, what, trans_a, trans_b in (
+        (SS_MN_WIDTHS, "SS_MN", "both MN-major (imm-trans-a = imm-trans-b = 1)", 1, 1),
+        (SS_TB_WIDTHS, "SS_TB", "A K-major, B MN-major (imm-trans-b = 1)", 0, 1),
+    ):
+        for n in widths:
+            r = n // 2
+            out.append(f"\n// m64n{n}k16, A and B from shared memory, {what}.\n")
+            out.append(macro(f"JAX_FLASH_WGMMA_{name}_{n}", [
+                "  asm volatile(",
+                f'      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"',
+                f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32." TYPE "." TYPE " "',
+                f'      "{{{operands(r)}}}, "',
+                f'      "%{r}, %{r + 1}, p, 1, 1, {trans_a}, {trans_b};\\n}}\\n"',
+                f"      : {accumulators(r)}",
+                '      : "l"(a_desc), "l"(b_desc), "r"(scale_d))',
+            ]))
     path = pathlib.Path(__file__).resolve().parent.parent / "ffi/cuda/sm90/wgmma_asm.inc"
     path.write_text("".join(out))
 

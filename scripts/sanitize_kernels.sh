@@ -37,6 +37,15 @@ for head_dim in (64, 128, 256):
         # On 9.x the plain forward above is the sm90 kernel's; the sm80 one too.
         out = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, is_causal=causal, implementation="sm80"))(q, k, v)
         assert bool(jnp.isfinite(out.astype(jnp.float32)).all())
+# The deterministic sm90 backward at 128 and 256 (dQ's adds ordered by
+# counters; at 256 the reds from registers between WaitDqTurn and
+# PassDqTurn), causal, same shapes.
+for head_dim in (128, 256):
+    q = jnp.asarray(rng.standard_normal((1, 197, 4, head_dim)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((1, 197, 2, head_dim)), jnp.bfloat16) for _ in range(2))
+    loss = lambda q, k, v: jnp.sum(jax_flash.attention(q, k, v, is_causal=True, deterministic=True).astype(jnp.float32))
+    grads = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v)
+    assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in grads)
 # The decode kernels (split-KV): 4 new queries over 700 cached keys, 4 query
 # heads per key head, bottom-right causal as a window; then the paged pool.
 q = jnp.asarray(rng.standard_normal((2, 4, 8, 128)), jnp.bfloat16)

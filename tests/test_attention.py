@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import jax_flash
+from jax_flash import _kernel_call
 from helpers import (
     FLOAT_DTYPES,
     GRAD_FACTOR,
@@ -158,6 +159,33 @@ def test_forced_sm90_matches_reference(rng, head_dim, causal):
         assert_close(name, g, w, "bfloat16", GRAD_FACTOR)
 
 
+@pytest.mark.skipif(not ON_HOPPER, reason="the sm90 family needs a compute capability 9.x GPU")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sm90_backward_at_256_over_sections(rng, dtype, causal, monkeypatch):
+    """The sm90 backward at 256 (bwd256_kernel.cuh: 64-key tiles, the two
+    consumer warpgroups splitting the head dim) over 24 (batch, key head)
+    pairs of 9 key blocks each, so that the causal tile order runs in
+    sections (BackwardCausalSection: 16 pairs of 128+ tiles), GQA 2:1 in
+    the kernel (no key head copies: at this size key_head_copies would give
+    every query head its own, and the kernel a group of 1), a key tail (520
+    keys: 8 keys in the last block) and a query tail (517 queries: the last
+    step's dQ rows 512 .. 516 a partial 8-row group of the accumulator);
+    every element of dq, dk, dv against float64."""
+    monkeypatch.setattr(_kernel_call, "_TARGET_BLOCKS_PER_SM", 0)
+    q, k, v = random_qkv(rng, 3, 517, 520, 16, 8, 256, dtype)
+    dout = jnp.asarray(rng.standard_normal(q.shape), dtype)
+
+    def loss(q, k, v):
+        out = jax_flash.attention(q, k, v, is_causal=causal, implementation="sm90")
+        return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    ref = reference_grads_f64(q, k, v, dout, is_causal=causal)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
+        assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="kernel families are a GPU matter")
 def test_forced_sm90_rejects_unsupported_inputs(rng):
     q, k, v = random_qkv(rng, 1, 8, 8, 2, 2, 64, "float32")
@@ -297,7 +325,7 @@ def test_sm90_forward_at_256_over_many_tiles(rng, seqlen, heads, kv_heads):
 @pytest.mark.parametrize("implementation", [None, "sm90"], ids=["auto", "sm90"])
 @pytest.mark.parametrize("lengths", [(333, 517), (130, 97)], ids=lambda t: f"{t[0]}x{t[1]}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_sm90_deterministic_backward(rng, dtype, head_dim, causal, lengths, implementation):
     """deterministic=True on a plain 16-bit call: the sm90 deterministic
@@ -358,7 +386,7 @@ def _backward_scratch_type(q, k, v, platform, **kwargs):
         (64, "bfloat16", {}, True),
         (128, "float16", dict(is_causal=True, implementation="sm90"), True),
         (80, "bfloat16", {}, True),
-        (256, "bfloat16", {}, False),  # the sm90 backward stops at 128
+        (256, "bfloat16", {}, True),  # the 256 kernel's deterministic variant (since session 31)
         (64, "float32", {}, False),
         (64, "bfloat16", dict(implementation="sm80"), False),
         (64, "bfloat16", dict(implementation="generic"), False),
@@ -369,7 +397,7 @@ def _backward_scratch_type(q, k, v, platform, **kwargs):
 )
 def test_deterministic_scratch_at_trace_time(rng, head_dim, dtype, kwargs, sm90):
     """deterministic=True lowered for CUDA without a GPU: plain 16-bit calls
-    up to head dim 128 ("auto" or "sm90") get the deterministic sm90
+    up to head dim 256 ("auto" or "sm90") get the deterministic sm90
     backward's flat scratch (the dQ accumulator, then its counters), every
     other call the empty one of before; the CPU's lowering keeps it empty."""
     q, k, v = random_qkv(rng, 2, 200, 150, 4, 2, head_dim, dtype)

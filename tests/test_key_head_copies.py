@@ -31,6 +31,8 @@ from jax_flash.ring import _feature_operands
     ((8, 4096, 32, 128), (8, 4096, 1, 128), 132, 4),   # 256 blocks: 2 copies give 512 < 528
     ((2, 3, 1000, 12, 64), (2, 3, 1000, 4, 64), 132, 3),  # vmapped leading dim; G = 3
     ((16, 1024, 16, 128), (16, 1024, 2, 128), 108, 2),  # an A100's 108: 256 blocks, 2 copies reach 432
+    ((4, 4096, 16, 256), (4, 4096, 2, 256), 132, 2),   # 64-key blocks beyond 128: 512 -> 1024
+    ((4, 4096, 16, 192), (4, 4096, 2, 192), 132, 2),   # (192 runs the 256 kernels)
 ])
 def test_copies_follow_the_block_count(q_shape, k_shape, sms, want):
     assert key_head_copies(q_shape, k_shape, sms) == want

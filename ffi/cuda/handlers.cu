@@ -147,17 +147,26 @@ bool Sm90ForwardSupports(ffi::DataType dtype, const AttentionParams& p) {
 
 // Whether the Hopper backward's kernels (sm90/bwd_*) run on this device
 // for these inputs: built with sm_90a, a 9.x device with their shared
-// memory, 16-bit, head dim a multiple of 8 up to 128, scale > 0.
-bool Sm90BackwardKernelsServe(ffi::DataType dtype, const AttentionParams& p) {
+// memory, 16-bit, head dim a multiple of 8 up to 256, scale > 0
+// (Sm90BackwardDeviceTakes); every variant up to head dim 128
+// (Sm90BackwardKernelsServe), the plain 256 kernel (sm90/bwd256_kernel.cuh)
+// above it (Sm90Backward256Serves).
+bool Sm90BackwardDeviceTakes(ffi::DataType dtype, const AttentionParams& p) {
 #ifdef JAX_FLASH_WITH_SM90
   return (dtype == ffi::DataType::F16 || dtype == ffi::DataType::BF16) && p.shape.head_dim % 8 == 0 &&
-         sm90::BackwardCoversHeadDim(p.shape.head_dim) && p.scale > 0 &&
+         sm90::PlainBackwardCoversHeadDim(p.shape.head_dim) && p.scale > 0 &&
          DeviceAttribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
          DeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >= sm90::BackwardSmemBytes(p.shape.head_dim);
 #else
   (void)dtype, (void)p;
   return false;
 #endif
+}
+bool Sm90BackwardKernelsServe(ffi::DataType dtype, const AttentionParams& p) {
+  return p.shape.head_dim <= 128 && Sm90BackwardDeviceTakes(dtype, p);  // (sm90::BackwardCoversHeadDim's bound)
+}
+bool Sm90Backward256Serves(ffi::DataType dtype, const AttentionParams& p) {
+  return p.shape.head_dim > 128 && Sm90BackwardDeviceTakes(dtype, p);
 }
 
 // sm90::BackwardTakesBias where the sm90 objects are built.
@@ -171,8 +180,10 @@ bool Sm90BiasVariantsTake(const AttentionParams& p) {
 }
 
 // Whether the Hopper backward (sm90/bwd_*) serves this call: as the forward
-// (Sm90ForwardSupports), head dims up to 128 (256 stays on sm80's fused
-// backward), the features its variants take (Sm90TakesFeatures: lengths,
+// (Sm90ForwardSupports), head dims up to 128 with the features its
+// variants take, above 128 (up to 256, Sm90Backward256Serves) plain calls
+// only (the rest there stays on sm80's fused backward); the features its
+// variants take (Sm90TakesFeatures: lengths,
 // windows, position offsets, segment ids, the soft cap or dropout, and a
 // boolean mask beside them; or a bias with the masks' features,
 // BackwardTakesBias; a bias with a mask and dropout with the soft cap
@@ -189,16 +200,18 @@ bool Sm90BackwardSupports(ffi::DataType dtype, const AttentionParams& p) {
   if (p.features.mask && !p.features.bias &&
       (p.features.mask_stride.row == 0 || !(p.features.softcap > 0.0) || p.shape.head_dim > 64))
     without_mask.features.mask = nullptr;
+  if (p.deterministic || p.dq_accum == nullptr) return false;
+  if (Sm90Backward256Serves(dtype, p)) return !p.features.Any();
   return Sm90BackwardKernelsServe(dtype, p) &&
-         (Sm90TakesFeatures(without_mask) || (p.features.bias && Sm90BiasVariantsTake(p))) && !p.deterministic &&
-         p.dq_accum != nullptr;
+         (Sm90TakesFeatures(without_mask) || (p.features.bias && Sm90BiasVariantsTake(p)));
 }
 
 // The deterministic Hopper backward's scratch (sm90::
 // LaunchBackwardDeterministicDefault) where it serves this call, else
 // null: a deterministic plain call (no attention features; the two-pass
 // sm80 or generic backward keeps every other) that the sm90 kernels serve
-// (Sm90BackwardKernelsServe), with work to do (batch, heads and seqlen_q
+// (Sm90BackwardKernelsServe, or above 128 Sm90Backward256Serves), with
+// work to do (batch, heads and seqlen_q
 // above 0), whose dq_accum result (jax_flash/_kernel_call.py's
 // deterministic_scratch_floats) holds the float32 dQ accumulator, [batch,
 // heads, seqlen_q, head_dim], then, from the next 16-byte boundary,
@@ -208,7 +221,8 @@ bool Sm90BackwardSupports(ffi::DataType dtype, const AttentionParams& p) {
 #ifdef JAX_FLASH_WITH_SM90
 int* Sm90DeterministicScratch(ffi::DataType dtype, ffi::AnyBuffer& scratch, AttentionParams* p) {
   const AttentionShape& s = p->shape;
-  if (p->features.Any() || !Sm90BackwardKernelsServe(dtype, *p) || s.batch <= 0 || s.num_heads <= 0 ||
+  if (p->features.Any() || !(Sm90BackwardKernelsServe(dtype, *p) || Sm90Backward256Serves(dtype, *p)) ||
+      s.batch <= 0 || s.num_heads <= 0 ||
       s.seqlen_q <= 0 || scratch.element_type() != ffi::DataType::F32)
     return nullptr;
   const size_t accum_bytes = sizeof(float) * size_t(s.batch * s.num_heads * s.seqlen_q * s.head_dim);
@@ -396,7 +410,8 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
     return e;
   // The Hopper backward: non-deterministic 16-bit calls, plain or with the
   // features its variants take, on compute capability 9.x up to head dim
-  // 128, by default and when forced. Plain: 1.10x / 1.13x of kLeanDq at 128
+  // 128, and plain calls above that up to 256 (bwd256_kernel.cuh, since
+  // session 31), by default and when forced. Plain: 1.10x / 1.13x of kLeanDq at 128
   // (session 18, H=128 T=4096 bf16, non-causal / causal; kLeanDq 1.34x /
   // 1.27x of sm80's), 474 / 329 TFLOP/s at 64 against sm80's ~312 / ~284.
   // Features (session 19): at 128 1.55-2.27x of sm80's, at 64 (128-query
@@ -409,17 +424,15 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   // as before: the forward's family does not bind the backward's.
   const bool sm90_ok = Sm90BackwardSupports(q.element_type(), p);
 #ifdef JAX_FLASH_WITH_SM90
-  // deterministic=True on plain calls (issue 21; session 21): the sm90
-  // backward with dQ's adds in key block order (DqOrder counters), by
-  // default and when sm90 is forced, where Python gave it the scratch.
+  // deterministic=True on plain calls (issue 21; session 21, at 256 since
+  // session 31): the sm90 backward with dQ's adds in key block order
+  // (DqOrder counters), by default and when sm90 is forced, where Python
+  // gave it the scratch.
   if (deterministic != 0 && (Family(family) == Family::kAuto || Family(family) == Family::kSm90)) {
     if (int* counters = Sm90DeterministicScratch(q.element_type(), *dq_accum, &p)) {
       return DispatchTensorCores(q.element_type(), p.shape, [&](auto element, auto head_dim) -> std::string {
-        if constexpr (decltype(head_dim)::value <= 128)
-          return sm90::LaunchBackwardDeterministicDefault<decltype(element), decltype(head_dim)::value>(p, counters,
-                                                                                                        stream);
-        else
-          return "jax_flash: the sm90 backward has no head dim 256 kernel";  // Sm90BackwardKernelsServe excludes it
+        return sm90::LaunchBackwardDeterministicDefault<decltype(element), decltype(head_dim)::value>(p, counters,
+                                                                                                      stream);
       });
     }
   }
@@ -431,8 +444,11 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
         if (p.features.Any())
           return sm90::LaunchBackwardWithFeatures<decltype(element), decltype(head_dim)::value>(p, stream);
         return sm90::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);
-      } else
-        return "jax_flash: the sm90 backward has no head dim 256 kernel";  // Sm90BackwardSupports excludes it
+      } else {
+        // (Sm90BackwardSupports takes plain calls only here.)
+        if (p.features.Any()) return "jax_flash: the sm90 backward at head dim 256 takes plain calls only";
+        return sm90::LaunchBackward<decltype(element), 256>(p, stream);
+      }
     });
   }
 #else

@@ -624,6 +624,30 @@ __device__ __forceinline__ void StoreStagedKeyRows(const BackwardArgs& a, void* 
   }
 }
 
+// dK (times scale) or dV rows of this thread straight to global memory:
+// 32-bit pairs (head_dim is a multiple of 8; the launch checks 16-byte
+// strides), the accumulator's kColumns columns from col0. The 256 kernel's
+// epilogue (its warpgroups hold half the head dim each, so the staging
+// above, a warpgroup's 64 whole rows, does not fit its split).
+template <typename Element, int kColumns>
+__device__ __forceinline__ void StoreKeyGradient(const BackwardArgs& a, void* base, const float (&acc)[kColumns / 2],
+                                                 float scale, int key0, int b, int hk, int t, int col0 = 0) {
+  Element* rows = static_cast<Element*>(base) + int64_t(b) * a.k_stride.batch + int64_t(hk) * a.k_stride.head;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int key = key0 + 8 * hh;
+    if (key >= a.seqlen_k) continue;
+    Element* row = rows + int64_t(key) * a.k_stride.row;
+#pragma unroll
+    for (int j = 0; j < kColumns / 8; ++j) {
+      const int col = col0 + 8 * j + 2 * t;
+      if (col < a.head_dim)
+        *reinterpret_cast<uint32_t*>(row + col) =
+            PackPair<Element>(acc[4 * j + 2 * hh] * scale, acc[4 * j + 2 * hh + 1] * scale);
+    }
+  }
+}
+
 // This thread's dS^T pairs (the A fragments of dK += dS^T Q) into the
 // [kBlockN keys][kBlockM queries] tile at `ds_tile`, rows = keys 64
 // warpgroup + row0 + 8hh, in TMA's swizzled order (row r's 16-byte chunk j

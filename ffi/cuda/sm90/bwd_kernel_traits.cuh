@@ -2,6 +2,7 @@
 // backward (bwd_kernel.cuh), per padded head dim, in this one place.
 #pragma once
 
+#include <type_traits>
 #include <cstdint>
 
 namespace jax_flash::cuda::sm90 {
@@ -155,7 +156,7 @@ constexpr BwdSchedule PlainTransformBwdSchedule(int head_dim, bool dropout) {
 // there; BwdTraitsFor picks it from the schedule).
 template <int kHeadDim_, int kBlockM_ = 64>
 struct BwdTraits {
-  static constexpr int kHeadDim = kHeadDim_;  // 64 or 128 (256: not yet, see below)
+  static constexpr int kHeadDim = kHeadDim_;  // 64 or 128 (256: Bwd256Traits)
   static_assert(kHeadDim == 64 || kHeadDim == 128,
                 "the sm90 backward covers head dims 64 and 128; at 256 dK and dV alone take 256 "
                 "registers per consumer thread (FlashAttention-3 splits them differently there)");
@@ -268,10 +269,71 @@ struct BwdTraits {
   static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KiB per block");
 };
 
+// Head dim 256 (bwd256_kernel.cuh; plain calls, no schedules): a block
+// owns 64 keys, both consumer warpgroups share them and split the head dim
+// instead, warpgroup w holding dK and dV of columns 128 w .. 128 w + 127
+// (64 + 64 floats a thread, persistent over the steps). Per step of 64
+// queries, warpgroup w computes S^T and dP^T for its half of the queries
+// (32 w ..: m64n32 over the 256 columns, 16 floats each), writes P^T and
+// dS^T of its half as 16 bits into shared memory, and after a 256-thread
+// barrier both run dV += P^T dO, dK += dS^T Q and dQ = dS K over the whole
+// step for their columns (m64n128, A from shared memory), dQ's 64 floats
+// added into the accumulator by red.global.add.v2.f32 from the registers:
+// no shared memory is left for a float32 staging. The member names are
+// BwdTraits' where the producer (ProduceBackwardTile, StageRowStats), the
+// barriers and the tile order read them.
+struct Bwd256Traits {
+  static constexpr int kHeadDim = 256;
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
+  static constexpr int kBlockN = 64;  // keys per tile: one wgmma M, shared by both consumer warpgroups
+  static constexpr int kBlockM = 64;  // queries per step
+  static constexpr int kStages = 2;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+
+  static constexpr int kChunkCols = 64;
+  static constexpr int kChunks = kHeadDim / kChunkCols;
+  static constexpr int kKvChunkBytes = kBlockN * 128;
+  static constexpr int kQChunkBytes = kBlockM * 128;
+  static constexpr int kKvTileBytes = kKvChunkBytes * kChunks;  // 32 KiB
+  static constexpr int kQTileBytes = kQChunkBytes * kChunks;    // 32 KiB
+  // Each warpgroup's columns of dK, dV, dQ: two 64-column chunks.
+  static constexpr int kColumns = kHeadDim / kConsumerWarpgroups;
+  // Queries of a warpgroup's S^T and dP^T: half the step's.
+  static constexpr int kHalfQueries = kBlockM / kConsumerWarpgroups;
+  // P^T and dS^T of a step: [64 keys][64 queries] 16-bit each, one 128-byte
+  // swizzled row per key (8 KiB), A operands of dV, dK (K-major) and of dQ
+  // (dS^T read MN-major); two buffers, so that a warpgroup writes step
+  // i + 1's while the other still reads step i's (bwd256_kernel.cuh).
+  static constexpr int kPTileBytes = kBlockN * 128;
+  static constexpr int kPdsBytes = 2 * kPTileBytes;  // P^T, then dS^T
+  static constexpr int kStatBytes = 2 * kBlockM * 4;
+
+  // K, V 32 KiB each, Q and dO 2 stages x 32 KiB each, P^T / dS^T 2 x 16
+  // KiB, lse / delta 2 x 512 bytes, 7 mbarriers (kv_full, then per stage
+  // q_full, do_full, empty), 1024 bytes of alignment slack: 231,480 bytes
+  // of the 232,448 (227 KiB).
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kKvTileBytes;
+  static constexpr int kQOffset = kVOffset + kKvTileBytes;
+  static constexpr int kDoOffset = kQOffset + kStages * kQTileBytes;
+  static constexpr int kPdsOffset = kDoOffset + kStages * kQTileBytes;
+  static constexpr int kStatOffset = kPdsOffset + 2 * kPdsBytes;
+  static constexpr int kBarrierOffset = kStatOffset + kStages * kStatBytes;
+  static constexpr int kBarriers = 1 + 3 * kStages;
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KiB per block");
+  static_assert(kPdsOffset % 1024 == 0, "P^T and dS^T are 1024-byte aligned swizzled tiles");
+};
+
 // The traits a schedule runs with: 128-query steps for the Rows128
-// schedules, 64 otherwise.
+// schedules, 64 otherwise; at head dim 256 Bwd256Traits (one kernel, no
+// schedules).
 template <int kHeadDim, BwdSchedule kSchedule>
-using BwdTraitsFor = BwdTraits<kHeadDim, BwdRows128(kSchedule) ? 128 : 64>;
+using BwdTraitsFor =
+    std::conditional_t<kHeadDim == 256, Bwd256Traits, BwdTraits<kHeadDim, BwdRows128(kSchedule) ? 128 : 64>>;
 
 // The dropout variants' keep-bit exchange between the warps of a pair
 // (FragmentDropout::BackwardKeepHalves: warps 2v and 2v + 1 share their

@@ -9,6 +9,7 @@
 
 #include "cuda/generic/launch.cuh"    // CheckLaunch, PrepareSmem, CheckGrid, CeilDiv
 #include "cuda/sm80/bwd_kernels.cuh"  // DeltaAndClearKernel, DqConvertKernel (reused as they are)
+#include "cuda/sm90/bwd256_kernel.cuh"
 #include "cuda/sm90/bwd_kernel.cuh"
 #include "cuda/sm90/bwd_launch.h"
 #include "cuda/sm90/tensor_map.h"
@@ -198,6 +199,7 @@ template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatu
 std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t stream, int causal_section = 0) {
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
+  static_assert(kHeadDim != 256 || kFeatures == Features::kNone, "the 256 backward takes plain calls only");
   const auto& s = p.shape;
   constexpr bool kBias = AddsBias(kFeatures);
   constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
@@ -252,13 +254,21 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
       static_assert(Tr::kBlockM == 64, "BwdBiasTile: one box of rows per step");
       if (auto e = EncodeBiasTilesMap<Element>(&bias_map, p); !e.empty()) return e + " (" + what + ")";
     }
-    auto kernel = BackwardKernel<Element, kHeadDim, kSchedule, kFeatures>;
+    // (Head dim 256: Backward256Kernel, plain calls only; its schedule is
+    // its own, bwd256_kernel.cuh.)
+    auto kernel = [] {
+      if constexpr (kHeadDim == 256) return Backward256Kernel<Element>;
+      else return BackwardKernel<Element, kHeadDim, kSchedule, kFeatures>;
+    }();
     // (The dropout variants' keep-bit exchange, kMasksBiasTiles's tile.)
     constexpr int kSmem = BackwardVariantSmemBytes<Tr, kFeatures>();
     if (auto e = PrepareSmem(kernel, kSmem, "sm90 backward kernel"); !e.empty())
       return e + " (" + what + ")";
     RecordKernel(what);  // (test hook: common/test_hooks.h)
-    kernel<<<unsigned(tiles), Tr::kThreads, kSmem, stream>>>(q_map, k_map, v_map, do_map, args, p, bias_map);
+    if constexpr (kHeadDim == 256)  // (Backward256Kernel takes no bias)
+      kernel<<<unsigned(tiles), Tr::kThreads, kSmem, stream>>>(q_map, k_map, v_map, do_map, args, p);
+    else
+      kernel<<<unsigned(tiles), Tr::kThreads, kSmem, stream>>>(q_map, k_map, v_map, do_map, args, p, bias_map);
     if (auto e = CheckLaunch("sm90 backward kernel"); !e.empty()) return e + " (" + what + ")";
   }
 
@@ -435,7 +445,12 @@ std::string LaunchBackwardDeterministic(const AttentionParams& p, int* counters,
     const int64_t pairs = s.batch * s.num_heads_k;
     args.causal_section = section > 0 && section < pairs ? section : 0;
     args.keys_descending = descending;
-    auto kernel = DeterministicBackwardKernel<Element, kHeadDim, kSchedule, kHandoff>;
+    // (Head dim 256: Deterministic256Kernel, which raises each counter at
+    // its send, as kAtSend.)
+    auto kernel = [] {
+      if constexpr (kHeadDim == 256) return Deterministic256Kernel<Element>;
+      else return DeterministicBackwardKernel<Element, kHeadDim, kSchedule, kHandoff>;
+    }();
     if (auto e = PrepareSmem(kernel, Tr::kSmemBytes, "sm90 deterministic backward kernel"); !e.empty())
       return e + " (" + what + ")";
     kernel<<<unsigned(tiles), Tr::kThreads, Tr::kSmemBytes, stream>>>(q_map, k_map, v_map, do_map, args, p,
@@ -510,6 +525,13 @@ std::string LaunchBiasGradient(const AttentionParams& p, cudaStream_t stream) {
 #define JAX_FLASH_INSTANTIATE_SM90_BWD(Element)                                            \
   template std::string LaunchBackward<Element, 64>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchBackward<Element, 128>(const AttentionParams&, cudaStream_t);
+
+// In bwd_launch_256_<dtype>.cu: the 256 kernels (bwd256_kernel.cuh), plain
+// calls, default and deterministic, their own objects so that CI's two
+// cores compile them beside the others.
+#define JAX_FLASH_INSTANTIATE_SM90_BWD_256(Element)                                         \
+  template std::string LaunchBackward<Element, 256>(const AttentionParams&, cudaStream_t); \
+  template std::string LaunchBackwardDeterministicDefault<Element, 256>(const AttentionParams&, int*, cudaStream_t);
 
 // In bwd_launch_features_<dtype>.cu, their own files, so that CI's two
 // cores compile them beside the plain ones.

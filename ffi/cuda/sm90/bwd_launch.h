@@ -12,15 +12,19 @@
 
 namespace jax_flash::cuda::sm90 {
 
-// Whether the sm90 backward has an instantiation for this head dim (it
-// covers head dims up to 128: 64 and 128 padded; 256 runs sm80's).
+// Whether every variant of the sm90 backward (plain, features, bias,
+// deterministic) has an instantiation for this head dim: up to 128 (64
+// and 128 padded).
 inline bool BackwardCoversHeadDim(int64_t head_dim) { return head_dim >= 1 && head_dim <= 128; }
+// Whether its plain kernels (LaunchBackward) have: up to 256 (above 128
+// Backward256Kernel, bwd256_kernel.cuh; every other call at 256 runs sm80's).
+inline bool PlainBackwardCoversHeadDim(int64_t head_dim) { return head_dim >= 1 && head_dim <= 256; }
 
-// Shared memory (bytes) of the backward serving a head dim (<= 128), for
-// the dispatch to check against the device: the largest of the plain
+// Shared memory (bytes) of the backward serving a head dim, for the
+// dispatch to check against the device: up to 128 the largest of the plain
 // kernel's, the feature variants' (both 128-query steps at 64, 64-query
 // steps at 128) and the dropout variants' (64-query steps, with their
-// keep-bit exchange: KeepExchange).
+// keep-bit exchange: KeepExchange), above it the 256 kernel's.
 inline int BackwardSmemBytes(int64_t head_dim) {
   constexpr int k64 = std::max({BwdTraitsFor<64, DefaultBwdSchedule(64)>::kSmemBytes,
                                 BwdTraitsFor<64, FeatureBwdSchedule(64)>::kSmemBytes,
@@ -30,7 +34,7 @@ inline int BackwardSmemBytes(int64_t head_dim) {
                                  BwdTraitsFor<128, FeatureBwdSchedule(128)>::kSmemBytes,
                                  KeepExchange<BwdTraitsFor<128, DropoutBwdSchedule(128)>>::kSmemBytes,
                                  KeepExchange<BwdTraitsFor<128, PlainTransformBwdSchedule(128, true)>>::kSmemBytes});
-  return head_dim <= 64 ? k64 : k128;
+  return head_dim <= 64 ? k64 : head_dim <= 128 ? k128 : Bwd256Traits::kSmemBytes;
 }
 
 // kHeadDim 64 or 128; p.shape.head_dim a multiple of 8 up to kHeadDim. No

@@ -92,6 +92,18 @@ __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
 __device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// The same, for a barrier whose warps reach it from different instructions
+// (the 256 backward's operand split: warpgroup 0's step and warpgroup 1's
+// are different code). bar.sync and bar.arrive are barrier's .aligned
+// forms, which require every thread taking part to execute the same
+// instruction (PTX ISA); compute-sanitizer's synccheck reports the
+// difference as "Divergent thread(s) in block".
+__device__ __forceinline__ void NamedBarrierSyncAcrossRoles(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void NamedBarrierArriveAcrossRoles(int id, int threads) {
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 // The warpgroup's per-thread register count (every thread of the warpgroup
 // executes it). Takes effect only in a kernel with a register cap at entry

@@ -96,8 +96,10 @@ constexpr bool kIsBf16 = std::is_same_v<Element, __nv_bfloat16>;
 template <typename Element, int N>
 __device__ __forceinline__ void WgmmaSS(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc,
                                         int scale_d) {
-  static_assert(N == 64 || N == 80 || N == 128 || N == 176, "add the width to scripts/gen_wgmma_asm.py");
-  if constexpr (N == 64) {
+  static_assert(N == 32 || N == 64 || N == 80 || N == 128 || N == 176, "add the width to scripts/gen_wgmma_asm.py");
+  if constexpr (N == 32) {
+    if constexpr (kIsBf16<Element>) JAX_FLASH_WGMMA_SS_32("bf16"); else JAX_FLASH_WGMMA_SS_32("f16");
+  } else if constexpr (N == 64) {
     if constexpr (kIsBf16<Element>) JAX_FLASH_WGMMA_SS_64("bf16"); else JAX_FLASH_WGMMA_SS_64("f16");
   } else if constexpr (N == 80) {
     if constexpr (kIsBf16<Element>) JAX_FLASH_WGMMA_SS_80("bf16"); else JAX_FLASH_WGMMA_SS_80("f16");
@@ -129,8 +131,22 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[N / 2], const uint32_t (&a)[4
 // dS K reads dS from its stored transpose dS^T and K from its own tile.
 template <typename Element, int N>
 __device__ __forceinline__ void WgmmaSSMn(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
-  static_assert(N == 64, "add the width to scripts/gen_wgmma_asm.py");
-  if constexpr (kIsBf16<Element>) JAX_FLASH_WGMMA_SS_MN_64("bf16"); else JAX_FLASH_WGMMA_SS_MN_64("f16");
+  static_assert(N == 64 || N == 128, "add the width to scripts/gen_wgmma_asm.py");
+  if constexpr (N == 64) {
+    if constexpr (kIsBf16<Element>) JAX_FLASH_WGMMA_SS_MN_64("bf16"); else JAX_FLASH_WGMMA_SS_MN_64("f16");
+  } else {
+    if constexpr (kIsBf16<Element>) JAX_FLASH_WGMMA_SS_MN_128("bf16"); else JAX_FLASH_WGMMA_SS_MN_128("f16");
+  }
+}
+
+// d[64 x N] (+)= A[64 x 16] B[16 x N]; A K-major, B MN-major, both in shared
+// memory. The 256 backward's dV += P^T dO and dK += dS^T Q, whose A (P^T,
+// dS^T over the step's 64 queries) two warpgroups computed half each, so
+// it cannot come from one warpgroup's registers (bwd256_kernel.cuh).
+template <typename Element, int N>
+__device__ __forceinline__ void WgmmaSSTransB(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  static_assert(N == 128, "add the width to scripts/gen_wgmma_asm.py");
+  if constexpr (kIsBf16<Element>) JAX_FLASH_WGMMA_SS_TB_128("bf16"); else JAX_FLASH_WGMMA_SS_TB_128("f16");
 }
 
 // Two floats as one 32-bit register of two 16-bit values (low half = a).
