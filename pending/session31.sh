@@ -160,12 +160,20 @@ case "$stage" in
     # (ab/bwd256ops: main ebf7bbc + the three 256 patches + the operand
     # split as the default, what lands with OPERANDS=1; rebuilt in session
     # 37.)
-    suite_against bwd256ops 400
+    # (Session 38: BWD256_WHEEL=bwd256v38, the three + the flip rebased
+    # onto 6723446, the step class and staged epilogue's main; the 256
+    # kernel keeps the direct dK / dV stores, StoreKeyGradient.)
+    w=${BWD256_WHEEL:-bwd256ops}
+    suite_against $w 400
     # The sanitizers on the 256 kernels (after the suite: a sanitizer that
     # outlives its limit must not share the GPU with timings).
     # (memcheck in a later call: three tools did not fit beside the suite.)
-    SANITIZE_KERNELS=256Kernel SANITIZE_TOOLS="racecheck synccheck" \
-      timeout 170 bash ab/bwd256ops/scripts/sanitize_kernels.sh 2>&1 | tail -6
+    # (Session 38: synccheck first. On bwd256v38 it found the operand
+    # split's warpgroups meeting at kPBarrier / kDsBarrier from different
+    # bar.sync instructions, the .aligned form's misuse: bwd256v38b uses
+    # barrier.sync there; racecheck crashed, a segfault of the tool's run.)
+    SANITIZE_KERNELS=256Kernel SANITIZE_TOOLS="${BWD256_TOOLS:-synccheck racecheck}" \
+      timeout $((${BWD256_DEADLINE:-570} - SECONDS)) bash ab/$w/scripts/sanitize_kernels.sh 2>&1 | tail -8
     ;;
   dethelper)
     # pending/sm90-bwd-det-helper.patch's check program, built here (carry
