@@ -1,32 +1,29 @@
 #!/usr/bin/env bash
 # The device plan, in order (each call ~4-8 minutes of wall time; the
 # first adds ~85 s of cold start; a warm machine goes back after 30 s
-# idle, so issue the calls back to back). Session 37 ran stack36_suite
-# (landed: ebf7bbc), bwd256 + packed_profile, keepahead, features36, keymask
-# and persist_ab (perf_history.md v35; the dropped candidates' stages are in
-# git history). Next:
-#   1. bash pending/session31.sh stepclass        carry ab/stack36 ab/stepclass ab/epi   (~8 min)
-#      (the packed / window backward without the per-step policy where no
-#      element needs a check, issue 19's largest gap, 0.80x FA3; and the
-#      staged dK / dV epilogue, issue 21's T = 1024 backward); if faster,
-#      `stepclass_suite` (carry ab/epi ab/epi_check), then land them
-#   2. bash pending/session31.sh bwd256_suite     carry ab/bwd256ops   (~9 min)
-#      (the whole suite and the sanitizers against the 256 backward with
-#      the operand split; then OPERANDS=1 bash pending/land_bwd256.sh)
-#   3. bash pending/session31.sh grid36           carry ab/stack36 .peers
-#      (issues 20 / 21: the standard grid and T = 131072 / 262144 beside
-#      cuDNN and FA3, one harness run; after the 256 backward lands, with
-#      its wheel instead)
-#   4. bash pending/session31.sh dropout_profile t1024_profile   carry ab/stack36 ab/main .peers   (~9 min)
-#      (where the dropout kernels' time goes; ours and FA3's forward at
-#      T = 1024, issue 20's last gap)
-#   5. bash pending/session31.sh softcap_poly     carry ab/main ab/plaintx ab/poly4 ab/poly2
-#   6. bash pending/session31.sh packed_fwd_profile   carry ab/stack36   (~3 min; fits beside 4)
-# Then: `e2e` (carry ab/main .peers), `dethelper_ab` (carry ab/stack36
-# ab/dethelperjax). ab/stack36 is main's code (ebf7bbc); ab/main is
-# 78e438f (ab24e31's kernels), the rest named here on older mains (good
-# for timing what they change; a suite that lands a patch runs on a wheel
-# of that patch on the main it lands on).
+# idle, so issue the calls back to back). Session 38 ran stepclass and
+# stepclass_suite (landed: 6723446) and bwd256_suite twice (landed:
+# 87b700f, after the barrier fix; perf_history.md v36). Next, all on
+# main's wheel ab/main38 (`bash scripts/ab_wheel.sh main38` on main's
+# HEAD; MAIN_WHEEL names another):
+#   1. bash pending/session31.sh features36, then (a second call) grid36   carry ab/main38 .peers   (~6 + ~9 min)
+#      (issue 19's table after the step class and the staged epilogue; the
+#      standard grid beside cuDNN and FA3 with the 256 backward landed,
+#      issues 20 / 21)
+#   2. bash pending/session31.sh sanitize_all      carry ab/main38   (~9 min)
+#      (the whole sanitize script on the sm90 kernels: session 38's run
+#      with SANITIZE_KERNELS=256Kernel crashed every tool, segfaults, while
+#      a 256-only case ran clean; whether the crash is the filter's)
+#   3. bash pending/session31.sh dethelper_ab       carry ab/main38 ab/dethelperjax
+#      (rebuild ab/dethelperjax on main first: scripts/ab_wheel.sh
+#      dethelperjax pending/sm90-bwd-det-helper.patch pending/ab-det-helper-default.patch)
+#   4. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
+#   5. bash pending/session31.sh dropout_profile t1024_profile   carry ab/main38 .peers   (~9 min)
+#   6. bash pending/session31.sh packed_fwd_profile e2e   carry ab/main38 .peers
+# ab/main is 78e438f (ab24e31's kernels; softcap_poly's baseline, the
+# poly wheels being on it), the rest named here on older mains (good for
+# timing what they change; a suite that lands a patch runs on a wheel of
+# that patch on the main it lands on).
 #
 # The timing owed for session 30's five forward patches, landed in 9f8256b
 # on their correctness checks alone (README.md): one device call, carry
@@ -63,8 +60,11 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly features36 grid36 packed_fwd_profile stepclass stepclass_suite t1024_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
+# Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
+# profile and baseline stages time it.
+M=${MAIN_WHEEL:-main38}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
 feat="--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random --cases plain:1 segments:1 window:1 softcap:0 prefix_lm_softcap:0 dropout:0 plain:0"
@@ -203,8 +203,8 @@ case "$stage" in
     # H = 128: issue 20 and 21 ask 0.9x of FA3 there) beside FA3 and cuDNN: time
     # and XLA's temporary allocation of each one's fwd+bwd.
     root=$(pwd)
-    python3 -m pip install -q --no-deps --target /tmp/ab_site/main ab/main/*.whl || exit 1
-    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/main:$root/.peers
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/$M ab/$M/*.whl || exit 1
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/$M:$root/.peers
     export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
     ex="--depth 8 --width 512 --heads 8 --steps 100 --log-every 10 --dtype bfloat16 --no-progress --sample-chars 0"
     for tb in 2048:8 8192:2; do
@@ -223,7 +223,7 @@ case "$stage" in
     # helper as the package's handoff (ab-det-helper-default.patch), each
     # timing jax_flash and jax_flash_deterministic, two rounds; the
     # deterministic / default ratio per wheel is the target's (>= 0.87).
-    AB_DIRS="ab/stack36 ab/dethelperjax" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash jax_flash_deterministic \
+    AB_DIRS="ab/$M ab/dethelperjax" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash jax_flash_deterministic \
       --head-dim 64 128 --seqlen 1024 4096 --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
     ;;
   softcap_poly)
@@ -250,7 +250,7 @@ case "$stage" in
     # forward's softmax phase is issue-bound (fewer Philox calls: 8-bit
     # thresholds, a semantic change) or latency-bound (the next block's
     # keep bits made while the warpgroup waits on its own products).
-    profile_against stack36 100 "dropout:ForwardKernel default:ForwardKernel dropout_grad:BackwardKernel"
+    profile_against $M 100 "dropout:ForwardKernel default:ForwardKernel dropout_grad:BackwardKernel"
     ;;
   packed_profile)
     # Issue 19's largest gap, the packed documents' backward (0.55 of plain
@@ -261,26 +261,24 @@ case "$stage" in
     profile_against main 80 "packed_grad:BackwardKernel plain_grad_1024:BackwardKernel"
     ;;
   features36)
-    # Issue 19's table on one harness run (carry ["ab/stack36", ".peers"],
-    # ~6 min): --preset features with cuDNN and FA3 beside, on the stack's
-    # wheel (main once stack36_suite has landed it).
+    # Issue 19's table on one harness run (carry ["ab/main38", ".peers"],
+    # ~6 min): --preset features with cuDNN and FA3 beside, on main's wheel.
     root=$(pwd)
-    python3 -m pip install -q --no-deps --target /tmp/ab_site/stack36 ab/stack36/*.whl || exit 1
-    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/stack36:$root/.peers
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/$M ab/$M/*.whl || exit 1
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/$M:$root/.peers
     export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
     (cd /tmp && timeout 540 python3 -m jax_flash.benchmark --preset features --impl jax_flash cudnn fa3 \
       --cotangent random --out "$OUT/features36" 2>&1 | tail -40)
     ;;
   grid36)
-    # Issues 20 and 21's closing run (carry ["ab/stack36", ".peers"], ~9
+    # Issues 20 and 21's closing run (carry ["ab/main38", ".peers"], ~9
     # min): the standard grid (H = 64 / 128 / 256, T = 1024 / 4096 / 16384,
     # causal and not, B = 16384 / T, N = 2048 / H) beside cuDNN and FA3 in
     # one process, then T = 131072 and 262144 causal with the memory line.
-    # On the stack's wheel: main's kernels once stack36_suite has landed it
-    # (the stack changes only the bias and dropout paths).
+    # On main's wheel (since 87b700f the 256 backward is sm90's).
     root=$(pwd)
-    python3 -m pip install -q --no-deps --target /tmp/ab_site/stack36 ab/stack36/*.whl || exit 1
-    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/stack36:$root/.peers
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/$M ab/$M/*.whl || exit 1
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/$M:$root/.peers
     export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
     (cd /tmp && timeout 380 python3 -m jax_flash.benchmark --impl jax_flash cudnn fa3 --head-dim 64 128 256 \
       --seqlen 1024 4096 16384 --causal 0 1 --cotangent random --out "$OUT/grid36" 2>&1 | tail -40)
@@ -294,7 +292,7 @@ case "$stage" in
     # documents against plain T = 1024 causal (the same tiles) and one
     # document (carry ["ab/stack36"], ~3 min): whether the forward's
     # per-block policy (FeatureBlockMask) costs what the backward's did.
-    profile_against stack36 80 "packed:ForwardKernel plain_1024:ForwardKernel one_doc_1024:ForwardKernel"
+    profile_against $M 80 "packed:ForwardKernel plain_1024:ForwardKernel one_doc_1024:ForwardKernel"
     ;;
   stepclass)
     # Session 37's two backward candidates (carry ["ab/stack36",
@@ -344,10 +342,10 @@ case "$stage" in
     # benchmark's fa3 call; its kernels are the ones named *Fwd*), the same
     # sections, for the cycle, issue and stall comparison.
     root=$(pwd)
-    python3 -m pip install -q --no-deps --target /tmp/ab_site/main ab/main/*.whl || exit 1
-    PYTHONPATH=/tmp/ab_site/main SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=100 \
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/$M ab/$M/*.whl || exit 1
+    PYTHONPATH=/tmp/ab_site/$M SKIP_BUILD=1 PROFILE_SOURCE=1 PROFILE_TIMEOUT=100 \
       PROFILE_CASES="plain_1024:ForwardKernel" bash scripts/profile_features.sh 2>&1 | tail -40
-    export PYTHONPATH=/tmp/ab_site/main:$root/.peers XLA_PYTHON_CLIENT_PREALLOCATE=false
+    export PYTHONPATH=/tmp/ab_site/$M:$root/.peers XLA_PYTHON_CLIENT_PREALLOCATE=false
     export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
     (cd /tmp && timeout 200 ncu --clock-control none --kernel-name regex:"Fwd|fwd" --launch-skip 3 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section WarpStateStats --section InstructionStats \
@@ -358,6 +356,17 @@ case "$stage" in
     grep -E "Kernel|Duration|Compute \(SM\) Throughput|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|Registers Per|Grid Size" \
       /tmp/profile_logs/fa3_1024.txt | head -24
     (cd /tmp/profile_logs && tar czf "$OUT/profile.tgz" --exclude='*.ncu-rep' .)
+    ;;
+  sanitize_all)
+    # Every sm90 kernel of main's wheel under synccheck, racecheck and
+    # memcheck (carry ["ab/main38"], ~9 min). Session 38's run of the same
+    # script with SANITIZE_KERNELS=256Kernel crashed every tool (rc 139,
+    # no report), while a 256-only case was clean: sm90 (session 37's
+    # filter, clean then) tells whether the crash follows the filter.
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/$M ab/$M/*.whl || exit 1
+    export PYTHONPATH=/tmp/ab_site/$M XLA_PYTHON_CLIENT_PREALLOCATE=false
+    SANITIZE_KERNELS=sm90 SANITIZE_TOOLS="synccheck racecheck memcheck" \
+      timeout $((570 - SECONDS)) bash ab/$M/scripts/sanitize_kernels.sh 2>&1 | tail -12
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
