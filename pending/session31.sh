@@ -10,16 +10,20 @@
 #      (issue 19's table after the step class and the staged epilogue; the
 #      standard grid beside cuDNN and FA3 with the 256 backward landed,
 #      issues 20 / 21)
-#   2. bash pending/session31.sh sanitize_all      carry ab/main38   (~9 min)
+#   2. bash pending/session31.sh epi256 window_profile   carry ab/main38 ab/epi256   (~9 min)
+#      (the 256 backward's staged epilogue, issue 21's T = 1024 at 256,
+#      0.87-0.88x FA3; the window backward's profile, issue 19); if
+#      epi256 is faster, `epi256_suite` (carry ab/epi256), then land it
+#   3. bash pending/session31.sh sanitize_all      carry ab/main38   (~9 min)
 #      (the whole sanitize script on the sm90 kernels: session 38's run
 #      with SANITIZE_KERNELS=256Kernel crashed every tool, segfaults, while
 #      a 256-only case ran clean; whether the crash is the filter's)
-#   3. bash pending/session31.sh dethelper_ab       carry ab/main38 ab/dethelperjax
+#   4. bash pending/session31.sh dethelper_ab       carry ab/main38 ab/dethelperjax
 #      (rebuild ab/dethelperjax on main first: scripts/ab_wheel.sh
 #      dethelperjax pending/sm90-bwd-det-helper.patch pending/ab-det-helper-default.patch)
-#   4. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
-#   5. bash pending/session31.sh dropout_profile t1024_profile   carry ab/main38 .peers   (~9 min)
-#   6. bash pending/session31.sh packed_fwd_profile e2e   carry ab/main38 .peers
+#   5. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
+#   6. bash pending/session31.sh dropout_profile t1024_profile   carry ab/main38 .peers   (~9 min)
+#   7. bash pending/session31.sh packed_fwd_profile e2e   carry ab/main38 .peers
 # ab/main is 78e438f (ab24e31's kernels; softcap_poly's baseline, the
 # poly wheels being on it), the rest named here on older mains (good for
 # timing what they change; a suite that lands a patch runs on a wheel of
@@ -60,7 +64,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -356,6 +360,32 @@ case "$stage" in
     grep -E "Kernel|Duration|Compute \(SM\) Throughput|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|Registers Per|Grid Size" \
       /tmp/profile_logs/fa3_1024.txt | head -24
     (cd /tmp/profile_logs && tar czf "$OUT/profile.tgz" --exclude='*.ncu-rep' .)
+    ;;
+  epi256)
+    # pending/sm90-bwd256-staged-epilogue.patch (session 38: the 256
+    # backward's dK / dV through its K / V tiles' chunks and 16-byte stores,
+    # as 6723446 did at 64 / 128, where T = 1024 causal gained 1.03-1.07x;
+    # carry ["ab/main38", "ab/epi256"], ~5 min): the 256 tests against the
+    # wheel, then one round at 256, T = 1024 and 4096, causal and not.
+    tests_against epi256 200 "256" test_attention.py test_key_head_copies.py
+    AB_DIRS="ab/$M ab/epi256" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash jax_flash_deterministic --head-dim 256 \
+      --seqlen 1024 4096 --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
+    ;;
+  epi256_suite)
+    # If epi256 timed faster (carry ["ab/epi256"], ~8 min): the whole suite
+    # against it, then synccheck, racecheck and memcheck on the 256 kernels
+    # alone (the plain calls, default and deterministic): land it.
+    suite_against epi256 400
+    SANITIZE_HEAD_DIMS=256 SANITIZE_FEATURES=0 SANITIZE_KERNELS=256Kernel SANITIZE_TOOLS="synccheck racecheck memcheck" \
+      timeout $((570 - SECONDS)) bash ab/epi256/scripts/sanitize_kernels.sh 2>&1 | tail -8
+    ;;
+  window_profile)
+    # Issue 19's window backward (~0.89x of FA3's own ratio after v36; the
+    # step class, which removed ~300 instructions of a visible step, left
+    # it at 1.00x: not issue-bound there), carry ["ab/main38"], ~4 min:
+    # Nsight Compute with source counters on the window backward against
+    # plain T = 1024 causal (similar steps a tile) and the packed one.
+    profile_against $M 100 "window_grad:BackwardKernel plain_grad_1024:BackwardKernel packed_grad:BackwardKernel"
     ;;
   sanitize_all)
     # Every sm90 kernel of main's wheel under synccheck, racecheck and
