@@ -14,16 +14,19 @@
 #      (the 256 backward's staged epilogue, issue 21's T = 1024 at 256,
 #      0.87-0.88x FA3; the window backward's profile, issue 19); if
 #      epi256 is faster, `epi256_suite` (carry ab/epi256), then land it
-#   3. bash pending/session31.sh sanitize_all      carry ab/main38   (~9 min)
+#   3. bash pending/session31.sh classwarp         carry ab/main38 ab/classwarp   (~7 min)
+#      (the step classes on a producer warp of their own; if faster,
+#      `classwarp_suite`, carry ab/classwarp ab/classwarp_check, then land it)
+#   4. bash pending/session31.sh sanitize_all      carry ab/main38   (~9 min)
 #      (the whole sanitize script on the sm90 kernels: session 38's run
 #      with SANITIZE_KERNELS=256Kernel crashed every tool, segfaults, while
 #      a 256-only case ran clean; whether the crash is the filter's)
-#   4. bash pending/session31.sh dethelper_ab       carry ab/main38 ab/dethelperjax
+#   5. bash pending/session31.sh dethelper_ab       carry ab/main38 ab/dethelperjax
 #      (rebuild ab/dethelperjax on main first: scripts/ab_wheel.sh
 #      dethelperjax pending/sm90-bwd-det-helper.patch pending/ab-det-helper-default.patch)
-#   5. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
-#   6. bash pending/session31.sh dropout_profile t1024_profile   carry ab/main38 .peers   (~9 min)
-#   7. bash pending/session31.sh packed_fwd_profile e2e   carry ab/main38 .peers
+#   6. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
+#   7. bash pending/session31.sh dropout_profile t1024_profile   carry ab/main38 .peers   (~9 min)
+#   8. bash pending/session31.sh packed_fwd_profile e2e   carry ab/main38 .peers
 # ab/main is 78e438f (ab24e31's kernels; softcap_poly's baseline, the
 # poly wheels being on it), the rest named here on older mains (good for
 # timing what they change; a suite that lands a patch runs on a wheel of
@@ -64,7 +67,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -378,6 +381,32 @@ case "$stage" in
     suite_against epi256 400
     SANITIZE_HEAD_DIMS=256 SANITIZE_FEATURES=0 SANITIZE_KERNELS=256Kernel SANITIZE_TOOLS="synccheck racecheck memcheck" \
       timeout $((570 - SECONDS)) bash ab/epi256/scripts/sanitize_kernels.sh 2>&1 | tail -8
+    ;;
+  classwarp)
+    # pending/sm90-bwd-step-class-warp.patch (session 38: the step classes
+    # made by producer warp 2 instead of the row-statistics warp 1, and
+    # FeatureStepClass written field by field; carry ["ab/main38",
+    # "ab/classwarp"], ~7 min): the backward feature tests against the
+    # wheel, then one round of the feature backward cases at 128 and 64
+    # (issue 19: packed and window gained 1.02-1.03x / 1.00x from the class
+    # itself in v36, while warp 1's step loop, which lse, delta and the
+    # classes share on their way to do_full, grew from 183 instructions and
+    # 4 local accesses to 1442 and 135).
+    tests_against classwarp 200 "" test_features.py test_bias16.py test_sm90_dropout.py test_sinks.py
+    AB_DIRS="ab/$M ab/classwarp" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 128 64 --seqlen 4096 \
+      --cotangent random --cases segments:1 window:1 mask:0 kv_lengths:0 plain:1 softcap:0 dropout:0" bash scripts/gpu_ab.sh
+    ;;
+  classwarp_suite)
+    # If classwarp timed faster (carry ["ab/classwarp", "ab/classwarp_check"],
+    # ~9 min; ab/classwarp_check: `OUT=$PWD/ab/classwarp_check STEP=build
+    # bash scripts/sm90_bwd_check.sh` in a tree with the patch applied): the
+    # backward check program's feature cases, the whole suite, racecheck
+    # and synccheck on the sm90 kernels (do_full's count changes: a new
+    # warp's arrivals and class stores); then land it.
+    OUT=ab/classwarp_check STEP=run ARGS="--features --quick" CHECK_TIMEOUT=100 bash scripts/sm90_bwd_check.sh 2>&1 \
+      | grep -v PASS | tail -25
+    echo "backward check rc ${PIPESTATUS[0]}"
+    suite_then_sanitizers classwarp 360 480
     ;;
   window_profile)
     # Issue 19's window backward (~0.89x of FA3's own ratio after v36; the
