@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -252,6 +253,11 @@ void BackwardTask(const AttentionParams& p, int64_t b, int64_t hk, int64_t split
   Element* dk = static_cast<Element*>(p.dk) + k_base;
   Element* dv = static_cast<Element*>(p.dv) + k_base;
   const DropoutPolicy dropout = DropoutPolicy::For(p, b);
+  // This task's dQ rows (its key head's query heads, in its split's
+  // partial), zeroed here by the thread that fills them: no serial pass
+  // over the whole partial before the tasks start.
+  Acc* const dq_group = dq_partial + hk * s.group() * s.seqlen_q * dp;
+  std::fill(dq_group, dq_group + s.group() * s.seqlen_q * dp, Acc(0));
 
   thread_local std::vector<Acc> buf;
   buf.resize(size_t(kBlockN) * dp * 3 + size_t(kBlockN) * kBlockM + BackwardTile<Acc>::Elements(dp));
@@ -303,6 +309,18 @@ void BackwardTask(const AttentionParams& p, int64_t b, int64_t hk, int64_t split
         dkrow[c] = FromFloat<Element>(dk_acc[r * dp + c] * Acc(p.scale));
         dvrow[c] = FromFloat<Element>(dv_acc[r * dp + c]);
       }
+    }
+  }
+  // The only split: its partial is dQ, so this task writes its heads' rows
+  // (scaled) itself, while they are in its cache, instead of a pass after
+  // every task.
+  if (num_splits == 1) {
+    for (int64_t g = 0; g < s.group(); ++g) {
+      const int64_t h = hk * s.group() + g;
+      Element* dq = static_cast<Element*>(p.dq) + b * p.q_stride.batch + h * p.q_stride.head;
+      const Acc* rows = dq_partial + h * s.seqlen_q * dp;
+      for (int64_t i = 0; i < s.seqlen_q; ++i)
+        for (int c = 0; c < d; ++c) dq[i * p.q_stride.row + c] = FromFloat<Element>(rows[i * dp + c] * Acc(p.scale));
     }
   }
 }
@@ -433,16 +451,18 @@ void AttentionBackward(const AttentionParams& p) {
       std::clamp<int64_t>(CeilDiv(NumThreads(), heads), 1, std::min<int64_t>(8, n_blocks));
   const int dp = PaddedHeadDim(s.head_dim);
   const int64_t per_batch_split = s.num_heads * s.seqlen_q * dp;  // one split's dQ of one batch entry
-  std::vector<Acc> dq_partial(size_t(num_splits * s.batch * per_batch_split), Acc(0));
+  // Uninitialized: each task zeroes the rows it owns.
+  const std::unique_ptr<Acc[]> dq_partial(new Acc[size_t(num_splits * s.batch * per_batch_split)]);
   ParallelFor(heads * num_splits, [&](int64_t t) {
     const int64_t split = t % num_splits, head = t / num_splits;
     const int64_t b = head / s.num_heads_k, hk = head % s.num_heads_k;
     BackwardTask<Element>(p, b, hk, split, num_splits,
-                          dq_partial.data() + (split * s.batch + b) * per_batch_split);
+                          dq_partial.get() + (split * s.batch + b) * per_batch_split);
   });
 
-  // dq = scale * sum over splits, in split order.
-  ParallelOverQueryBlocks(s, [&](int64_t b, int64_t h, int64_t m_block) {
+  // dq = scale * sum over splits, in split order (one split: written by
+  // its tasks).
+  if (num_splits > 1) ParallelOverQueryBlocks(s, [&](int64_t b, int64_t h, int64_t m_block) {
     const int64_t q_end = std::min<int64_t>(s.seqlen_q, (m_block + 1) * kBlockM);
     Element* dq = static_cast<Element*>(p.dq) + b * p.q_stride.batch + h * p.q_stride.head;
     for (int64_t i = m_block * kBlockM; i < q_end; ++i) {
