@@ -14,6 +14,10 @@
 #      (the 256 backward's staged epilogue, issue 21's T = 1024 at 256,
 #      0.87-0.88x FA3; the window backward's profile, issue 19); if
 #      epi256 is faster, `epi256_suite` (carry ab/epi256), then land it
+#   2b. bash pending/session31.sh masks256         carry ab/main38 ab/masks256   (~8 min)
+#      (the 256 backward's masks variant, on the epilogue patch; if it
+#      passes and beats sm80's, `masks256_suite` carry ab/masks256, then
+#      land both 256 patches: it runs the epilogue's A/B cases too)
 #   3. bash pending/session31.sh classwarp         carry ab/main38 ab/classwarp   (~7 min)
 #      (the step classes on a producer warp of their own; if faster,
 #      `classwarp_suite`, carry ab/classwarp ab/classwarp_check, then land it)
@@ -67,7 +71,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -407,6 +411,27 @@ case "$stage" in
       | grep -v PASS | tail -25
     echo "backward check rc ${PIPESTATUS[0]}"
     suite_then_sanitizers classwarp 360 480
+    ;;
+  masks256)
+    # pending/sm90-bwd256-masks.patch (session 38, after the 256 epilogue
+    # patch: Backward256Kernel's kMasks, lengths, windows, offsets, segment
+    # ids and boolean masks on the sm90 backward at 256, which ran sm80's;
+    # carry ["ab/main38", "ab/masks256"], ~8 min): the 256 feature tests
+    # (and the dispatch test) against the wheel, then one round of the
+    # features at 256 against main (sm80's backward there).
+    tests_against masks256 240 "256" test_features.py test_attention.py test_position_offsets.py
+    AB_DIRS="ab/$M ab/masks256" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 256 --seqlen 4096 \
+      --cotangent random --cases segments:1 window:1 mask:0 kv_lengths:0 plain:1" bash scripts/gpu_ab.sh
+    ;;
+  masks256_suite)
+    # If masks256 passed and timed faster (carry ["ab/masks256"], ~9 min):
+    # the whole suite, then synccheck, racecheck and memcheck on the 256
+    # kernels with the masks (the plain 256 calls, then the feature runs at
+    # 256: SANITIZE_HEAD_DIMS=256 with the features on); land both patches.
+    suite_against masks256 400
+    # (This tree's script: SANITIZE_FEATURE_HEAD_DIMS is newer than the wheel.)
+    SANITIZE_HEAD_DIMS=256 SANITIZE_FEATURE_HEAD_DIMS=256 SANITIZE_KERNELS=256Kernel \
+      SANITIZE_TOOLS="synccheck racecheck memcheck" timeout $((570 - SECONDS)) bash scripts/sanitize_kernels.sh 2>&1 | tail -8
     ;;
   window_profile)
     # Issue 19's window backward (~0.89x of FA3's own ratio after v36; the

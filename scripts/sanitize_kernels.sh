@@ -18,6 +18,7 @@
 #   SANITIZE_TOOLS=initcheck bash scripts/sanitize_kernels.sh     # some of the tools
 #   SANITIZE_HEAD_DIMS=256 SANITIZE_FEATURES=0 SANITIZE_KERNELS=256Kernel bash scripts/sanitize_kernels.sh
 #     # the plain calls at 256 alone (default and deterministic backward)
+#   SANITIZE_FEATURE_HEAD_DIMS="64 128 256" ...   # the feature runs at those head dims
 set -uo pipefail
 # Logs go to $LOGS (gpu_check.sh's, bundled into its logs.tgz), else $OUT.
 OUT=${LOGS:-${OUT:-/tmp/gpu_out}}
@@ -96,7 +97,9 @@ sm80_cases = {
     "mask": dict(mask=mask),
     "dropout": dict(dropout_rate=0.1, dropout_rng=jax.random.key(1)),
 }
-runs = [(h, name, kw) for h in (64, 128) for name, kw in sm90_cases.items()]
+# SANITIZE_FEATURE_HEAD_DIMS: the head dims of these feature runs.
+feature_head_dims = [int(x) for x in os.environ.get("SANITIZE_FEATURE_HEAD_DIMS", "64 128").split()]
+runs = [(h, name, kw) for h in feature_head_dims for name, kw in sm90_cases.items()]
 runs += [(128, name + " on sm80", dict(kw, implementation="sm80")) for name, kw in sm90_cases.items()]
 runs += [(128, name, kw) for name, kw in sm80_cases.items()]
 for h, name, kwargs in runs:
