@@ -6,21 +6,20 @@
 # 87b700f, after the barrier fix; perf_history.md v36). Next, all on
 # main's wheel ab/main38 (`bash scripts/ab_wheel.sh main38` on main's
 # HEAD; MAIN_WHEEL names another):
-#   1. bash pending/session31.sh features36, then (a second call) grid36   carry ab/main38 .peers   (~6 + ~9 min)
-#      (issue 19's table after the step class and the staged epilogue; the
-#      standard grid beside cuDNN and FA3 with the 256 backward landed,
-#      issues 20 / 21)
-#   2. bash pending/session31.sh epi256 window_profile   carry ab/main38 ab/epi256   (~9 min)
-#      (the 256 backward's staged epilogue, issue 21's T = 1024 at 256,
-#      0.87-0.88x FA3; the window backward's profile, issue 19); if
-#      epi256 is faster, `epi256_suite` (carry ab/epi256), then land it
-#   2b. bash pending/session31.sh masks256         carry ab/main38 ab/masks256   (~8 min)
-#      (the 256 backward's masks variant, on the epilogue patch; if it
-#      passes and beats sm80's, `masks256_suite` carry ab/masks256, then
-#      land both 256 patches: it runs the epilogue's A/B cases too)
-#   3. bash pending/session31.sh classwarp         carry ab/main38 ab/classwarp   (~7 min)
+#   1. bash pending/session31.sh masks256          carry ab/main38 ab/masks256   (~8 min)
+#      (the 256 backward's masks variant and, in its plain rows, the 256
+#      staged epilogue it carries, issue 21); if it passes and is faster,
+#      `masks256_suite` (carry ab/masks256, ~9 min), then land both 256
+#      patches
+#   2. bash pending/session31.sh classwarp         carry ab/main38 ab/classwarp   (~7 min)
 #      (the step classes on a producer warp of their own; if faster,
 #      `classwarp_suite`, carry ab/classwarp ab/classwarp_check, then land it)
+#   2b. bash pending/session31.sh window_profile   carry ab/main38 (or the class warp's wheel)   (~4 min)
+#      (issue 19's window backward, the largest gap left)
+#   3. bash pending/session31.sh features36, then (a second call) grid36   carry ab/main38 .peers   (~6 + ~9 min)
+#      (issue 19's table after v36; the standard grid beside cuDNN and FA3
+#      with the 256 backward landed, issues 20 / 21; on the wheel of
+#      whatever main then is: rebuild ab/main38 after landing)
 #   4. bash pending/session31.sh sanitize_all      carry ab/main38   (~9 min)
 #      (the whole sanitize script on the sm90 kernels: session 38's run
 #      with SANITIZE_KERNELS=256Kernel crashed every tool, segfaults, while
@@ -31,6 +30,7 @@
 #   6. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
 #   7. bash pending/session31.sh dropout_profile t1024_profile   carry ab/main38 .peers   (~9 min)
 #   8. bash pending/session31.sh packed_fwd_profile e2e   carry ab/main38 .peers
+# (30 device minutes a session: 1-2 fit one session with their suites.)
 # ab/main is 78e438f (ab24e31's kernels; softcap_poly's baseline, the
 # poly wheels being on it), the rest named here on older mains (good for
 # timing what they change; a suite that lands a patch runs on a wheel of
@@ -419,9 +419,12 @@ case "$stage" in
     # carry ["ab/main38", "ab/masks256"], ~8 min): the 256 feature tests
     # (and the dispatch test) against the wheel, then one round of the
     # features at 256 against main (sm80's backward there).
+    # The plain 256 rows time the epilogue patch (ab/masks256 carries it;
+    # plain calls never run kMasks), so `epi256` need not run on its own.
     tests_against masks256 240 "256" test_features.py test_attention.py test_position_offsets.py
     AB_DIRS="ab/$M ab/masks256" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 256 --seqlen 4096 \
-      --cotangent random --cases segments:1 window:1 mask:0 kv_lengths:0 plain:1" bash scripts/gpu_ab.sh
+      --cotangent random --cases segments:1 window:1 mask:0 kv_lengths:0 plain:1;--impl jax_flash \
+      jax_flash_deterministic --head-dim 256 --seqlen 1024 4096 --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
     ;;
   masks256_suite)
     # If masks256 passed and timed faster (carry ["ab/masks256"], ~9 min):
