@@ -117,7 +117,9 @@ def attention(
         broadcast along the keys; a boolean mask also beside a soft cap,
         a key-only one, [B|1, N|1, 1, S], beside dropout; only at head
         dims up to 128), and the sm90 backward for plain calls at head
-        dims up to 256 and for calls at head dims up to 128 with those
+        dims up to 256, for calls above 128 with the masks' features
+        alone (lengths, windows, position offsets, segment ids, a boolean
+        mask), and for calls at head dims up to 128 with those
         features (a per-query boolean mask also beside dropout) but a
         per-query boolean mask beside a soft cap at head dims up to 64 or
         dropout with a soft cap (a bias contiguous
@@ -126,8 +128,8 @@ def attention(
         ``deterministic`` plain calls. ``"sm90"`` forces the Hopper (wgmma /
         TMA) forward (compute capability 9.x, 16-bit, head dim a multiple of
         8, those features) and, where it covers the call (head dim <= 128,
-        those features; above 128 and deterministic: plain calls), the
-        Hopper backward (sm80's otherwise);
+        those features; above 128 plain calls and the masks' features;
+        deterministic: plain calls), the Hopper backward (sm80's otherwise);
         ``"sm80"`` forces the mma.sync tensor-core kernels
         (float16/bfloat16, head dim a multiple of 8, compute capability
         >= 8.0; an error otherwise), ``"generic"`` the exact SIMT kernels that

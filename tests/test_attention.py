@@ -186,6 +186,49 @@ def test_sm90_backward_at_256_over_sections(rng, dtype, causal, monkeypatch):
         assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
 
 
+@pytest.mark.skipif(not ON_HOPPER, reason="which sm90 backward serves a call (an H100 / H200's kernels)")
+def test_sm90_backward_at_256_takes_the_masks(rng):
+    """The dispatch at head dim 256, seen through the launchers' record (sm80's
+    backward would compute the same values): lengths, a window, segment ids
+    and a boolean mask run Backward256Kernel's kMasks variant ("with
+    masks"), plain calls its plain one; the soft cap stays on sm80's
+    backward (no sm90 backward launch). Every element of the gradients
+    against float64 too, for the masks' cases."""
+    from jax_flash import _ffi
+
+    b, t, n, kh = 2, 200, 4, 2
+    q, k, v = random_qkv(rng, b, t, t, n, kh, 256, "bfloat16")
+    ids = jnp.asarray(np.repeat(np.arange(3), [70, 64, t - 134])[None].repeat(b, 0), jnp.int32)
+    cases = [  # kwargs, the sm90 backward's description suffix (None: no sm90 backward)
+        (dict(), ""),
+        (dict(is_causal=True, q_segment_ids=ids, kv_segment_ids=ids), " with masks"),
+        (dict(local_window_size=(50, 10)), " with masks"),
+        (dict(key_value_seq_lengths=jnp.asarray([t, 111], jnp.int32)), " with masks"),
+        (dict(mask=jnp.asarray(rng.random((b, 1, 1, t)) > 0.3)), " with masks"),
+        (dict(logits_soft_cap=5.0), None),
+    ]
+    dout = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
+    _ffi.record_kernels(True)
+    try:
+        for kwargs, suffix in cases:
+            loss = lambda q, k, v, kw=kwargs: jnp.sum(  # noqa: E731
+                jax_flash.attention(q, k, v, **kw).astype(jnp.float32) * dout.astype(jnp.float32))
+            grads = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v)
+            jax.block_until_ready(grads)
+            backward = [name for name in _ffi.recorded_kernels() if "sm90 backward kernel" in name]
+            if suffix is None:
+                assert not backward, (kwargs, backward)
+                continue
+            assert len(backward) == 1 and "in 256)" in backward[0], (kwargs, backward)
+            assert backward[0].endswith(")" + suffix), (kwargs, backward)
+            if suffix:
+                ref = reference_grads_f64(q, k, v, dout, **kwargs)
+                for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
+                    assert_close(name, g, r, "bfloat16", factor=GRAD_FACTOR)
+    finally:
+        _ffi.record_kernels(False)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="kernel families are a GPU matter")
 def test_forced_sm90_rejects_unsupported_inputs(rng):
     q, k, v = random_qkv(rng, 1, 8, 8, 2, 2, 64, "float32")

@@ -182,7 +182,7 @@ bool Sm90BiasVariantsTake(const AttentionParams& p) {
 // Whether the Hopper backward (sm90/bwd_*) serves this call: as the forward
 // (Sm90ForwardSupports), head dims up to 128 with the features its
 // variants take, above 128 (up to 256, Sm90Backward256Serves) plain calls
-// only (the rest there stays on sm80's fused backward); the features its
+// and the masks' features (the rest there stays on sm80's fused backward); the features its
 // variants take (Sm90TakesFeatures: lengths,
 // windows, position offsets, segment ids, the soft cap or dropout, and a
 // boolean mask beside them; or a bias with the masks' features,
@@ -201,7 +201,11 @@ bool Sm90BackwardSupports(ffi::DataType dtype, const AttentionParams& p) {
       (p.features.mask_stride.row == 0 || !(p.features.softcap > 0.0) || p.shape.head_dim > 64))
     without_mask.features.mask = nullptr;
   if (p.deterministic || p.dq_accum == nullptr) return false;
-  if (Sm90Backward256Serves(dtype, p)) return !p.features.Any();
+  // Above 128: plain calls, and the masks' features (lengths, windows,
+  // position offsets, segment ids, a boolean mask: Backward256Kernel's
+  // kMasks); a bias, the soft cap and dropout stay on sm80's backward.
+  if (Sm90Backward256Serves(dtype, p))
+    return !p.features.bias && !(p.features.softcap > 0.0) && !(p.features.dropout_rate > 0.0);
   return Sm90BackwardKernelsServe(dtype, p) &&
          (Sm90TakesFeatures(without_mask) || (p.features.bias && Sm90BiasVariantsTake(p)));
 }
@@ -445,8 +449,8 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
           return sm90::LaunchBackwardWithFeatures<decltype(element), decltype(head_dim)::value>(p, stream);
         return sm90::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);
       } else {
-        // (Sm90BackwardSupports takes plain calls only here.)
-        if (p.features.Any()) return "jax_flash: the sm90 backward at head dim 256 takes plain calls only";
+        // (Sm90BackwardSupports takes plain calls and the masks' features here.)
+        if (p.features.Any()) return sm90::LaunchBackwardWithFeatures<decltype(element), 256>(p, stream);
         return sm90::LaunchBackward<decltype(element), 256>(p, stream);
       }
     });

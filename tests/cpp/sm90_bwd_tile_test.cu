@@ -87,30 +87,40 @@ void CheckOrder(int B, int K, int key_blocks, int section, bool causal, bool des
 // The epilogue's dK / dV staging (KeyRowPiece, StageKeyGradient,
 // StoreStagedKeyRows): the fragment pairs each consumer thread stores
 // (rows row0, row0 + 8 of its warpgroup's 64, columns 8j + 2t, + 1) land
-// at distinct bytes inside the warpgroup's own rows of the K / V tile;
+// at distinct bytes inside the warpgroup's own part of the K / V tile;
 // every 16-byte piece the stores read back holds its row's columns 8c ..
 // 8c + 7 in order; a warp's 4-byte stores hit 32 distinct banks and each
 // 8-thread phase of the 16-byte reads 8 distinct 16-byte bank groups.
-template <typename Tr>
-void CheckKeyStaging(const char* name) {
-  constexpr int kPieces = Tr::kHeadDim / 8;
+// The 64 / 128 kernels' warpgroups own 64 rows each (row band = warpgroup,
+// every column); the 256 kernel's (column_halves) share the tile's 64 rows
+// and own kColumns columns each (pieces from piece0 = warpgroup x
+// kColumns / 8: two 64-column chunks).
+template <typename Tr, int kColumns = Tr::kHeadDim>
+void CheckKeyStaging(const char* name, bool column_halves = false) {
+  constexpr int kPieces = kColumns / 8;
   const int bytes = Tr::kKvTileBytes;
   auto expect = [&](bool ok, const char* what, int wg, int row, int piece) {
     if (!ok && ++failures <= 20)
       std::printf("FAIL %s: %s (warpgroup %d, row %d, piece %d)\n", name, what, wg, row, piece);
     return ok;
   };
-  std::vector<int> owner(bytes, -1);  // byte -> (warpgroup * 64 + row) * kHeadDim + column
-  for (int wg = 0; wg < 2; ++wg)
+  // Whether byte `at` lies in warpgroup wg's part of the tile.
+  auto owned = [&](uint32_t at, int band, int piece0) {
+    const int chunk = int(at / Tr::kKvChunkBytes), row_band = int(at % Tr::kKvChunkBytes) / 128 / 64;
+    return row_band == band && chunk >= piece0 / 8 && chunk < (piece0 + kPieces + 7) / 8;
+  };
+  std::vector<int> owner(bytes, -1);  // byte -> tile row * kHeadDim + tile column
+  for (int wg = 0; wg < 2; ++wg) {
+    const int band = column_halves ? 0 : wg, piece0 = column_halves ? wg * kPieces : 0;
     for (int warp = 0; warp < 4; ++warp)
       for (int hh = 0; hh < 2; ++hh)
         for (int j = 0; j < kPieces; ++j) {
           bool bank_used[32] = {};
           for (int lane = 0; lane < 32; ++lane) {
             const int g = lane / 4, t = lane % 4, row = warp * 16 + g + 8 * hh;
-            const uint32_t at = KeyRowPiece<Tr>(0, wg, row, j) + 4 * t;
-            if (!expect(at + 4 <= uint32_t(bytes) && int(at % Tr::kKvChunkBytes) / 128 / 64 == wg,
-                        "a pair staged outside the warpgroup's rows", wg, row, j))
+            const uint32_t at = KeyRowPiece<Tr>(0, band, row, piece0 + j) + 4 * t;
+            if (!expect(at + 4 <= uint32_t(bytes) && owned(at, band, piece0),
+                        "a pair staged outside the warpgroup's part", wg, row, j))
               continue;
             expect(!bank_used[(at / 4) % 32], "a warp's pair stores share a bank", wg, row, j);
             bank_used[(at / 4) % 32] = true;
@@ -118,25 +128,37 @@ void CheckKeyStaging(const char* name) {
               for (int half = 0; half < 2; ++half) {
                 int& o = owner[at + 2 * e + half];
                 expect(o == -1, "two pairs staged at one byte", wg, row, j);
-                o = (wg * 64 + row) * Tr::kHeadDim + 8 * j + 2 * t + e;
+                o = (band * 64 + row) * Tr::kHeadDim + 8 * (piece0 + j) + 2 * t + e;
               }
           }
         }
-  for (int wg = 0; wg < 2; ++wg)
+  }
+  for (int wg = 0; wg < 2; ++wg) {
+    const int band = column_halves ? 0 : wg, piece0 = column_halves ? wg * kPieces : 0;
     for (int k = 0; k < 64 * kPieces / 128; ++k)
       for (int phase = 0; phase < 128 / 8; ++phase) {
         bool group_used[8] = {};
         for (int tid = 8 * phase; tid < 8 * phase + 8; ++tid) {
-          const int q = tid + 128 * k, row = q / kPieces, c = q % kPieces;
-          const uint32_t at = KeyRowPiece<Tr>(0, wg, row, c);
-          if (!expect(at + 16 <= uint32_t(bytes), "a piece read outside the tile", wg, row, c)) continue;
+          // StoreStagedKeyRows' piece of thread tid in round k.
+          const int q = tid + 128 * k, row = q / kPieces, c = piece0 + q % kPieces;
+          const uint32_t at = KeyRowPiece<Tr>(0, band, row, c);
+          if (!expect(at + 16 <= uint32_t(bytes) && owned(at, band, piece0), "a piece read outside the part", wg, row,
+                      c))
+            continue;
           expect(!group_used[(at / 16) % 8], "a read phase's pieces share banks", wg, row, c);
           group_used[(at / 16) % 8] = true;
           for (int b = 0; b < 16; ++b)
-            expect(owner[at + b] == (wg * 64 + row) * Tr::kHeadDim + 8 * c + b / 2,
+            expect(owner[at + b] == (band * 64 + row) * Tr::kHeadDim + 8 * c + b / 2,
                    "a piece read back holds other columns", wg, row, c);
         }
       }
+  }
+  // Every byte of the staged parts written once (the 64 / 128 tiles' two
+  // bands, the 256 tile's 64 rows).
+  int written = 0;
+  for (int o : owner) written += o >= 0;
+  if (written != 2 * 64 * kColumns * 2 && ++failures <= 20)
+    std::printf("FAIL %s: %d bytes staged, expected %d\n", name, written, 2 * 64 * kColumns * 2);
 }
 
 int main() {
@@ -144,7 +166,8 @@ int main() {
   CheckKeyStaging<BwdTraits<128>>("key staging at 128");
   CheckKeyStaging<BwdTraits<64>>("key staging at 64");
   CheckKeyStaging<BwdTraits<64, 128>>("key staging at 64, 128-query steps");
-  cases += 3;
+  CheckKeyStaging<Bwd256Traits, Bwd256Traits::kColumns>("key staging at 256 (column halves)", true);
+  cases += 4;
   for (int B : {1, 2, 3, 4})
     for (int K : {1, 2, 3, 8})
       for (int key_blocks : {1, 2, 7, 32})

@@ -1,5 +1,7 @@
 // FlashAttention backward for Hopper (sm_90a) at head dim 256, plain calls
-// (causal or not, GQA, any lengths; no attention features), float16 and
+// (causal or not, GQA, any lengths) and, in its kMasks variant, the masks'
+// features (lengths, windows, position offsets, segment ids, a boolean
+// mask: the mask policy's steps and visibility bits, below), float16 and
 // bfloat16. Between sm80's DeltaAndClearKernel and DqConvertKernel, as the
 // 64 / 128 kernel (bwd_kernel.cuh), whose producer, barriers, tile order and
 // steps it shares (bwd_launch.cuh launches both).
@@ -110,6 +112,7 @@ enum class Bwd256Split { kQueryHalves, kOperands };
 constexpr Bwd256Split kBwd256Split = Bwd256Split::kOperands;
 constexpr int kPBarrier = 2;     // kOperands: P^T written (warpgroup 0 arrives, 1 syncs)
 constexpr int kPOwnBarrier = 3;  // kOperands: P^T written, within warpgroup 0
+constexpr int kStage256Barrier = 4;  // + warpgroup: the epilogue's staging, within a warpgroup
 
 // Two 16-bit values of one 32-bit word (PackPair's order: low half first).
 template <typename Element>
@@ -193,16 +196,48 @@ __device__ __forceinline__ void PassDqTurn(int* counter, int lane) {
   if (lane == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
 
+// Step i's places in shared memory, as each copy of the step derives them:
+// its ring stage (Q, dO and the row statistics; `parity`, the stage's
+// barrier phase) and its P^T / dS^T buffer (i % 2). `base`: the block's
+// shared memory through Opaque, so that ptxas rebuilds the addresses per
+// step rather than holding them across the loop.
+struct Step256Smem {
+  int s;
+  uint32_t parity, base, q_tile, do_tile, stats, p_tile, ds_tile;
+  __device__ __forceinline__ Step256Smem(uint32_t smem, int i) {
+    using Tr = Bwd256Traits;
+    s = i % Tr::kStages;
+    parity = (i / Tr::kStages) & 1;
+    base = Opaque(smem);
+    q_tile = base + Tr::kQOffset + s * Tr::kQTileBytes;
+    do_tile = base + Tr::kDoOffset + s * Tr::kQTileBytes;
+    stats = base + Tr::kStatOffset + s * Tr::kStatBytes;
+    p_tile = base + Tr::kPdsOffset + (i % 2) * Tr::kPdsBytes;
+    ds_tile = p_tile + Tr::kPTileBytes;
+  }
+};
+
 // One consumer warpgroup's whole tile: the block's 64 keys, head-dim
 // columns 128 w .. of dK, dV and dQ (w = warpgroup_index).
 // kDeterministic: each step's dQ adds in the order of `dq_counters`
-// (WaitDqTurn, PassDqTurn). kSplit: Bwd256Split.
-template <typename Element, bool kDeterministic = false, Bwd256Split kSplit = kBwd256Split>
-__device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, BwdBarriers<Bwd256Traits> bars,
-                                                       uint32_t smem, int warpgroup_index, const BwdTile& tile,
+// (WaitDqTurn, PassDqTurn). kSplit: Bwd256Split. kFeatures: kNone, or
+// kMasks (lengths, windows, position offsets, segment ids, a boolean mask:
+// the mask policy of `p`), with the operand split: warpgroup 0's P^T takes
+// the step's visibility bits (FeatureStepMask, as the 64 / 128 kernels'
+// S^T: the same 64-query, 16-keys-a-warp fragments), and warpgroup 1's dS^T
+// = P^T (dP^T - delta) is 0 wherever P^T is.
+template <typename Element, bool kDeterministic = false, Bwd256Split kSplit = kBwd256Split,
+          Features kFeatures = Features::kNone>
+__device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, const AttentionParams& p,
+                                                       BwdBarriers<Bwd256Traits> bars, uint32_t smem,
+                                                       int warpgroup_index, const BwdTile& tile,
                                                        const BwdSteps<Bwd256Traits>& steps,
                                                        int* dq_counters = nullptr) {
   using Tr = Bwd256Traits;
+  constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
+  static_assert(kFeatures == Features::kNone || kFeatures == Features::kMasks, "masks only at 256");
+  static_assert(!kPolicy || (kSplit == Bwd256Split::kOperands && !kDeterministic),
+                "the masks' variant runs the operand split, not deterministic");
   constexpr int kHalf = Tr::kHalfQueries, kColumns = Tr::kColumns;
   // Through a shuffle from lane 0, so that ptxas knows it warp-uniform and
   // keeps the descriptors derived from it in uniform registers (as the 128
@@ -246,12 +281,10 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, Bw
   // per-element masks, only on the steps that need them (needs_masks below).
   auto step = [&](int i, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
-    const int s = i % Tr::kStages;
-    const uint32_t parity = (i / Tr::kStages) & 1;
+    const Step256Smem at(smem, i);
+    const int s = at.s;
+    const uint32_t parity = at.parity, base = at.base, q_tile = at.q_tile, do_tile = at.do_tile;
     const int m0 = step_m0;
-    const uint32_t base = Opaque(smem);
-    const uint32_t q_tile = base + Tr::kQOffset + s * Tr::kQTileBytes;
-    const uint32_t do_tile = base + Tr::kDoOffset + s * Tr::kQTileBytes;
 
     // S^T_w = K Q_w^T and dP^T_w = V dO_w^T [64 keys][32 queries], raw,
     // two commit groups.
@@ -282,7 +315,7 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, Bw
     // row statistics. Masks (kMasked): keys past seqlen_k (TMA's zero rows
     // would give P = 2^-lse2) and, causal, keys after the query. Queries
     // past seqlen_q need none (lse2 = +inf: P = 0, delta = 0).
-    const uint32_t stats = base + Tr::kStatOffset + s * Tr::kStatBytes;
+    const uint32_t stats = at.stats;
     WgmmaWait<1>();
     FenceRegisters(st);
     [[maybe_unused]] const int diagonal = a.is_causal ? m0 + half0 - n0 : INT32_MAX / 2;  // query - key offset
@@ -313,7 +346,7 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, Bw
     // chunk (half0 / 8 + j) ^ g (TMA's 128-byte swizzle, which the
     // descriptors below read): a warp's store covers 8 rows x 4 words of
     // distinct chunks, 32 banks.
-    const uint32_t p_tile = base + Tr::kPdsOffset + (i % 2) * Tr::kPdsBytes, ds_tile = p_tile + Tr::kPTileBytes;
+    const uint32_t p_tile = at.p_tile, ds_tile = at.ds_tile;
 #pragma unroll
     for (int j = 0; j < kHalf / 8; ++j) {
       float2 delta;
@@ -385,13 +418,11 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, Bw
   // after dS^T's barrier dQ and dK of columns 0 .. 127.
   auto step_p = [&](int i, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
-    const int s = i % Tr::kStages;
-    const uint32_t parity = (i / Tr::kStages) & 1;
+    const Step256Smem at(smem, i);
+    const int s = at.s;
+    const uint32_t parity = at.parity, base = at.base, q_tile = at.q_tile, do_tile = at.do_tile;
     const int m0 = step_m0;
-    const uint32_t base = Opaque(smem);
-    const uint32_t q_tile = base + Tr::kQOffset + s * Tr::kQTileBytes;
-    const uint32_t do_tile = base + Tr::kDoOffset + s * Tr::kQTileBytes;
-    const uint32_t p_tile = base + Tr::kPdsOffset + (i % 2) * Tr::kPdsBytes, ds_tile = p_tile + Tr::kPTileBytes;
+    const uint32_t p_tile = at.p_tile, ds_tile = at.ds_tile;
     float st[Tr::kBlockM / 2];
     MbarrierWait(bars.q_full(s), parity);
     WgmmaFence();
@@ -403,7 +434,15 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, Bw
                                       q_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)), kk > 0 ? 1 : 0);
     }
     WgmmaCommit();
-    const uint32_t stats = base + Tr::kStatOffset + s * Tr::kStatBytes;
+    // kMasks: the step's visibility bits for this thread's pairs while S^T
+    // runs (FeatureStepMask's reads hide under the product); b and h
+    // opaque, so that the policy is rebuilt from the parameters per step
+    // rather than held across the loop.
+    [[maybe_unused]] StepMaskBits<Tr::kBlockM> visible = ~StepMaskBits<Tr::kBlockM>(0);
+    if constexpr (kPolicy)
+      visible = FeatureStepMask<Tr::kBlockM, ReadsDenseStepMask(kFeatures, Tr::kHeadDim)>(
+          p, int(Opaque(uint32_t(tile.b))), int(Opaque(uint32_t(step_h))), m0, n0 + 16 * warp, n0 + row0, t);
+    const uint32_t stats = at.stats;
     // The row statistics are published by do_full (StageRowStats' arrivals),
     // not by q_full: wait for it before the lse2 loads below.
     MbarrierWait(bars.do_full(s), parity);
@@ -421,7 +460,9 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, Bw
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = st[4 * j + 2 * hh + e];
-          if constexpr (kMasked) {
+          if constexpr (kPolicy) {
+            x = visible >> (2 * (Tr::kBlockM / 8) * hh + 2 * j + e) & 1u ? x : -CUDART_INF_F;
+          } else if constexpr (kMasked) {
             const int key = row0 + 8 * hh, q = 8 * j + 2 * t + e;
             x = key < key_limit && key <= q + diagonal ? x : -CUDART_INF_F;
           }
@@ -487,13 +528,11 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, Bw
   // P^T (0 where masked, so dS^T needs no masks), dS^T to shared memory,
   // and after dS^T's barrier dV, dQ and dK of columns 128 .. 255.
   auto step_ds = [&](int i) {
-    const int s = i % Tr::kStages;
-    const uint32_t parity = (i / Tr::kStages) & 1;
+    const Step256Smem at(smem, i);
+    const int s = at.s;
+    const uint32_t parity = at.parity, base = at.base, q_tile = at.q_tile, do_tile = at.do_tile;
     const int m0 = step_m0;
-    const uint32_t base = Opaque(smem);
-    const uint32_t q_tile = base + Tr::kQOffset + s * Tr::kQTileBytes;
-    const uint32_t do_tile = base + Tr::kDoOffset + s * Tr::kQTileBytes;
-    const uint32_t p_tile = base + Tr::kPdsOffset + (i % 2) * Tr::kPdsBytes, ds_tile = p_tile + Tr::kPTileBytes;
+    const uint32_t p_tile = at.p_tile, ds_tile = at.ds_tile;
     float dpt[Tr::kBlockM / 2];
     MbarrierWait(bars.do_full(s), parity);
     WgmmaFence();
@@ -505,7 +544,7 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, Bw
                                       do_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)), kk > 0 ? 1 : 0);
     }
     WgmmaCommit();
-    const uint32_t stats = base + Tr::kStatOffset + s * Tr::kStatBytes;
+    const uint32_t stats = at.stats;
     WgmmaWait<0>();
     FenceRegisters(dpt);
     NamedBarrierSyncAcrossRoles(kPBarrier, 256);  // P^T written (warpgroup 0)
@@ -590,7 +629,8 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, Bw
     return (a.is_causal && step_m0 - n0 < Tr::kBlockN - 1) || n0 + Tr::kBlockN > a.seqlen_k;
   };
 
-  MbarrierWait(bars.kv_full(), 0);
+  // (A masks' tile without steps: no copies to wait for; dK, dV are 0.)
+  if (!kPolicy || steps.count > 0) MbarrierWait(bars.kv_full(), 0);
   // The step's first query runs on as counter_m0 (wrapping back by m_count
   // blocks at each head of the group) and the loop's bound is rebuilt per
   // test from an opaque m_count and the group (a kernel parameter): held
@@ -617,38 +657,65 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, Bw
     });
   } else if (warpgroup == 0) {
     for_each_step([&](int i) {
-      if (needs_masks()) step_p(i, std::true_type{});
+      if constexpr (kPolicy) step_p(i, std::true_type{});  // (the policy's bits: every step)
+      else if (needs_masks()) step_p(i, std::true_type{});
       else step_p(i, std::false_type{});
     });
   } else {
     for_each_step([&](int i) { step_ds(i); });
   }
 
-  StoreKeyGradient<Element, kColumns>(a, a.dk, dk, a.scale, n0 + row0, tile.b, tile.hk, t, col0);
-  StoreKeyGradient<Element, kColumns>(a, a.dv, dv, 1.0f, n0 + row0, tile.b, tile.hk, t, col0);
+  // dK, dV through shared memory (KeyRowPiece, as the 64 / 128 kernels'
+  // epilogue): warpgroup w stages its column half of the block's 64 rows in
+  // its own two 64-column chunks of the K and V tiles, then stores 16-byte
+  // pieces. Those chunks are free here: the other warpgroup's last reads of
+  // them (S^T and dP^T, which read every column) completed before both
+  // passed the last step's kDsBarrier, and its dQ reads its own half of K;
+  // this warpgroup's own products completed at its last step's wait.
+  const uint32_t k_tile = Opaque(smem) + Tr::kKOffset, v_tile = Opaque(smem) + Tr::kVOffset;
+  StageKeyGradient<Element, Tr, kColumns>(k_tile, 0, dk, a.scale, row0, t, col0 / 8);
+  StageKeyGradient<Element, Tr, kColumns>(v_tile, 0, dv, 1.0f, row0, t, col0 / 8);
+  if (warpgroup == 0) NamedBarrierSync(kStage256Barrier, 128);
+  else NamedBarrierSync(kStage256Barrier + 1, 128);
+  StoreStagedKeyRows<Element, Tr, kColumns>(a, a.dk, k_tile, 0, n0, tile.b, tile.hk, tid, col0 / 8);
+  StoreStagedKeyRows<Element, Tr, kColumns>(a, a.dv, v_tile, 0, n0, tile.b, tile.hk, tid, col0 / 8);
 }
 
 // One block's tile (BwdTile), both kernels' roles. kDeterministic:
 // Deterministic256Kernel's (the sectioned tile order for
 // non-causal calls too, where a.causal_section asks for it: BwdTile's
 // kSectionsAlways; the dQ adds ordered by `dq_counters`).
-template <typename Element, bool kDeterministic>
+template <typename Element, bool kDeterministic, Features kFeatures = Features::kNone>
 __device__ __forceinline__ void RunBackward256Block(const CUtensorMap* q_map, const CUtensorMap* k_map,
                                                     const CUtensorMap* v_map, const CUtensorMap* do_map,
                                                     const BackwardArgs& a, const AttentionParams& p,
                                                     int* dq_counters) {
   using Tr = Bwd256Traits;
+  constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = (SmemAddress(smem_raw) + 1023u) & ~1023u;
   const BwdBarriers<Tr> bars{smem + Tr::kBarrierOffset};
   if (threadIdx.x == 0) bars.Init();
   __syncthreads();
   const BwdTile tile(a, int(blockIdx.x), std::bool_constant<kDeterministic>{});
-  const BwdSteps<Tr> steps(a, tile.n_block);
+  // kMasks: the tile's query blocks from the mask policy (FeatureQueryBlocks:
+  // warp-collective, called by every warp here, before the roles split).
+  const BwdSteps<Tr> steps = [&] {
+    if constexpr (kPolicy)
+      return BwdSteps<Tr>(FeatureQueryBlocks<Tr::kBlockM, Tr::kBlockN>(p, tile.n_block * Tr::kBlockN,
+                                                                        tile.hk * a.group, tile.b, a.group),
+                          a.group);
+    else
+      return BwdSteps<Tr>(a, tile.n_block);
+  }();
   // setmaxnreg needs each warpgroup's role as one branch of a single if/else.
   if (threadIdx.x / 128 == 0) {
     RegistersDecrease<Tr::kProducerRegisters>();
-    if (threadIdx.x == 0) ProduceBackwardTile<Tr>(q_map, k_map, v_map, do_map, a, bars, smem, tile, steps);
+    if (threadIdx.x == 0) {
+      // (A masks' tile without steps copies nothing.)
+      if (!kPolicy || steps.count > 0)
+        ProduceBackwardTile<Tr>(q_map, k_map, v_map, do_map, a, bars, smem, tile, steps);
+    }
     else if (threadIdx.x / 32 == 1) StageRowStats<Tr>(a, p, bars, smem, tile, steps, threadIdx.x % 32);
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();
@@ -656,19 +723,20 @@ __device__ __forceinline__ void RunBackward256Block(const CUtensorMap* q_map, co
     // default: kOperands' deterministic build spilled, 30 local accesses in
     // its step loops.)
     constexpr Bwd256Split kSplit = kDeterministic ? Bwd256Split::kQueryHalves : kBwd256Split;
-    ConsumeBackwardTile256<Element, kDeterministic, kSplit>(a, bars, smem, threadIdx.x / 128 - 1, tile, steps,
-                                                            dq_counters);
+    ConsumeBackwardTile256<Element, kDeterministic, kSplit, kFeatures>(a, p, bars, smem, threadIdx.x / 128 - 1,
+                                                                       tile, steps, dq_counters);
   }
 }
 
 // grid: key_blocks (of 64 keys) * num_heads_k * batch blocks, one tile each
-// (BwdTile). `p` only for StageRowStats' signature (no features here).
-template <typename Element>
+// (BwdTile). kFeatures: kNone (`p` then only for StageRowStats' signature)
+// or kMasks (its mask policy; ConsumeBackwardTile256).
+template <typename Element, Features kFeatures = Features::kNone>
 __global__ void __launch_bounds__(Bwd256Traits::kThreads, 1)
     Backward256Kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                       const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
                       const BackwardArgs a, const __grid_constant__ AttentionParams p) {
-  RunBackward256Block<Element, false>(&q_map, &k_map, &v_map, &do_map, a, p, nullptr);
+  RunBackward256Block<Element, false, kFeatures>(&q_map, &k_map, &v_map, &do_map, a, p, nullptr);
 }
 
 // The deterministic variant (bwd_launch.cuh's LaunchBackwardDeterministic

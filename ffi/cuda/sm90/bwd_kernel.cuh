@@ -580,6 +580,9 @@ __device__ __forceinline__ void SendDqFull(const BackwardArgs& a, const float (&
 // (session 37's profile), most of them the store queue's (lg).
 // The staging address of row `row` (of the warpgroup's 64 from row 64
 // `warpgroup` of the tile at `tile`), 16-byte piece `c`.
+// The 256 kernel's warpgroups share the tile's 64 rows and hold column
+// halves instead: there `warpgroup` is 0 and warpgroup w's pieces are
+// 16 w .. 16 w + 15 (its two 64-column chunks).
 // (Host-callable for tests/cpp/sm90_bwd_tile_test.cu.)
 template <typename Tr>
 __host__ __device__ __forceinline__ uint32_t KeyRowPiece(uint32_t tile, int warpgroup, int row, int c) {
@@ -587,31 +590,33 @@ __host__ __device__ __forceinline__ uint32_t KeyRowPiece(uint32_t tile, int warp
 }
 
 // This thread's dK (times scale) or dV pairs (rows row0, row0 + 8 of the
-// warpgroup's 64; columns 8j + 2t, + 1) into the staging (KeyRowPiece).
-template <typename Element, typename Tr>
-__device__ __forceinline__ void StageKeyGradient(uint32_t tile, int warpgroup, const float (&acc)[Tr::kHeadDim / 2],
-                                                 float scale, int row0, int t) {
+// warpgroup's 64; columns 8j + 2t, + 1 of the accumulator's kColumns, from
+// piece piece0) into the staging (KeyRowPiece).
+template <typename Element, typename Tr, int kColumns = Tr::kHeadDim>
+__device__ __forceinline__ void StageKeyGradient(uint32_t tile, int warpgroup, const float (&acc)[kColumns / 2],
+                                                 float scale, int row0, int t, int piece0 = 0) {
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-    for (int j = 0; j < Tr::kHeadDim / 8; ++j)
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(KeyRowPiece<Tr>(tile, warpgroup, row0 + 8 * hh, j) + 4 * t),
+    for (int j = 0; j < kColumns / 8; ++j)
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(KeyRowPiece<Tr>(tile, warpgroup, row0 + 8 * hh, piece0 + j) + 4 * t),
                    "r"(PackPair<Element>(acc[4 * j + 2 * hh] * scale, acc[4 * j + 2 * hh + 1] * scale))
                    : "memory");
 }
 
-// The warpgroup's 64 staged rows (keys key0 .., those below seqlen_k) to
-// dK or dV in global memory, 16 bytes a store (head_dim is a multiple of
-// 8; the launch checks 16-byte strides); `tid`: the thread in the
-// warpgroup. After a warpgroup barrier over the staging stores.
-template <typename Element, typename Tr>
+// The warpgroup's 64 staged rows (keys key0 .., those below seqlen_k;
+// kColumns columns from piece piece0) to dK or dV in global memory, 16
+// bytes a store (head_dim is a multiple of 8; the launch checks 16-byte
+// strides); `tid`: the thread in the warpgroup. After a warpgroup barrier
+// over the staging stores.
+template <typename Element, typename Tr, int kColumns = Tr::kHeadDim>
 __device__ __forceinline__ void StoreStagedKeyRows(const BackwardArgs& a, void* base, uint32_t tile, int warpgroup,
-                                                   int key0, int b, int hk, int tid) {
-  constexpr int kPieces = Tr::kHeadDim / 8;  // 16-byte pieces per row
+                                                   int key0, int b, int hk, int tid, int piece0 = 0) {
+  constexpr int kPieces = kColumns / 8;  // 16-byte pieces per row
   Element* rows = static_cast<Element*>(base) + int64_t(b) * a.k_stride.batch + int64_t(hk) * a.k_stride.head;
 #pragma unroll
   for (int k = 0; k < 64 * kPieces / 128; ++k) {
-    const int q = tid + 128 * k, row = q / kPieces, c = q % kPieces;
+    const int q = tid + 128 * k, row = q / kPieces, c = piece0 + q % kPieces;
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -621,30 +626,6 @@ __device__ __forceinline__ void StoreStagedKeyRows(const BackwardArgs& a, void* 
       asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(rows + int64_t(key0 + row) * a.k_stride.row + 8 * c),
                    "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                    : "memory");
-  }
-}
-
-// dK (times scale) or dV rows of this thread straight to global memory:
-// 32-bit pairs (head_dim is a multiple of 8; the launch checks 16-byte
-// strides), the accumulator's kColumns columns from col0. The 256 kernel's
-// epilogue (its warpgroups hold half the head dim each, so the staging
-// above, a warpgroup's 64 whole rows, does not fit its split).
-template <typename Element, int kColumns>
-__device__ __forceinline__ void StoreKeyGradient(const BackwardArgs& a, void* base, const float (&acc)[kColumns / 2],
-                                                 float scale, int key0, int b, int hk, int t, int col0 = 0) {
-  Element* rows = static_cast<Element*>(base) + int64_t(b) * a.k_stride.batch + int64_t(hk) * a.k_stride.head;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int key = key0 + 8 * hh;
-    if (key >= a.seqlen_k) continue;
-    Element* row = rows + int64_t(key) * a.k_stride.row;
-#pragma unroll
-    for (int j = 0; j < kColumns / 8; ++j) {
-      const int col = col0 + 8 * j + 2 * t;
-      if (col < a.head_dim)
-        *reinterpret_cast<uint32_t*>(row + col) =
-            PackPair<Element>(acc[4 * j + 2 * hh] * scale, acc[4 * j + 2 * hh + 1] * scale);
-    }
   }
 }
 

@@ -269,7 +269,7 @@ struct BwdTraits {
   static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KiB per block");
 };
 
-// Head dim 256 (bwd256_kernel.cuh; plain calls, no schedules): a block
+// Head dim 256 (bwd256_kernel.cuh; plain calls and kMasks, no schedules): a block
 // owns 64 keys, both consumer warpgroups share them and split the head dim
 // instead, warpgroup w holding dK and dV of columns 128 w .. 128 w + 127
 // (64 + 64 floats a thread, persistent over the steps). Per step of 64

@@ -199,7 +199,8 @@ template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatu
 std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t stream, int causal_section = 0) {
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
-  static_assert(kHeadDim != 256 || kFeatures == Features::kNone, "the 256 backward takes plain calls only");
+  static_assert(kHeadDim != 256 || kFeatures == Features::kNone || kFeatures == Features::kMasks,
+                "the 256 backward takes plain calls and the masks' features only");
   const auto& s = p.shape;
   constexpr bool kBias = AddsBias(kFeatures);
   constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
@@ -254,10 +255,10 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
       static_assert(Tr::kBlockM == 64, "BwdBiasTile: one box of rows per step");
       if (auto e = EncodeBiasTilesMap<Element>(&bias_map, p); !e.empty()) return e + " (" + what + ")";
     }
-    // (Head dim 256: Backward256Kernel, plain calls only; its schedule is
+    // (Head dim 256: Backward256Kernel, plain or kMasks; its schedule is
     // its own, bwd256_kernel.cuh.)
     auto kernel = [] {
-      if constexpr (kHeadDim == 256) return Backward256Kernel<Element>;
+      if constexpr (kHeadDim == 256) return Backward256Kernel<Element, kFeatures>;
       else return BackwardKernel<Element, kHeadDim, kSchedule, kFeatures>;
     }();
     // (The dropout variants' keep-bit exchange, kMasksBiasTiles's tile.)
@@ -481,22 +482,29 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
 template <typename Element, int kHeadDim>
 std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t stream) {
   constexpr BwdSchedule kSchedule = FeatureBwdSchedule(kHeadDim);
-  const bool plain = p.features.OnlyTransforms();
-  if (p.features.dropout_rate > 0.0 && p.features.dropout_seed) {
-    if (plain)
-      return LaunchBackwardScheduled<Element, kHeadDim, PlainTransformBwdSchedule(kHeadDim, true),
-                                     Features::kPlainDropout>(p, stream, kSizedCausalSection);
-    return LaunchBackwardScheduled<Element, kHeadDim, DropoutBwdSchedule(kHeadDim), Features::kMasksDropout>(
-        p, stream, kSizedCausalSection);
+  // Head dim 256: the masks' variant alone (Backward256Kernel<kMasks>; the
+  // soft cap and dropout stay on sm80's backward, handlers.cu's
+  // Sm90BackwardSupports), whose launch refuses the rest by name.
+  if constexpr (kHeadDim == 256) {
+    return LaunchBackwardScheduled<Element, 256, kSchedule, Features::kMasks>(p, stream, kSizedCausalSection);
+  } else {
+    const bool plain = p.features.OnlyTransforms();
+    if (p.features.dropout_rate > 0.0 && p.features.dropout_seed) {
+      if (plain)
+        return LaunchBackwardScheduled<Element, kHeadDim, PlainTransformBwdSchedule(kHeadDim, true),
+                                       Features::kPlainDropout>(p, stream, kSizedCausalSection);
+      return LaunchBackwardScheduled<Element, kHeadDim, DropoutBwdSchedule(kHeadDim), Features::kMasksDropout>(
+          p, stream, kSizedCausalSection);
+    }
+    if (p.features.softcap > 0.0) {
+      if (plain)
+        return LaunchBackwardScheduled<Element, kHeadDim, PlainTransformBwdSchedule(kHeadDim, false),
+                                       Features::kPlainSoftcap>(p, stream, kSizedCausalSection);
+      return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksSoftcap>(p, stream,
+                                                                                            kSizedCausalSection);
+    }
+    return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasks>(p, stream, kSizedCausalSection);
   }
-  if (p.features.softcap > 0.0) {
-    if (plain)
-      return LaunchBackwardScheduled<Element, kHeadDim, PlainTransformBwdSchedule(kHeadDim, false),
-                                     Features::kPlainSoftcap>(p, stream, kSizedCausalSection);
-    return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasksSoftcap>(p, stream,
-                                                                                          kSizedCausalSection);
-  }
-  return LaunchBackwardScheduled<Element, kHeadDim, kSchedule, Features::kMasks>(p, stream, kSizedCausalSection);
 }
 
 // The bias variants at FeatureBwdSchedule: kMasksBias16 where the bias has
@@ -529,8 +537,9 @@ std::string LaunchBiasGradient(const AttentionParams& p, cudaStream_t stream) {
 // In bwd_launch_256_<dtype>.cu: the 256 kernels (bwd256_kernel.cuh), plain
 // calls, default and deterministic, their own objects so that CI's two
 // cores compile them beside the others.
-#define JAX_FLASH_INSTANTIATE_SM90_BWD_256(Element)                                         \
-  template std::string LaunchBackward<Element, 256>(const AttentionParams&, cudaStream_t); \
+#define JAX_FLASH_INSTANTIATE_SM90_BWD_256(Element)                                                     \
+  template std::string LaunchBackward<Element, 256>(const AttentionParams&, cudaStream_t);             \
+  template std::string LaunchBackwardWithFeatures<Element, 256>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchBackwardDeterministicDefault<Element, 256>(const AttentionParams&, int*, cudaStream_t);
 
 // In bwd_launch_features_<dtype>.cu, their own files, so that CI's two

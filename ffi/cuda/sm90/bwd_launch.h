@@ -17,7 +17,9 @@ namespace jax_flash::cuda::sm90 {
 // and 128 padded).
 inline bool BackwardCoversHeadDim(int64_t head_dim) { return head_dim >= 1 && head_dim <= 128; }
 // Whether its plain kernels (LaunchBackward) have: up to 256 (above 128
-// Backward256Kernel, bwd256_kernel.cuh; every other call at 256 runs sm80's).
+// Backward256Kernel, bwd256_kernel.cuh, which also takes the masks'
+// features, LaunchBackwardWithFeatures<256>; every other call at 256 runs
+// sm80's).
 inline bool PlainBackwardCoversHeadDim(int64_t head_dim) { return head_dim >= 1 && head_dim <= 256; }
 
 // Shared memory (bytes) of the backward serving a head dim, for the
@@ -54,7 +56,9 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream);
 // gradient through the same tanh), or those and dropout (kMasksDropout:
 // the same Philox bits as every family, dropout.cuh). A bias (the bias
 // variants), a boolean mask or dropout with the soft cap is refused with a
-// message (sm80's backward serves those). kHeadDim 64, 128.
+// message (sm80's backward serves those). kHeadDim 64, 128, and 256
+// (bwd_launch_256_<dtype>.cu: the masks' features alone, Backward256Kernel's
+// kMasks; the soft cap and dropout refused there too).
 template <typename Element, int kHeadDim>
 std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t stream);
 

@@ -962,15 +962,18 @@ __device__ __forceinline__ KeyBlocks FeatureQueryBlocks(const AttentionParams& p
   policy.QueryRange(n0, int64_t(n0) + kBlockN, &lo, &hi);
   if (hi <= lo) return {0, 0};
   const AttentionFeatures& f = p.features;
-  if (f.mask && f.mask_stride.row == 0) {
-    static_assert(kBlockN == 128, "VisibleKeyBlocks4: 128-key blocks");
-    const int heads = f.mask_stride.head == 0 ? 1 : group;  // (a mask broadcast over heads: one row)
-    const uint8_t* row = f.mask + BroadcastOffset32(f, f.mask_stride, b, h);
-    bool any = false;
+  // (VisibleKeyBlocks4 reads 128-key blocks: the 256 kernel's 64-key tiles
+  // keep their steps, whose bits then hide the keys.)
+  if constexpr (kBlockN == 128) {
+    if (f.mask && f.mask_stride.row == 0) {
+      const int heads = f.mask_stride.head == 0 ? 1 : group;  // (a mask broadcast over heads: one row)
+      const uint8_t* row = f.mask + BroadcastOffset32(f, f.mask_stride, b, h);
+      bool any = false;
 #pragma unroll 1
-    for (int g = 0; g < heads && !any; ++g, row += f.mask_stride.head)
-      any = VisibleKeyBlocks4(row, int(policy.seqlen_k), n0 / 128, 1, 1) != 0;
-    if (!any) return {0, 0};
+      for (int g = 0; g < heads && !any; ++g, row += f.mask_stride.head)
+        any = VisibleKeyBlocks4(row, int(policy.seqlen_k), n0 / 128, 1, 1) != 0;
+      if (!any) return {0, 0};
+    }
   }
   KeyBlocks mb{int(lo / kBlockM), int((hi + kBlockM - 1) / kBlockM)};
   if (policy.HasSegmentRanges()) {
