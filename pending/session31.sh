@@ -100,7 +100,7 @@ suite_then_sanitizers() {
   suite_against "$name" "$limit"
   if [ $SECONDS -lt "$start" ]; then
     SANITIZE_KERNELS=sm90 SANITIZE_TOOLS="racecheck synccheck" \
-      timeout $((570 - SECONDS)) bash "ab/$name/scripts/sanitize_kernels.sh" 2>&1 | tail -6
+      timeout $((${SANITIZE_DEADLINE:-570} - SECONDS)) bash "ab/$name/scripts/sanitize_kernels.sh" 2>&1 | tail -6
   else
     echo "the sanitizers left for a later call (${SECONDS} s used)"
   fi
@@ -407,10 +407,12 @@ case "$stage" in
     # backward check program's feature cases, the whole suite, racecheck
     # and synccheck on the sm90 kernels (do_full's count changes: a new
     # warp's arrivals and class stores); then land it.
+    # (Session 39, with ~9 device minutes left: CLASSWARP_LIMITS="300 400"
+    # and SANITIZE_DEADLINE=520 fit the call into them.)
     OUT=ab/classwarp_check STEP=run ARGS="--features --quick" CHECK_TIMEOUT=100 bash scripts/sm90_bwd_check.sh 2>&1 \
       | grep -v PASS | tail -25
     echo "backward check rc ${PIPESTATUS[0]}"
-    suite_then_sanitizers classwarp 360 480
+    suite_then_sanitizers classwarp ${CLASSWARP_LIMITS:-360 480}
     ;;
   masks256)
     # pending/sm90-bwd256-masks.patch (session 38, after the 256 epilogue
