@@ -698,16 +698,8 @@ __device__ __forceinline__ void RunBackward256Block(const CUtensorMap* q_map, co
   if (threadIdx.x == 0) bars.Init();
   __syncthreads();
   const BwdTile tile(a, int(blockIdx.x), std::bool_constant<kDeterministic>{});
-  // kMasks: the tile's query blocks from the mask policy (FeatureQueryBlocks:
-  // warp-collective, called by every warp here, before the roles split).
-  const BwdSteps<Tr> steps = [&] {
-    if constexpr (kPolicy)
-      return BwdSteps<Tr>(FeatureQueryBlocks<Tr::kBlockM, Tr::kBlockN>(p, tile.n_block * Tr::kBlockN,
-                                                                        tile.hk * a.group, tile.b, a.group),
-                          a.group);
-    else
-      return BwdSteps<Tr>(a, tile.n_block);
-  }();
+  // kMasks: the tile's query blocks from the mask policy.
+  const BwdSteps<Tr> steps = BwdSteps<Tr>::template ForTile<kPolicy>(a, p, tile);
   // setmaxnreg needs each warpgroup's role as one branch of a single if/else.
   if (threadIdx.x / 128 == 0) {
     RegistersDecrease<Tr::kProducerRegisters>();

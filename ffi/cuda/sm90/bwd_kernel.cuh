@@ -267,6 +267,19 @@ struct BwdSteps {
   // Feature variants: query blocks [blocks.lo, blocks.hi) (FeatureQueryBlocks).
   __device__ BwdSteps(KeyBlocks blocks, int group)
       : m_first(blocks.lo), m_count(blocks.hi - blocks.lo), count((blocks.hi - blocks.lo) * group) {}
+  // Tile `tile`'s steps: the mask-policy variants' (kPolicy) from
+  // FeatureQueryBlocks, which is warp-collective: every warp calls this,
+  // before the roles split, so that every role derives the same steps and
+  // their phases agree.
+  template <bool kPolicy>
+  __device__ static BwdSteps ForTile(const BackwardArgs& a, const AttentionParams& p, const BwdTile& tile) {
+    if constexpr (kPolicy)
+      return BwdSteps(FeatureQueryBlocks<Tr::kBlockM, Tr::kBlockN>(p, tile.n_block * Tr::kBlockN, tile.hk * a.group,
+                                                                   tile.b, a.group),
+                      a.group);
+    else
+      return BwdSteps(a, tile.n_block);
+  }
   __device__ int m0(int i) const { return (m_first + i % m_count) * Tr::kBlockM; }
   __device__ int head(int i, int hk, int group) const { return hk * group + i / m_count; }
 };
@@ -1518,19 +1531,10 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
   }
   __syncthreads();
 
-  // Every role derives the same tile and steps, so their phases agree
-  // (FeatureQueryBlocks: warp-collective, called by every warp here, before
-  // the roles split).
+  // Every role derives the same tile and steps, so their phases agree.
   const BwdTile tile(a, kBiasGradient ? BiasGradientTileIndex(a, p, int(blockIdx.x)) : int(blockIdx.x),
                      std::bool_constant<kDeterministic>{});
-  const BwdSteps<Tr> steps = [&] {
-    if constexpr (kPolicy)
-      return BwdSteps<Tr>(FeatureQueryBlocks<Tr::kBlockM, Tr::kBlockN>(p, tile.n_block * Tr::kBlockN,
-                                                                        tile.hk * a.group, tile.b, a.group),
-                          a.group);
-    else
-      return BwdSteps<Tr>(a, tile.n_block);
-  }();
+  const BwdSteps<Tr> steps = BwdSteps<Tr>::template ForTile<kPolicy>(a, p, tile);
   // setmaxnreg needs each warpgroup's role as one branch of a single if/else.
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
