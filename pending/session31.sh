@@ -1,35 +1,38 @@
 #!/usr/bin/env bash
 # The device plan, in order (each call ~4-8 minutes of wall time; the
 # first adds ~85 s of cold start; a warm machine goes back after 30 s
-# idle, so issue the calls back to back). Session 38 ran stepclass and
-# stepclass_suite (landed: 6723446) and bwd256_suite twice (landed:
-# 87b700f, after the barrier fix; perf_history.md v36). Next, all on
-# main's wheel ab/main38 (`bash scripts/ab_wheel.sh main38` on main's
-# HEAD; MAIN_WHEEL names another):
-#   1. bash pending/session31.sh masks256          carry ab/main38 ab/masks256   (~8 min)
-#      (the 256 backward's masks variant and, in its plain rows, the 256
-#      staged epilogue it carries, issue 21); if it passes and is faster,
-#      `masks256_suite` (carry ab/masks256, ~9 min), then land both 256
-#      patches
-#   2. bash pending/session31.sh classwarp         carry ab/main38 ab/classwarp   (~7 min)
-#      (the step classes on a producer warp of their own; if faster,
-#      `classwarp_suite`, carry ab/classwarp ab/classwarp_check, then land it)
-#   2b. bash pending/session31.sh window_profile   carry ab/main38 (or the class warp's wheel)   (~4 min)
-#      (issue 19's window backward, the largest gap left)
-#   3. bash pending/session31.sh features36, then (a second call) grid36   carry ab/main38 .peers   (~6 + ~9 min)
-#      (issue 19's table after v36; the standard grid beside cuDNN and FA3
-#      with the 256 backward landed, issues 20 / 21; on the wheel of
-#      whatever main then is: rebuild ab/main38 after landing)
-#   4. bash pending/session31.sh sanitize_all      carry ab/main38   (~9 min)
-#      (the whole sanitize script on the sm90 kernels: session 38's run
-#      with SANITIZE_KERNELS=256Kernel crashed every tool, segfaults, while
-#      a 256-only case ran clean; whether the crash is the filter's)
-#   5. bash pending/session31.sh dethelper_ab       carry ab/main38 ab/dethelperjax
-#      (rebuild ab/dethelperjax on main first: scripts/ab_wheel.sh
-#      dethelperjax pending/sm90-bwd-det-helper.patch pending/ab-det-helper-default.patch)
-#   6. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
-#   7. bash pending/session31.sh dropout_profile t1024_profile   carry ab/main38 .peers   (~9 min)
-#   8. bash pending/session31.sh packed_fwd_profile e2e   carry ab/main38 .peers
+# idle, so issue the calls back to back). Session 39 ran masks256 and
+# masks256_suite (landed: 08070b4), classwarp (key padding 1.05x, packed
+# and window 1.00x) and window_profile (perf_history.md v37); then no
+# machine could be started for ~35 minutes, and the failed starts spent
+# the rest of the budget (each 90-160 s). Lesson: with under ~10 device
+# minutes left, a failed start leaves nothing for a suite; name
+# nvidia-h200 (either card) for correctness-only calls, which widens the
+# pool. Next, on main's wheel (rebuild first: `bash scripts/ab_wheel.sh
+# main40` on main's HEAD, MAIN_WHEEL=main40; the checkout's ab/ is empty
+# in a fresh session):
+#   1. bash pending/session31.sh classwarp_suite   carry ab/classwarp ab/classwarp_check   (~9 min)
+#      (rebuild both on main + pending/sm90-bwd-step-class-warp.patch:
+#      `bash scripts/ab_wheel.sh classwarp pending/sm90-bwd-step-class-warp.patch`,
+#      and in a worktree with the patch applied `OUT=$PWD/ab/classwarp_check
+#      STEP=build bash scripts/sm90_bwd_check.sh`; then land it: key
+#      padding 1.05x measured in v37)
+#   2. bash pending/session31.sh dethelper_ab       carry ab/main40 ab/dethelperjax   (~5 min)
+#      (MAIN_WHEEL=main40; ab/dethelperjax: `bash scripts/ab_wheel.sh
+#      dethelperjax pending/sm90-bwd-det-helper.patch
+#      pending/ab-det-helper-default.patch`; issue 21's deterministic
+#      target, 0.85x of the default; never run through JAX)
+#   3. bash pending/session31.sh features36, then (a second call) grid36   carry ab/main40 .peers   (~6 + ~9 min)
+#      (.peers: `bash ../shared/peers/fa3_for_jax.sh .peers`, and
+#      /.peers/ in .git/info/exclude; issue 19's table after v37, the
+#      standard grid with the 256 backward's masks)
+#   4. bash pending/session31.sh sanitize_all      carry ab/main40   (~9 min)
+#      (session 39's masks256_suite ran the whole script at 256 with
+#      SANITIZE_KERNELS=256Kernel under all three tools without the crash
+#      session 38 saw; the sm90 filter over every head dim is left)
+#   5. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
+#   6. bash pending/session31.sh dropout_profile t1024_profile   carry ab/main40 .peers   (~9 min)
+#   7. bash pending/session31.sh packed_fwd_profile e2e   carry ab/main40 .peers
 # (30 device minutes a session: 1-2 fit one session with their suites.)
 # ab/main is 78e438f (ab24e31's kernels; softcap_poly's baseline, the
 # poly wheels being on it), the rest named here on older mains (good for
@@ -75,7 +78,7 @@ set -uo pipefail
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
-M=${MAIN_WHEEL:-main38}
+M=${MAIN_WHEEL:-main40}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
 feat="--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random --cases plain:1 segments:1 window:1 softcap:0 prefix_lm_softcap:0 dropout:0 plain:0"
@@ -272,7 +275,7 @@ case "$stage" in
     profile_against main 80 "packed_grad:BackwardKernel plain_grad_1024:BackwardKernel"
     ;;
   features36)
-    # Issue 19's table on one harness run (carry ["ab/main38", ".peers"],
+    # Issue 19's table on one harness run (carry ["ab/main40", ".peers"],
     # ~6 min): --preset features with cuDNN and FA3 beside, on main's wheel.
     root=$(pwd)
     python3 -m pip install -q --no-deps --target /tmp/ab_site/$M ab/$M/*.whl || exit 1
@@ -282,7 +285,7 @@ case "$stage" in
       --cotangent random --out "$OUT/features36" 2>&1 | tail -40)
     ;;
   grid36)
-    # Issues 20 and 21's closing run (carry ["ab/main38", ".peers"], ~9
+    # Issues 20 and 21's closing run (carry ["ab/main40", ".peers"], ~9
     # min): the standard grid (H = 64 / 128 / 256, T = 1024 / 4096 / 16384,
     # causal and not, B = 16384 / T, N = 2048 / H) beside cuDNN and FA3 in
     # one process, then T = 131072 and 262144 causal with the memory line.
@@ -372,7 +375,7 @@ case "$stage" in
     # pending/sm90-bwd256-staged-epilogue.patch (session 38: the 256
     # backward's dK / dV through its K / V tiles' chunks and 16-byte stores,
     # as 6723446 did at 64 / 128, where T = 1024 causal gained 1.03-1.07x;
-    # carry ["ab/main38", "ab/epi256"], ~5 min): the 256 tests against the
+    # carry ["ab/main40", "ab/epi256"], ~5 min): the 256 tests against the
     # wheel, then one round at 256, T = 1024 and 4096, causal and not.
     tests_against epi256 200 "256" test_attention.py test_key_head_copies.py
     AB_DIRS="ab/$M ab/epi256" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash jax_flash_deterministic --head-dim 256 \
@@ -389,7 +392,7 @@ case "$stage" in
   classwarp)
     # pending/sm90-bwd-step-class-warp.patch (session 38: the step classes
     # made by producer warp 2 instead of the row-statistics warp 1, and
-    # FeatureStepClass written field by field; carry ["ab/main38",
+    # FeatureStepClass written field by field; carry ["ab/main40",
     # "ab/classwarp"], ~7 min): the backward feature tests against the
     # wheel, then one round of the feature backward cases at 128 and 64
     # (issue 19: packed and window gained 1.02-1.03x / 1.00x from the class
@@ -418,7 +421,7 @@ case "$stage" in
     # pending/sm90-bwd256-masks.patch (session 38, after the 256 epilogue
     # patch: Backward256Kernel's kMasks, lengths, windows, offsets, segment
     # ids and boolean masks on the sm90 backward at 256, which ran sm80's;
-    # carry ["ab/main38", "ab/masks256"], ~8 min): the 256 feature tests
+    # carry ["ab/main40", "ab/masks256"], ~8 min): the 256 feature tests
     # (and the dispatch test) against the wheel, then one round of the
     # features at 256 against main (sm80's backward there).
     # The plain 256 rows time the epilogue patch (ab/masks256 carries it;
@@ -441,14 +444,14 @@ case "$stage" in
   window_profile)
     # Issue 19's window backward (~0.89x of FA3's own ratio after v36; the
     # step class, which removed ~300 instructions of a visible step, left
-    # it at 1.00x: not issue-bound there), carry ["ab/main38"], ~4 min:
+    # it at 1.00x: not issue-bound there), carry ["ab/main40"], ~4 min:
     # Nsight Compute with source counters on the window backward against
     # plain T = 1024 causal (similar steps a tile) and the packed one.
     profile_against $M 100 "window_grad:BackwardKernel plain_grad_1024:BackwardKernel packed_grad:BackwardKernel"
     ;;
   sanitize_all)
     # Every sm90 kernel of main's wheel under synccheck, racecheck and
-    # memcheck (carry ["ab/main38"], ~9 min). Session 38's run of the same
+    # memcheck (carry ["ab/main40"], ~9 min). Session 38's run of the same
     # script with SANITIZE_KERNELS=256Kernel crashed every tool (rc 139,
     # no report), while a 256-only case was clean: sm90 (session 37's
     # filter, clean then) tells whether the crash follows the filter.

@@ -291,23 +291,11 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
     float st[kHalf / 2], dpt[kHalf / 2];
     MbarrierWait(bars.q_full(s), parity);
     WgmmaFence();
-    {
-      const UniformDescriptor k_desc(base + Tr::kKOffset, 16, 1024), q_desc(q_tile + half0 * 128, 16, 1024);
-#pragma unroll
-      for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk)
-        WgmmaSS<Element, kHalf>(st, k_desc.At(KMajorOffset(Tr::kKvChunkBytes, kk)),
-                                q_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)), kk > 0 ? 1 : 0);
-    }
+    KeysTimesRowsT<Tr, Element, kHalf>(st, base + Tr::kKOffset, q_tile + half0 * 128);
     WgmmaCommit();
     MbarrierWait(bars.do_full(s), parity);
     WgmmaFence();
-    {
-      const UniformDescriptor v_desc(base + Tr::kVOffset, 16, 1024), do_desc(do_tile + half0 * 128, 16, 1024);
-#pragma unroll
-      for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk)
-        WgmmaSS<Element, kHalf>(dpt, v_desc.At(KMajorOffset(Tr::kKvChunkBytes, kk)),
-                                do_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)), kk > 0 ? 1 : 0);
-    }
+    KeysTimesRowsT<Tr, Element, kHalf>(dpt, base + Tr::kVOffset, do_tile + half0 * 128);
     WgmmaCommit();
 
     // P^T while dP^T still runs. Column c of the thread's accumulators is
@@ -426,13 +414,7 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
     float st[Tr::kBlockM / 2];
     MbarrierWait(bars.q_full(s), parity);
     WgmmaFence();
-    {
-      const UniformDescriptor k_desc(base + Tr::kKOffset, 16, 1024), q_desc(q_tile, 16, 1024);
-#pragma unroll
-      for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk)
-        WgmmaSS<Element, Tr::kBlockM>(st, k_desc.At(KMajorOffset(Tr::kKvChunkBytes, kk)),
-                                      q_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)), kk > 0 ? 1 : 0);
-    }
+    KeysTimesRowsT<Tr, Element, Tr::kBlockM>(st, base + Tr::kKOffset, q_tile);
     WgmmaCommit();
     // kMasks: the step's visibility bits for this thread's pairs while S^T
     // runs (FeatureStepMask's reads hide under the product); b and h
@@ -536,13 +518,7 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
     float dpt[Tr::kBlockM / 2];
     MbarrierWait(bars.do_full(s), parity);
     WgmmaFence();
-    {
-      const UniformDescriptor v_desc(base + Tr::kVOffset, 16, 1024), do_desc(do_tile, 16, 1024);
-#pragma unroll
-      for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk)
-        WgmmaSS<Element, Tr::kBlockM>(dpt, v_desc.At(KMajorOffset(Tr::kKvChunkBytes, kk)),
-                                      do_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)), kk > 0 ? 1 : 0);
-    }
+    KeysTimesRowsT<Tr, Element, Tr::kBlockM>(dpt, base + Tr::kVOffset, do_tile);
     WgmmaCommit();
     const uint32_t stats = at.stats;
     WgmmaWait<0>();

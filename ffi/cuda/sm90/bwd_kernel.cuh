@@ -290,6 +290,29 @@ __device__ __forceinline__ uint64_t MnMajorDescriptor(uint32_t rows, int chunk_b
   return SmemDescriptor(rows + kk * 16 * 128, chunk_bytes, 1024);
 }
 
+// acc [64 keys][kN queries] (+)= X Y^T over the head dim, issued (not
+// committed): X the 64 rows of a K or V tile from `keys`, Y kN rows of a Q
+// or dO stage from `rows`, both K-major (column chunks kKvChunkBytes /
+// kQChunkBytes apart). S^T = K Q^T and dP^T = V dO^T in every backward
+// kernel. The first k16 step overwrites acc unless kAccumulate (a bias
+// already in it); kUniform: the descriptors as one base plus constant
+// offsets (BwdUniformDescriptors), else one SmemDescriptor per step.
+template <typename Tr, typename Element, int kN, bool kAccumulate = false, bool kUniform = true>
+__device__ __forceinline__ void KeysTimesRowsT(float (&acc)[kN / 2], uint32_t keys, uint32_t rows) {
+  if constexpr (kUniform) {
+    const UniformDescriptor x(keys, 16, 1024), y(rows, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk)
+      WgmmaSS<Element, kN>(acc, x.At(KMajorOffset(Tr::kKvChunkBytes, kk)), y.At(KMajorOffset(Tr::kQChunkBytes, kk)),
+                           kAccumulate || kk > 0 ? 1 : 0);
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk)
+      WgmmaSS<Element, kN>(acc, KMajorDescriptor<Tr>(keys, Tr::kKvChunkBytes, kk),
+                           KMajorDescriptor<Tr>(rows, Tr::kQChunkBytes, kk), kAccumulate || kk > 0 ? 1 : 0);
+  }
+}
+
 // The uniform-descriptor schedules (BwdUniformDescriptors): a product's
 // descriptors as one base per operand plus constant byte offsets
 // (wgmma.cuh's UniformDescriptor, KMajorOffset, MnMajorOffset).
@@ -952,18 +975,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     }
     MbarrierWait(bars.q_full(s), (i / Tr::kStages) & 1);
     WgmmaFence();
-    if constexpr (kUniform) {
-      const UniformDescriptor k_desc(k_rows, 16, 1024), q_desc(q_tile, 16, 1024);
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk)
-        WgmmaSS<Element, kBlockM>(st, k_desc.At(KMajorOffset(Tr::kKvChunkBytes, kk)),
-                                  q_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)), kBias || kk > 0 ? 1 : 0);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk)
-        WgmmaSS<Element, kBlockM>(st, KMajorDescriptor<Tr>(k_rows, Tr::kKvChunkBytes, kk),
-                                  KMajorDescriptor<Tr>(q_tile, Tr::kQChunkBytes, kk), kBias || kk > 0 ? 1 : 0);
-    }
+    KeysTimesRowsT<Tr, Element, kBlockM, kBias, kUniform>(st, k_rows, q_tile);
     WgmmaCommit();
   };
 
@@ -1119,18 +1131,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     const uint32_t do_tile = base + Tr::kDoOffset + s * Tr::kQTileBytes;
     const uint32_t v_rows = base + Tr::kVOffset + warpgroup * 64 * 128;
     WgmmaFence();
-    if constexpr (kUniform) {
-      const UniformDescriptor v_desc(v_rows, 16, 1024), do_desc(do_tile, 16, 1024);
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk)
-        WgmmaSS<Element, kBlockM>(dpt, v_desc.At(KMajorOffset(Tr::kKvChunkBytes, kk)),
-                                  do_desc.At(KMajorOffset(Tr::kQChunkBytes, kk)), kk > 0 ? 1 : 0);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk)
-        WgmmaSS<Element, kBlockM>(dpt, KMajorDescriptor<Tr>(v_rows, Tr::kKvChunkBytes, kk),
-                                  KMajorDescriptor<Tr>(do_tile, Tr::kQChunkBytes, kk), kk > 0 ? 1 : 0);
-    }
+    KeysTimesRowsT<Tr, Element, kBlockM, false, kUniform>(dpt, v_rows, do_tile);
     WgmmaCommit();
     // kBiasGradient: the next step's bias (the last step's again on the last
     // step, as below) under S^T and dP^T: without dK, dV and dQ its 32
