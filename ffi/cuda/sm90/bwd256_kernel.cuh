@@ -126,6 +126,27 @@ __device__ __forceinline__ float2 UnpackPair(uint32_t w) {
   }
 }
 
+// The operand split's exchange tiles (P^T from warpgroup 0 to 1, dS^T from
+// 1 to both): [64 keys][64 queries] 16-bit, 128-byte rows with their 16-byte
+// units swizzled by the row's g (the 128B pattern wgmma reads). The word of
+// the thread's pair (key row0 + 8 hh, queries 8 j + 2 t and + 1), the
+// accumulator layout's, which both warpgroups share.
+__device__ __forceinline__ uint32_t ExchangeWord(uint32_t tile, int row0, int hh, int j, int g, int t) {
+  return tile + (row0 + 8 * hh) * 128 + ((j ^ g) * 16) + 4 * t;
+}
+// A ToFragments result (m64n64's 16-bit A fragments) into its exchange tile.
+template <int kBlockM>
+__device__ __forceinline__ void StoreExchangeTile(uint32_t tile, const uint32_t (&frag)[kBlockM / 16][4], int row0,
+                                                  int g, int t) {
+#pragma unroll
+  for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ExchangeWord(tile, row0, hh, j, g, t)),
+                   "r"(frag[j / 2][(j % 2) * 2 + hh])
+                   : "memory");
+}
+
 // One warpgroup's dQ share of a step, dq = (dS K)[64 queries x its 128
 // columns from col0] (m64n128 accumulator: dq[4j + 2hh + e] = query row
 // 16 warp + g + 8 hh, column col0 + 8j + 2t + e), added into the float32
@@ -455,13 +476,7 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
     OnlineSoftmax<Tr::kBlockM, Tr::kHeadDim>::template ToFragments<Element>(st, p_frag);
     // P^T to shared memory before dV takes p_frag as its A operand (an
     // in-flight wgmma's A registers may not be read).
-#pragma unroll
-    for (int j = 0; j < Tr::kBlockM / 8; ++j)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_tile + (row0 + 8 * hh) * 128 + ((j ^ g) * 16) + 4 * t),
-                     "r"(p_frag[j / 2][(j % 2) * 2 + hh])
-                     : "memory");
+    StoreExchangeTile<Tr::kBlockM>(p_tile, p_frag, row0, g, t);
     FenceProxyAsync();
     NamedBarrierArriveAcrossRoles(kPBarrier, 256);
     // This warpgroup's P^T stores before its own dV reads them (A from
@@ -536,8 +551,7 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         uint32_t w;
-        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(w) : "r"(p_tile + (row0 + 8 * hh) * 128 + ((j ^ g) * 16) + 4 * t)
-                     : "memory");
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(w) : "r"(ExchangeWord(p_tile, row0, hh, j, g, t)) : "memory");
         const float2 prob = UnpackPair<Element>(w);
         float* const x = dpt + 4 * j + 2 * hh;
         x[0] = prob.x * (x[0] - delta.x);
@@ -546,13 +560,7 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
     }
     uint32_t ds_frag[Tr::kBlockM / 16][4];
     OnlineSoftmax<Tr::kBlockM, Tr::kHeadDim>::template ToFragments<Element>(dpt, ds_frag);
-#pragma unroll
-    for (int j = 0; j < Tr::kBlockM / 8; ++j)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_tile + (row0 + 8 * hh) * 128 + ((j ^ g) * 16) + 4 * t),
-                     "r"(ds_frag[j / 2][(j % 2) * 2 + hh])
-                     : "memory");
+    StoreExchangeTile<Tr::kBlockM>(ds_tile, ds_frag, row0, g, t);
     FenceProxyAsync();
     NamedBarrierSyncAcrossRoles(kDsBarrier, 256);
     MbarrierWait(bars.q_full(s), parity);  // (done long since: warpgroup 0 waited on it; this thread's view of Q)
