@@ -22,6 +22,9 @@
 #      dethelperjax pending/sm90-bwd-det-helper.patch
 #      pending/ab-det-helper-default.patch`; issue 21's deterministic
 #      target, 0.85x of the default; never run through JAX)
+#   2b. bash pending/session31.sh rangebits        carry ab/main40 ab/rangebits   (~6 min)
+#      (the backward step mask's bounds by ColumnRangeBits; step loop -44
+#      instructions at 128, -206 at 64, static; issue 19's window / packed)
 #   3. bash pending/session31.sh features36, then (a second call) grid36   carry ab/main40 .peers   (~6 + ~9 min)
 #      (.peers: `bash ../shared/peers/fa3_for_jax.sh .peers`, and
 #      /.peers/ in .git/info/exclude; issue 19's table after v37, the
@@ -74,7 +77,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -440,6 +443,18 @@ case "$stage" in
     # (This tree's script: SANITIZE_FEATURE_HEAD_DIMS is newer than the wheel.)
     SANITIZE_HEAD_DIMS=256 SANITIZE_FEATURE_HEAD_DIMS=256 SANITIZE_KERNELS=256Kernel \
       SANITIZE_TOOLS="synccheck racecheck memcheck" timeout $((570 - SECONDS)) bash scripts/sanitize_kernels.sh 2>&1 | tail -8
+    ;;
+  rangebits)
+    # pending/sm90-bwd-step-mask-range-bits.patch (session 39: the backward
+    # FeatureStepMask's bounds as ColumnRangeBits of QueryRange, the
+    # forward's int32 column-range trick, for VisibleBits' per-column
+    # compares; carry ["ab/main40", "ab/rangebits"], ~6 min; build
+    # ab/rangebits with `bash scripts/ab_wheel.sh rangebits
+    # pending/sm90-bwd-step-mask-range-bits.patch`): the backward feature
+    # tests against it, then one round of the partial-step-heavy cases.
+    tests_against rangebits 200 "" test_features.py test_position_offsets.py test_sinks.py
+    AB_DIRS="ab/$M ab/rangebits" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 128 64 256 --seqlen 4096 \
+      --cotangent random --cases window:1 segments:1 kv_lengths:0 plain:1" bash scripts/gpu_ab.sh
     ;;
   window_profile)
     # Issue 19's window backward (~0.89x of FA3's own ratio after v36; the
