@@ -426,7 +426,7 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
   // products, dV += P^T dO[:, 0 .. 127] (under warpgroup 1's dS^T), then
   // after dS^T's barrier dQ and dK of columns 0 .. 127.
   auto step_p = [&](int i, auto masked) {
-    constexpr bool kMasked = decltype(masked)::value;
+    [[maybe_unused]] constexpr bool kMasked = decltype(masked)::value;  // (kPolicy: the bits decide)
     const Step256Smem at(smem, i);
     const int s = at.s;
     const uint32_t parity = at.parity, base = at.base, q_tile = at.q_tile, do_tile = at.do_tile;
