@@ -77,7 +77,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -455,6 +455,43 @@ case "$stage" in
     tests_against rangebits 200 "" test_features.py test_position_offsets.py test_sinks.py
     AB_DIRS="ab/$M ab/rangebits" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 128 64 256 --seqlen 4096 \
       --cotangent random --cases window:1 segments:1 kv_lengths:0 plain:1" bash scripts/gpu_ab.sh
+    ;;
+  stack40_ab)
+    # Session 40's stack (carry ["ab/main40", "ab/all40sc", "ab/main38",
+    # "ab/dethelperjax"], ~9 min): ab/all40sc = main + the class warp + the
+    # range bits (backward, 64 / 128; the range bits also at 256) + the
+    # forward's features at 256 (pending/sm90-fwd-features-256.patch:
+    # kMasks, kSoftcap, kPlainSoftcap at 256 instead of sm80's forward) +
+    # the soft cap on the 256 backward (pending/sm90-bwd256-softcap.patch:
+    # kMasksSoftcap by query halves instead of sm80's backward). One round
+    # of the backward feature cases at 128 and 64 (the class warp and range
+    # bits), then at 256 (the forward columns: the features patch alone;
+    # the backward's: the range bits, and the soft cap's patch on the
+    # softcap rows); then, while the call has time, dethelper_ab on its own
+    # wheels (main38 and dethelperjax, the same older main).
+    AB_DIRS="ab/$M ab/all40sc" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 128 64 --seqlen 4096 \
+      --cotangent random --cases segments:1 window:1 mask:0 kv_lengths:0 plain:1;--impl jax_flash --head-dim 256 \
+      --seqlen 4096 --cotangent random --cases segments:1 window:1 kv_lengths:0 softcap:0 softcap:1 plain:1" \
+      bash scripts/gpu_ab.sh
+    cp "$OUT/ab.md" "$OUT/ab_stack40.md"
+    if [ $SECONDS -lt 330 ]; then
+      AB_DIRS="ab/main38 ab/dethelperjax" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash jax_flash_deterministic \
+        --head-dim 64 128 --seqlen 1024 4096 --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
+      cp "$OUT/ab.md" "$OUT/ab_dethelper.md"
+    else
+      echo "dethelper_ab left for a later call (${SECONDS} s used)"
+    fi
+    ;;
+  stack40_suite)
+    # If stack40_ab timed faster (carry ["ab/all40sc", "ab/stack40_check"],
+    # ~9.5 min; ab/stack40_check: the backward check program of main + the
+    # class warp + the range bits, which the 256 patches do not touch):
+    # the check program's feature cases, the whole suite, racecheck and
+    # synccheck on the sm90 kernels; then land the four patches.
+    OUT=ab/stack40_check STEP=run ARGS="--features --quick" CHECK_TIMEOUT=100 bash scripts/sm90_bwd_check.sh 2>&1 \
+      | grep -v PASS | tail -25
+    echo "backward check rc ${PIPESTATUS[0]}"
+    suite_then_sanitizers all40sc ${STACK40_LIMITS:-360 470}
     ;;
   window_profile)
     # Issue 19's window backward (~0.89x of FA3's own ratio after v36; the
