@@ -457,21 +457,22 @@ case "$stage" in
       --cotangent random --cases window:1 segments:1 kv_lengths:0 plain:1" bash scripts/gpu_ab.sh
     ;;
   stack40_ab)
-    # Session 40's stack (carry ["ab/main40", "ab/all40sc", "ab/main38",
-    # "ab/dethelperjax"], ~9 min): ab/all40sc = main + the class warp + the
+    # Session 40's stack (carry ["ab/main40", "ab/all40", "ab/main38",
+    # "ab/dethelperjax"], ~9 min): ab/all40 = main + the class warp + the
     # range bits (backward, 64 / 128; the range bits also at 256) + the
     # forward's features at 256 (pending/sm90-fwd-features-256.patch:
     # kMasks, kSoftcap, kPlainSoftcap at 256 instead of sm80's forward) +
-    # the soft cap on the 256 backward (pending/sm90-bwd256-softcap.patch:
-    # kMasksSoftcap by query halves instead of sm80's backward). One round
+    # the soft cap and dropout on the 256 backward (pending/sm90-bwd256-
+    # softcap.patch, sm90-bwd256-dropout.patch: kMasksSoftcap and
+    # kMasksDropout by query halves instead of sm80's backward). One round
     # of the backward feature cases at 128 and 64 (the class warp and range
     # bits), then at 256 (the forward columns: the features patch alone;
-    # the backward's: the range bits, and the soft cap's patch on the
-    # softcap rows); then, while the call has time, dethelper_ab on its own
+    # the backward's: the range bits, and the 256 patches on the soft cap
+    # and dropout rows); then, while the call has time, dethelper_ab on its own
     # wheels (main38 and dethelperjax, the same older main).
-    AB_DIRS="ab/$M ab/all40sc" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 128 64 --seqlen 4096 \
+    AB_DIRS="ab/$M ab/all40" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 128 64 --seqlen 4096 \
       --cotangent random --cases segments:1 window:1 mask:0 kv_lengths:0 plain:1;--impl jax_flash --head-dim 256 \
-      --seqlen 4096 --cotangent random --cases segments:1 window:1 kv_lengths:0 softcap:0 softcap:1 plain:1" \
+      --seqlen 4096 --cotangent random --cases segments:1 window:1 kv_lengths:0 softcap:0 softcap:1 dropout:0 plain:1" \
       bash scripts/gpu_ab.sh
     cp "$OUT/ab.md" "$OUT/ab_stack40.md"
     if [ $SECONDS -lt 330 ]; then
@@ -483,15 +484,15 @@ case "$stage" in
     fi
     ;;
   stack40_suite)
-    # If stack40_ab timed faster (carry ["ab/all40sc", "ab/stack40_check"],
+    # If stack40_ab timed faster (carry ["ab/all40", "ab/stack40_check"],
     # ~9.5 min; ab/stack40_check: the backward check program of main + the
     # class warp + the range bits, which the 256 patches do not touch):
     # the check program's feature cases, the whole suite, racecheck and
-    # synccheck on the sm90 kernels; then land the four patches.
+    # synccheck on the sm90 kernels; then land the five patches.
     OUT=ab/stack40_check STEP=run ARGS="--features --quick" CHECK_TIMEOUT=100 bash scripts/sm90_bwd_check.sh 2>&1 \
       | grep -v PASS | tail -25
     echo "backward check rc ${PIPESTATUS[0]}"
-    suite_then_sanitizers all40sc ${STACK40_LIMITS:-360 470}
+    suite_then_sanitizers all40 ${STACK40_LIMITS:-360 470}
     ;;
   window_profile)
     # Issue 19's window backward (~0.89x of FA3's own ratio after v36; the
