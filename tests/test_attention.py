@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jax_flash
-from jax_flash import _kernel_call
+from jax_flash import _kernel_call, reference
 from helpers import (
     FLOAT_DTYPES,
     GRAD_FACTOR,
@@ -19,6 +19,7 @@ from helpers import (
     random_qkv,
     reference_f64,
     reference_grads_f64,
+    to_f64_cpu,
 )
 
 HEAD_DIMS = [16, 20, 40, 64, 80, 128, 256]  # 20: not a multiple of 8 (generic kernels only)
@@ -186,43 +187,61 @@ def test_sm90_backward_at_256_over_sections(rng, dtype, causal, monkeypatch):
         assert_close(name, g, r, dtype, factor=GRAD_FACTOR)
 
 
-@pytest.mark.skipif(not ON_HOPPER, reason="which sm90 backward serves a call (an H100 / H200's kernels)")
-def test_sm90_backward_at_256_takes_the_masks(rng):
+@pytest.mark.skipif(not ON_HOPPER, reason="which sm90 kernels serve a call (an H100 / H200's kernels)")
+def test_sm90_dispatch_at_256(rng):
     """The dispatch at head dim 256, seen through the launchers' record (sm80's
-    backward would compute the same values): lengths, a window, segment ids
-    and a boolean mask run Backward256Kernel's kMasks variant ("with
-    masks"), plain calls its plain one; the soft cap stays on sm80's
-    backward (no sm90 backward launch). Every element of the gradients
-    against float64 too, for the masks' cases."""
+    kernels would compute the same values). Forward: lengths, a window and
+    segment ids run the sm90 forward's kMasks variant ("with masks"), the
+    soft cap kPlainSoftcap alone and kSoftcap beside a window, plain calls
+    the plain kernel; a boolean mask stays on sm80's forward. Backward:
+    the masks' features and a boolean mask run Backward256Kernel's kMasks
+    variant, plain calls its plain one, the soft cap (beside them, a dense
+    boolean mask too) kMasksSoftcap, dropout (after sm80's forward)
+    kMasksDropout. Every element of out and the gradients against float64
+    too, for the feature cases (dropout's against the reference's own
+    factors)."""
     from jax_flash import _ffi
 
     b, t, n, kh = 2, 200, 4, 2
     q, k, v = random_qkv(rng, b, t, t, n, kh, 256, "bfloat16")
     ids = jnp.asarray(np.repeat(np.arange(3), [70, 64, t - 134])[None].repeat(b, 0), jnp.int32)
-    cases = [  # kwargs, the sm90 backward's description suffix (None: no sm90 backward)
-        (dict(), ""),
-        (dict(is_causal=True, q_segment_ids=ids, kv_segment_ids=ids), " with masks"),
-        (dict(local_window_size=(50, 10)), " with masks"),
-        (dict(key_value_seq_lengths=jnp.asarray([t, 111], jnp.int32)), " with masks"),
-        (dict(mask=jnp.asarray(rng.random((b, 1, 1, t)) > 0.3)), " with masks"),
-        (dict(logits_soft_cap=5.0), None),
+    cases = [  # kwargs, the sm90 forward's and backward's description suffixes (None: no sm90 launch)
+        (dict(), "", ""),
+        (dict(is_causal=True, q_segment_ids=ids, kv_segment_ids=ids), " with masks", " with masks"),
+        (dict(local_window_size=(50, 10)), " with masks", " with masks"),
+        (dict(key_value_seq_lengths=jnp.asarray([t, 111], jnp.int32)), " with masks", " with masks"),
+        (dict(mask=jnp.asarray(rng.random((b, 1, 1, t)) > 0.3)), None, " with masks"),
+        (dict(logits_soft_cap=5.0), " with soft cap, causal or none", " with masks and soft cap"),
+        (dict(logits_soft_cap=5.0, is_causal=True, local_window_size=(60, 0)),
+         " with masks and soft cap, no boolean mask", " with masks and soft cap"),
+        (dict(logits_soft_cap=5.0, mask=jnp.asarray(rng.random((b, 1, t, t)) > 0.2)), None, " with masks and soft cap"),
+        (dict(dropout_rate=0.2, dropout_rng=jax.random.key(3), is_causal=True), None, " with masks and dropout"),
     ]
     dout = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
     _ffi.record_kernels(True)
     try:
-        for kwargs, suffix in cases:
-            loss = lambda q, k, v, kw=kwargs: jnp.sum(  # noqa: E731
-                jax_flash.attention(q, k, v, **kw).astype(jnp.float32) * dout.astype(jnp.float32))
-            grads = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v)
+        for kwargs, forward_suffix, backward_suffix in cases:
+            def loss(q, k, v, kw=kwargs):
+                out = jax_flash.attention(q, k, v, **kw)
+                return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32)), out
+            (_, out), grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
             jax.block_until_ready(grads)
-            backward = [name for name in _ffi.recorded_kernels() if "sm90 backward kernel" in name]
-            if suffix is None:
-                assert not backward, (kwargs, backward)
-                continue
-            assert len(backward) == 1 and "in 256)" in backward[0], (kwargs, backward)
-            assert backward[0].endswith(")" + suffix), (kwargs, backward)
-            if suffix:
-                ref = reference_grads_f64(q, k, v, dout, **kwargs)
+            launched = _ffi.recorded_kernels()
+            for family, suffix in (("forward", forward_suffix), ("backward", backward_suffix)):
+                names = [name for name in launched if f"sm90 {family} kernel" in name]
+                if suffix is None:
+                    assert not names, (kwargs, family, names)
+                    continue
+                assert len(names) == 1 and "in 256)" in names[0], (kwargs, family, names)
+                assert names[0].endswith(")" + suffix), (kwargs, family, names)
+            if kwargs:
+                ref_kwargs = dict(kwargs)
+                if "dropout_rng" in ref_kwargs:
+                    words = jax.random.bits(ref_kwargs.pop("dropout_rng"), (2,), jnp.uint32)
+                    ref_kwargs["dropout_factor"] = to_f64_cpu(
+                        reference.dropout_factor(words, b, n, t, t, ref_kwargs.pop("dropout_rate")))
+                assert_close("out", out, reference_f64(q, k, v, **ref_kwargs)[0], "bfloat16")
+                ref = reference_grads_f64(q, k, v, dout, **ref_kwargs)
                 for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
                     assert_close(name, g, r, "bfloat16", factor=GRAD_FACTOR)
     finally:

@@ -92,13 +92,15 @@ ffi::Error DispatchTensorCores(ffi::DataType dtype, const AttentionShape& shape,
 // lengths, windows, position offsets, segment ids and either the soft cap
 // or dropout (kMasksSoftcap / kSoftcap, kMasksDropout; kPlainSoftcap,
 // kPlainDropout where the transform is the call's only feature), at head
-// dims up to 128. A bias, a boolean
-// mask, dropout with the soft cap (and features at 256) stay on the sm80
+// dims up to 128; above 128 (the 256 kernels) the same without dropout. A
+// bias, a boolean mask and dropout with the soft cap stay on the sm80
 // kernels (a bias and a mask: Sm90ForwardTakesFeatures, the backward's
-// bias variants).
+// bias variants), as does dropout above 128.
 bool Sm90TakesFeatures(const AttentionParams& p) {
   const AttentionFeatures& f = p.features;
-  return !f.Any() || (p.shape.head_dim <= 128 && !f.bias && !f.mask && !(f.dropout_rate > 0.0 && f.softcap > 0.0));
+  if (!f.Any()) return true;
+  if (f.bias || f.mask || (f.dropout_rate > 0.0 && f.softcap > 0.0)) return false;
+  return p.shape.head_dim <= 128 || !(f.dropout_rate > 0.0);
 }
 
 // The forward's: those, or with the masks' features either a bias (the
@@ -114,7 +116,8 @@ bool Sm90TakesFeatures(const AttentionParams& p) {
 bool Sm90ForwardTakesFeatures(const AttentionParams& p) {
   const AttentionFeatures& f = p.features;
   if (!f.bias && !f.mask) return Sm90TakesFeatures(p);
-  if (f.bias && f.mask) return false;
+  // (Above 128 neither: LaunchForwardWithFeatures' 256 variants.)
+  if ((f.bias && f.mask) || p.shape.head_dim > 128) return false;
   // A boolean mask beside the soft cap (sm90::ReadsMaskArray: key-only or
   // per query), or a key-only one (key padding) beside dropout
   // (sm90::TakesKeyMaskBeside): their variants read its bytes.
@@ -181,9 +184,9 @@ bool Sm90BiasVariantsTake(const AttentionParams& p) {
 
 // Whether the Hopper backward (sm90/bwd_*) serves this call: as the forward
 // (Sm90ForwardSupports), head dims up to 128 with the features its
-// variants take, above 128 (up to 256, Sm90Backward256Serves) plain calls
-// and the masks' features (the rest there stays on sm80's fused backward); the features its
-// variants take (Sm90TakesFeatures: lengths,
+// variants take, above 128 (up to 256, Sm90Backward256Serves) plain calls,
+// the masks' features and the soft cap or dropout (a bias there stays on
+// sm80's fused backward); the features its variants take (Sm90TakesFeatures: lengths,
 // windows, position offsets, segment ids, the soft cap or dropout, and a
 // boolean mask beside them; or a bias with the masks' features,
 // BackwardTakesBias; a bias with a mask and dropout with the soft cap
@@ -201,11 +204,13 @@ bool Sm90BackwardSupports(ffi::DataType dtype, const AttentionParams& p) {
       (p.features.mask_stride.row == 0 || !(p.features.softcap > 0.0) || p.shape.head_dim > 64))
     without_mask.features.mask = nullptr;
   if (p.deterministic || p.dq_accum == nullptr) return false;
-  // Above 128: plain calls, and the masks' features (lengths, windows,
+  // Above 128: plain calls, the masks' features (lengths, windows,
   // position offsets, segment ids, a boolean mask: Backward256Kernel's
-  // kMasks); a bias, the soft cap and dropout stay on sm80's backward.
+  // kMasks) and those with the soft cap (kMasksSoftcap) or dropout
+  // (kMasksDropout); a bias and dropout with the soft cap stay on sm80's
+  // backward.
   if (Sm90Backward256Serves(dtype, p))
-    return !p.features.bias && !(p.features.softcap > 0.0) && !(p.features.dropout_rate > 0.0);
+    return !p.features.bias && !(p.features.dropout_rate > 0.0 && p.features.softcap > 0.0);
   return Sm90BackwardKernelsServe(dtype, p) &&
          (Sm90TakesFeatures(without_mask) || (p.features.bias && Sm90BiasVariantsTake(p)));
 }
@@ -338,29 +343,28 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
     return ffi::Error::InvalidArgument(
         "jax_flash: implementation='sm90' needs a GPU of compute capability 9.x (a build with "
         "sm_90a), float16/bfloat16 inputs, a head dim that is a multiple of 8 (at most 256), a "
-        "positive scale, and features it takes (at head dims up to 128: lengths, segments, window, "
-        "offsets, and either the soft cap, dropout, a bias or a boolean mask contiguous along the keys; "
-        "the mask also beside the soft cap, a key-only mask [B, N, 1, S] beside dropout)");
+        "positive scale, and features it takes (lengths, segments, window, offsets and the soft cap; "
+        "at head dims up to 128 also either dropout, a bias or a boolean mask contiguous along the keys "
+        "instead of the soft cap, the mask also beside the soft cap, a key-only mask [B, N, 1, S] beside "
+        "dropout)");
   }
 #ifdef JAX_FLASH_WITH_SM90
   if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {
     return DispatchTensorCores(q.element_type(), p.shape, [&](auto element, auto head_dim) {
       constexpr int kHeadDim = decltype(head_dim)::value;
-      if constexpr (kHeadDim <= 128) {
-        if (p.features.Any()) {
-          // The mask policy's variants take their tiles from a counter
-          // (fwd_kernel.cuh, for_each_taken_tile): the decode scratch's
-          // first word (at least one float32, which these calls leave
-          // unused), zeroed on the stream before the launch. (The soft
-          // cap or dropout alone, kPlain*, take static tiles.)
-          if (!p.features.OnlyTransforms() && decode_scratch->size_bytes() >= sizeof(int)) {
-            p.tile_counter = static_cast<int*>(decode_scratch->untyped_data());
-            if (cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream) != cudaSuccess)
-              return std::string("jax_flash: zeroing the sm90 forward's tile counter failed: ") +
-                     cudaGetErrorString(cudaGetLastError());
-          }
-          return sm90::LaunchForwardWithFeatures<decltype(element), kHeadDim>(p, stream);
+      if (p.features.Any()) {
+        // The mask policy's variants take their tiles from a counter
+        // (fwd_kernel.cuh, for_each_taken_tile): the decode scratch's
+        // first word (at least one float32, which these calls leave
+        // unused), zeroed on the stream before the launch. (The soft
+        // cap or dropout alone, kPlain*, take static tiles.)
+        if (!p.features.OnlyTransforms() && decode_scratch->size_bytes() >= sizeof(int)) {
+          p.tile_counter = static_cast<int*>(decode_scratch->untyped_data());
+          if (cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream) != cudaSuccess)
+            return std::string("jax_flash: zeroing the sm90 forward's tile counter failed: ") +
+                   cudaGetErrorString(cudaGetLastError());
         }
+        return sm90::LaunchForwardWithFeatures<decltype(element), kHeadDim>(p, stream);
       }
       return sm90::LaunchForward<decltype(element), kHeadDim>(p, stream);
     });
@@ -449,7 +453,7 @@ ffi::Error BackwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
           return sm90::LaunchBackwardWithFeatures<decltype(element), decltype(head_dim)::value>(p, stream);
         return sm90::LaunchBackward<decltype(element), decltype(head_dim)::value>(p, stream);
       } else {
-        // (Sm90BackwardSupports takes plain calls and the masks' features here.)
+        // (Sm90BackwardSupports takes plain calls, the masks' features, the soft cap and dropout here.)
         if (p.features.Any()) return sm90::LaunchBackwardWithFeatures<decltype(element), 256>(p, stream);
         return sm90::LaunchBackward<decltype(element), 256>(p, stream);
       }

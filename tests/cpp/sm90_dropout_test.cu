@@ -10,7 +10,8 @@
 //     Factor > 0, and keep_scale is Factor's value there;
 //   - BackwardKeepHalves: a lane's own half and its partner warp's other
 //     half make its BackwardKeepBits<64>;
-//   - BackwardKeepBits at 64 and 128 queries per step, for every lane of
+//   - BackwardKeepBits at 32 (the 256 backward's query halves), 64 and 128
+//     queries per step, for every lane of
 //     both consumer warpgroups of a 128-key tile and every step start: bit
 //     kRowBits hh + 2j + e is set exactly where the pair (query m0 + 8j + 2t
 //     + e, key + 8hh) has Factor > 0, through the launch's constants
@@ -95,6 +96,9 @@ void Check(const Case& c, std::mt19937& rng) {
                    b, h, tid, key);
           }
           const uint64_t bits128 = step.BackwardKeepBits<128>(key, m0, t);
+          // (32 queries from m0 + 32 (tid % 2): both halves of a 64-query step.)
+          const uint32_t bits32 = step.BackwardKeepBits<32>(key, m0 + 32 * (tid % 2), t);
+          Expect((bits32 >> 16) == 0, "backward, 32 queries: 16 bits", b, h, tid, key);
           for (int hh = 0; hh < 2; ++hh)
             for (int e = 0; e < 2; ++e) {
               for (int j = 0; j < 8; ++j) {
@@ -102,6 +106,12 @@ void Check(const Case& c, std::mt19937& rng) {
                 const float want = policy.Factor(b, h, q, key + 8 * hh);
                 const float got = (bits64 >> (16 * hh + 2 * j + e) & 1u) ? keep_scale : 0.0f;
                 Expect(got == want, "backward, 64 queries: the pair's factor", b, h, q, key + 8 * hh);
+              }
+              for (int j = 0; j < 4; ++j) {
+                const int q = m0 + 32 * (tid % 2) + 8 * j + 2 * t + e;
+                const float want = policy.Factor(b, h, q, key + 8 * hh);
+                const float got = (bits32 >> (8 * hh + 2 * j + e) & 1u) ? keep_scale : 0.0f;
+                Expect(got == want, "backward, 32 queries: the pair's factor", b, h, q, key + 8 * hh);
               }
               for (int j = 0; j < 16; ++j) {
                 const int q = m0 + 8 * j + 2 * t + e;

@@ -1,8 +1,9 @@
 // FlashAttention backward for Hopper (sm_90a) at head dim 256, plain calls
 // (causal or not, GQA, any lengths) and, in its kMasks variant, the masks'
 // features (lengths, windows, position offsets, segment ids, a boolean
-// mask: the mask policy's steps and visibility bits, below), float16 and
-// bfloat16. Between sm80's DeltaAndClearKernel and DqConvertKernel, as the
+// mask: the mask policy's steps and visibility bits, below), in its
+// kMasksSoftcap / kMasksDropout variants those and the soft cap / dropout,
+// float16 and bfloat16. Between sm80's DeltaAndClearKernel and DqConvertKernel, as the
 // 64 / 128 kernel (bwd_kernel.cuh), whose producer, barriers, tile order and
 // steps it shares (bwd_launch.cuh launches both).
 //
@@ -246,7 +247,15 @@ struct Step256Smem {
 // the mask policy of `p`), with the operand split: warpgroup 0's P^T takes
 // the step's visibility bits (FeatureStepMask, as the 64 / 128 kernels'
 // S^T: the same 64-query, 16-keys-a-warp fragments), and warpgroup 1's dS^T
-// = P^T (dP^T - delta) is 0 wherever P^T is.
+// = P^T (dP^T - delta) is 0 wherever P^T is; or kMasksSoftcap (those and
+// the soft cap) or kMasksDropout (those and dropout), by query halves:
+// dS^T = P^T (dP^T - delta) (1 - tanh^2) needs the tanh of S^T beside dP^T
+// in one thread, which the operand split keeps in different warpgroups (and
+// its shared memory, full at ~226 KiB, has no room for a tile of the
+// derivative), and dropout's dS^T = P^T (Z dP^T - delta) the undropped P^T
+// beside the dropped one that dV reads; each warpgroup's half of the
+// step's bits (its 32 queries) from the same FeatureStepMask, its keep
+// bits from BackwardKeepBits<32> (dropout.cuh).
 template <typename Element, bool kDeterministic = false, Bwd256Split kSplit = kBwd256Split,
           Features kFeatures = Features::kNone>
 __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, const AttentionParams& p,
@@ -256,9 +265,13 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
                                                        int* dq_counters = nullptr) {
   using Tr = Bwd256Traits;
   constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
-  static_assert(kFeatures == Features::kNone || kFeatures == Features::kMasks, "masks only at 256");
-  static_assert(!kPolicy || (kSplit == Bwd256Split::kOperands && !kDeterministic),
-                "the masks' variant runs the operand split, not deterministic");
+  constexpr bool kSoftcap = AppliesSoftcap(kFeatures), kDropout = AppliesDropout(kFeatures);
+  static_assert(kFeatures == Features::kNone || kFeatures == Features::kMasks ||
+                    kFeatures == Features::kMasksSoftcap || kFeatures == Features::kMasksDropout,
+                "masks, the soft cap and dropout only at 256");
+  static_assert(!kPolicy || !kDeterministic, "the feature variants are not deterministic");
+  static_assert(!(kSoftcap || kDropout) || (kPolicy && kSplit == Bwd256Split::kQueryHalves),
+                "the soft cap and dropout beside the mask policy, by query halves (dS's operands)");
   constexpr int kHalf = Tr::kHalfQueries, kColumns = Tr::kColumns;
   // Through a shuffle from lane 0, so that ptxas knows it warp-uniform and
   // keeps the descriptors derived from it in uniform registers (as the 128
@@ -277,6 +290,12 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
   // Step i's first query and head, carried as counters (query blocks
   // innermost, as BwdSteps counts them) instead of BwdSteps' division.
   int step_m0 = 0, step_h = 0;
+
+  // kMasksDropout: the batch row's Philox keys (uniform registers), once a
+  // tile; the rest of the step's FragmentDropout from the kernel's
+  // arguments and the step's head (the 64 / 128 kernels' keep_bits).
+  [[maybe_unused]] FragmentDropout dropout{};
+  if constexpr (kDropout) dropout = FragmentDropout::For(p, tile.b, 0);
 
   // The step's dQ share (its product done) into the accumulator.
   auto send_dq = [&](const float (&dq)[kColumns / 2], int m0) {
@@ -318,35 +337,69 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
     WgmmaFence();
     KeysTimesRowsT<Tr, Element, kHalf>(dpt, base + Tr::kVOffset, do_tile + half0 * 128);
     WgmmaCommit();
+    // kPolicy: the step's visibility bits while S^T and dP^T run (as
+    // step_p's), shifted so that this warpgroup's queries (columns half0 /
+    // 8 + j of FeatureStepMask's rows) sit at j.
+    [[maybe_unused]] StepMaskBits<Tr::kBlockM> visible = ~StepMaskBits<Tr::kBlockM>(0);
+    if constexpr (kPolicy)
+      visible = FeatureStepMask<Tr::kBlockM, ReadsDenseStepMask(kFeatures, Tr::kHeadDim)>(
+                    p, int(Opaque(uint32_t(tile.b))), int(Opaque(uint32_t(step_h))), m0, n0 + 16 * warp, n0 + row0,
+                    t) >>
+                (half0 / 4);
+    [[maybe_unused]] auto seen = [&](int hh, int j, int e) {
+      return bool(visible >> (Tr::kBlockM / 4 * hh + 2 * j + e) & 1u);
+    };
+    // kDropout: the keep bits of this warpgroup's 32 queries (bit 8 hh + 2j
+    // + e), made while S^T and dP^T run.
+    [[maybe_unused]] uint32_t keep = ~0u;
+    if constexpr (kDropout) {
+      FragmentDropout step_dropout = dropout;
+      step_dropout.threshold_high = a.dropout_threshold_high;
+      step_dropout.batch = p.features.dropout_shared ? 0u : uint32_t(tile.b);
+      step_dropout.head = p.features.dropout_shared ? 0u : uint32_t(step_h);
+      keep = step_dropout.BackwardKeepBits<kHalf>(n0 + row0, m0 + half0, t);
+    }
 
     // P^T while dP^T still runs. Column c of the thread's accumulators is
     // query m0 + half0 + 8j + 2t + e; its lse2 and delta from the stage's
     // row statistics. Masks (kMasked): keys past seqlen_k (TMA's zero rows
     // would give P = 2^-lse2) and, causal, keys after the query. Queries
-    // past seqlen_q need none (lse2 = +inf: P = 0, delta = 0).
+    // past seqlen_q need none (lse2 = +inf: P = 0, delta = 0). kPolicy:
+    // the bits instead. kSoftcap: here only S^T's tanh, kept in st for dS
+    // (the 64 / 128 kernels' way), P below.
     const uint32_t stats = at.stats;
     WgmmaWait<1>();
     FenceRegisters(st);
     [[maybe_unused]] const int diagonal = a.is_causal ? m0 + half0 - n0 : INT32_MAX / 2;  // query - key offset
     [[maybe_unused]] const int key_limit = a.seqlen_k - n0;
+    if constexpr (kSoftcap) {
 #pragma unroll
-    for (int j = 0; j < kHalf / 8; ++j) {
-      float2 lse2;
-      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                   : "=f"(lse2.x), "=f"(lse2.y)
-                   : "r"(stats + 4 * (half0 + 8 * j + 2 * t))
-                   : "memory");
+      for (int k = 0; k < kHalf / 2; ++k) {
+        const float x = st[k] * a.softcap_scale;
+        st[k] = std::is_same_v<Element, __nv_bfloat16> ? TanhApprox(x) : FastTanh(x);
+      }
+    } else {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
+      for (int j = 0; j < kHalf / 8; ++j) {
+        float2 lse2;
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                     : "=f"(lse2.x), "=f"(lse2.y)
+                     : "r"(stats + 4 * (half0 + 8 * j + 2 * t))
+                     : "memory");
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = st[4 * j + 2 * hh + e];
-          if constexpr (kMasked) {
-            const int key = row0 + 8 * hh, q = 8 * j + 2 * t + e;
-            x = key < key_limit && key <= q + diagonal ? x : -CUDART_INF_F;
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = st[4 * j + 2 * hh + e];
+            if constexpr (kPolicy) {
+              x = seen(hh, j, e) ? x : -CUDART_INF_F;
+            } else if constexpr (kMasked) {
+              const int key = row0 + 8 * hh, q = 8 * j + 2 * t + e;
+              x = key < key_limit && key <= q + diagonal ? x : -CUDART_INF_F;
+            }
+            x = FastExp2(fmaf(x, a.scale_log2, -(e ? lse2.y : lse2.x)));
           }
-          x = FastExp2(fmaf(x, a.scale_log2, -(e ? lse2.y : lse2.x)));
-        }
+      }
     }
     WgmmaWait<0>();
     FenceRegisters(dpt);
@@ -363,12 +416,42 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
                    : "=f"(delta.x), "=f"(delta.y)
                    : "r"(stats + 4 * (Tr::kBlockM + half0 + 8 * j + 2 * t))
                    : "memory");
+      // kSoftcap: P = exp2(capped logit * scale log2(e) - lse2) of the
+      // forward's formula (capped = tanh * cap / scale), hidden pairs 0 by
+      // a select (no -inf through the tanh's derivative); dS = P (dP -
+      // delta) (1 - tanh^2), the soft cap's chain rule. kDropout: with Z =
+      // keep / (1 - rate), dS = P (Z dP - delta), and dV's P^T is keep ? P
+      // : 0 (dV scaled by 1 / (1 - rate) at its store).
+      [[maybe_unused]] float2 lse2;
+      if constexpr (kSoftcap)
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                     : "=f"(lse2.x), "=f"(lse2.y)
+                     : "r"(stats + 4 * (half0 + 8 * j + 2 * t))
+                     : "memory");
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int k = 4 * j + 2 * hh;
+        [[maybe_unused]] float ds[2];
+        if constexpr (kSoftcap) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float th = st[k + e];
+            const float prob = FastExp2(fmaf(th * a.softcap_unscale, a.scale_log2, -(e ? lse2.y : lse2.x)));
+            st[k + e] = seen(hh, j, e) ? prob : 0.0f;
+            ds[e] = st[k + e] * (dpt[k + e] - (e ? delta.y : delta.x)) * (1.0f - th * th);
+          }
+        } else if constexpr (kDropout) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const bool kept = keep >> (8 * hh + 2 * j + e) & 1u;
+            ds[e] = st[k + e] * fmaf(dpt[k + e], kept ? a.dropout_keep_scale : 0.0f, -(e ? delta.y : delta.x));
+            st[k + e] = kept ? st[k + e] : 0.0f;
+          }
+        }
         const uint32_t p_word = PackPair<Element>(st[k], st[k + 1]);
         const uint32_t ds_word =
-            PackPair<Element>(st[k] * (dpt[k] - delta.x), st[k + 1] * (dpt[k + 1] - delta.y));
+            kSoftcap || kDropout ? PackPair<Element>(ds[0], ds[1])
+                     : PackPair<Element>(st[k] * (dpt[k] - delta.x), st[k + 1] * (dpt[k + 1] - delta.y));
         const uint32_t offset = (row0 + 8 * hh) * 128 + (((half0 / 8 + j) ^ g) * 16) + 4 * t;
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_tile + offset), "r"(p_word) : "memory");
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_tile + offset), "r"(ds_word) : "memory");
@@ -636,7 +719,8 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
   };
   if constexpr (kSplit == Bwd256Split::kQueryHalves) {
     for_each_step([&](int i) {
-      if (needs_masks()) step(i, std::true_type{});
+      if constexpr (kPolicy) step(i, std::true_type{});  // (the policy's bits: every step)
+      else if (needs_masks()) step(i, std::true_type{});
       else step(i, std::false_type{});
     });
   } else if (warpgroup == 0) {
@@ -658,7 +742,7 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
   // this warpgroup's own products completed at its last step's wait.
   const uint32_t k_tile = Opaque(smem) + Tr::kKOffset, v_tile = Opaque(smem) + Tr::kVOffset;
   StageKeyGradient<Element, Tr, kColumns>(k_tile, 0, dk, a.scale, row0, t, col0 / 8);
-  StageKeyGradient<Element, Tr, kColumns>(v_tile, 0, dv, 1.0f, row0, t, col0 / 8);
+  StageKeyGradient<Element, Tr, kColumns>(v_tile, 0, dv, kDropout ? a.dropout_keep_scale : 1.0f, row0, t, col0 / 8);
   if (warpgroup == 0) NamedBarrierSync(kStage256Barrier, 128);
   else NamedBarrierSync(kStage256Barrier + 1, 128);
   StoreStagedKeyRows<Element, Tr, kColumns>(a, a.dk, k_tile, 0, n0, tile.b, tile.hk, tid, col0 / 8);
@@ -697,16 +781,20 @@ __device__ __forceinline__ void RunBackward256Block(const CUtensorMap* q_map, co
     RegistersIncrease<Tr::kConsumerRegisters>();
     // (The deterministic kernel splits by query halves whatever the
     // default: kOperands' deterministic build spilled, 30 local accesses in
-    // its step loops.)
-    constexpr Bwd256Split kSplit = kDeterministic ? Bwd256Split::kQueryHalves : kBwd256Split;
+    // its step loops. So do the soft cap's and dropout's, whose dS needs
+    // S^T's tanh or undropped P^T beside dP^T: ConsumeBackwardTile256.)
+    constexpr Bwd256Split kSplit = kDeterministic || AppliesSoftcap(kFeatures) || AppliesDropout(kFeatures)
+                                       ? Bwd256Split::kQueryHalves
+                                       : kBwd256Split;
     ConsumeBackwardTile256<Element, kDeterministic, kSplit, kFeatures>(a, p, bars, smem, threadIdx.x / 128 - 1,
                                                                        tile, steps, dq_counters);
   }
 }
 
 // grid: key_blocks (of 64 keys) * num_heads_k * batch blocks, one tile each
-// (BwdTile). kFeatures: kNone (`p` then only for StageRowStats' signature)
-// or kMasks (its mask policy; ConsumeBackwardTile256).
+// (BwdTile). kFeatures: kNone (`p` then only for StageRowStats' signature),
+// kMasks (its mask policy; ConsumeBackwardTile256), kMasksSoftcap or
+// kMasksDropout (the policy and the soft cap or dropout, by query halves).
 template <typename Element, Features kFeatures = Features::kNone>
 __global__ void __launch_bounds__(Bwd256Traits::kThreads, 1)
     Backward256Kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,

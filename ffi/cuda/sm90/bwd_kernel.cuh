@@ -171,7 +171,8 @@ constexpr int kStageBarrier = 2;  // + consumer warpgroup
 // dropout variants' keep-bit exchange or kMasksBiasTiles's tile past it.
 template <typename Tr, Features kFeatures>
 constexpr int BackwardVariantSmemBytes() {
-  if constexpr (AppliesDropout(kFeatures)) return KeepExchange<Tr>::kSmemBytes;  // (not instantiated otherwise)
+  // (Not instantiated otherwise; at 256 the query halves make their own bits.)
+  if constexpr (AppliesDropout(kFeatures) && Tr::kHeadDim <= 128) return KeepExchange<Tr>::kSmemBytes;
   else if constexpr (kFeatures == Features::kMasksBiasTiles) return BwdBiasTile<Tr>::kSmemBytes;
   else return Tr::kSmemBytes;
 }
@@ -240,12 +241,14 @@ struct BwdBarriers {
 
   // By one thread, before the __syncthreads that publishes them. do_full
   // takes the TMA thread's arrival (with dO's bytes) and one per lane of the
-  // warp that stages lse and delta.
-  __device__ void Init() const {
+  // warp that stages lse and delta, and, where `step_classes` (the
+  // mask-policy variants), one per lane of the warp that classes the
+  // consumer warps' steps (StageStepClasses).
+  __device__ void Init(bool step_classes = false) const {
     MbarrierInit(kv_full(), 1);
     for (int s = 0; s < Tr::kStages; ++s) {
       MbarrierInit(q_full(s), 1);
-      MbarrierInit(do_full(s), 1 + 32);
+      MbarrierInit(do_full(s), 1 + 32 + (step_classes ? 32 : 0));
       MbarrierInit(empty(s), 32 * Tr::kConsumerWarps);
     }
     FenceBarrierInit();
@@ -380,11 +383,6 @@ __device__ __forceinline__ void PrefetchBiasRows(const AttentionParams& p, const
 // Warp 1 of the producer: per step, lse in log2 units (+inf past seqlen_q,
 // so that those queries' P is 0; Log2Lse: also for rows that saw no key)
 // and delta (0 past seqlen_q) of the step's queries, [lse2 x 64][delta x 64].
-// The mask-policy variants: then each consumer warp's StepClass of the step
-// (FeatureStepClass; lane w for consumer warp w, one byte each in the
-// stage's kStepClassBytes), made before the wait for the stage (its reads then
-// overlap it), so that a consumer warp whose step needs no element check
-// skips FeatureStepMask.
 // kMasksBias(16): then the bias rows of the next step into L2
 // (PrefetchBiasRows).
 template <typename Tr, Features kFeatures = Features::kNone, typename Element = void>
@@ -393,8 +391,6 @@ __device__ __forceinline__ void StageRowStats(const BackwardArgs& a, const Atten
                                               int lane) {
   // (kMasksBiasTiles: the producer copies the tiles; nothing to prefetch.)
   constexpr bool kBias = kFeatures == Features::kMasksBias || kFeatures == Features::kMasksBias16;
-  constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
-  static_assert(!kPolicy || Tr::kConsumerWarps <= 32, "one lane per consumer warp's class");
   using BiasT = std::conditional_t<kFeatures == Features::kMasksBias16, Element, float>;
   [[maybe_unused]] const BiasT* bias_keys = nullptr;
   [[maybe_unused]] int bias_key_bytes = 0;
@@ -408,12 +404,6 @@ __device__ __forceinline__ void StageRowStats(const BackwardArgs& a, const Atten
     const uint32_t parity = (i / Tr::kStages) & 1;
     const int m0 = steps.m0(i), h = steps.head(i, tile.hk, a.group);
     const int64_t row0 = (int64_t(tile.b) * a.num_heads + h) * a.seqlen_q;
-    // Consumer warp `lane`'s keys: warpgroup lane / 4's 64 from n0, its 16.
-    [[maybe_unused]] uint32_t step_class = kStepCheck;
-    if constexpr (kPolicy)
-      if (lane < Tr::kConsumerWarps)
-        step_class = FeatureStepClass<Tr::kBlockM, ReadsDenseStepMask(kFeatures, Tr::kHeadDim)>(
-            p, tile.b, h, m0, tile.n_block * Tr::kBlockN + 64 * (lane / 4) + 16 * (lane % 4));
     MbarrierWait(bars.empty(s), parity ^ 1);
     const uint32_t stats = smem + Tr::kStatOffset + s * Tr::kStatBytes;
 #pragma unroll
@@ -424,16 +414,43 @@ __device__ __forceinline__ void StageRowStats(const BackwardArgs& a, const Atten
       asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(stats + 4 * r), "f"(lse2) : "memory");
       asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(stats + 4 * (Tr::kBlockM + r)), "f"(delta) : "memory");
     }
-    if constexpr (kPolicy)
-      if (lane < Tr::kConsumerWarps)
-        asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(smem + Tr::kStepClassOffset + s * Tr::kStepClassBytes + lane),
-                     "r"(step_class)
-                     : "memory");
     MbarrierArrive(bars.do_full(s));  // release: the stores above are visible to the waiters
     if constexpr (kBias) {
       const int next = min(i + 1, steps.count - 1);
       PrefetchBiasRows<Tr>(p, bias_keys, bias_key_bytes, steps.head(next, tile.hk, a.group), steps.m0(next), lane);
     }
+  }
+}
+
+// Warp 3 of the producer, in the mask-policy variants: per step, each
+// consumer warp's StepClass (FeatureStepClass; lane w for consumer warp w,
+// one byte each in the stage's kStepClassBytes), published with the
+// stage's do_full, so that a consumer warp whose step needs no element
+// check skips FeatureStepMask. Made before the wait for the stage (its
+// reads then overlap it). A warp of its own: made by warp 1 beside lse and
+// delta, at the producer's 24 registers, warp 1's step loop grew from 183
+// instructions and 4 local accesses to 1442 and 135 (session 38), on every
+// step's path to do_full.
+template <typename Tr, Features kFeatures>
+__device__ __forceinline__ void StageStepClasses(const BackwardArgs& a, const AttentionParams& p,
+                                                 BwdBarriers<Tr> bars, uint32_t smem, const BwdTile& tile,
+                                                 const BwdSteps<Tr>& steps, int lane) {
+  static_assert(Tr::kConsumerWarps <= 32, "one lane per consumer warp's class");
+  // Consumer warp `lane`'s keys: warpgroup lane / 4's 64 from n0, its 16.
+  const int warp_j0 = tile.n_block * Tr::kBlockN + 64 * (lane / 4) + 16 * (lane % 4);
+  for (int i = 0; i < steps.count; ++i) {
+    const int s = i % Tr::kStages;
+    const uint32_t parity = (i / Tr::kStages) & 1;
+    uint32_t step_class = kStepCheck;
+    if (lane < Tr::kConsumerWarps)
+      step_class = FeatureStepClass<Tr::kBlockM, ReadsDenseStepMask(kFeatures, Tr::kHeadDim)>(
+          p, tile.b, steps.head(i, tile.hk, a.group), steps.m0(i), warp_j0);
+    MbarrierWait(bars.empty(s), parity ^ 1);
+    if (lane < Tr::kConsumerWarps)
+      asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(smem + Tr::kStepClassOffset + s * Tr::kStepClassBytes + lane),
+                   "r"(step_class)
+                   : "memory");
+    MbarrierArrive(bars.do_full(s));  // release: the class bytes are visible to the waiters
   }
 }
 
@@ -1099,8 +1116,8 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     if constexpr (kSendPrevious && !kSendAfterDp) send_dq(i - 1);
     MbarrierWait(bars.do_full(s), parity);
     // Feature variants: the step's visibility bits, while S^T runs. The
-    // warp's StepClass first (the row-statistics warp's, published with
-    // do_full): hidden or visible whole, no policy to run; else
+    // warp's StepClass first (producer warp 3's, StageStepClasses,
+    // published with do_full): hidden or visible whole, no policy to run; else
     // FeatureStepMask, whose reads (lengths, offsets, id summaries, ids)
     // hide under the product instead of holding back its issue; b and h
     // opaque, so that the policy is rebuilt from the parameters here rather
@@ -1528,7 +1545,7 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
   const BwdBarriers<Tr> bars{smem + Tr::kBarrierOffset};
   if (threadIdx.x == 0) {
     if constexpr (kBiasTiles) BwdBiasTile<Tr>{smem}.Init();  // (before bars.Init's fence)
-    bars.Init();
+    bars.Init(kPolicy);
   }
   __syncthreads();
 
@@ -1555,6 +1572,8 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
       }
     } else if (threadIdx.x / 32 == 1) {
       StageRowStats<Tr, kFeatures, Element>(a, p, bars, smem, tile, steps, threadIdx.x % 32);
+    } else if (threadIdx.x / 32 == 3) {
+      if constexpr (kPolicy) StageStepClasses<Tr, kFeatures>(a, p, bars, smem, tile, steps, threadIdx.x % 32);
     }
   } else {
     RegistersIncrease<Tr::kConsumerRegisters>();

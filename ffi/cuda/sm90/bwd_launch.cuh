@@ -199,8 +199,9 @@ template <typename Element, int kHeadDim, BwdSchedule kSchedule, Features kFeatu
 std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t stream, int causal_section = 0) {
   using Tr = BwdTraitsFor<kHeadDim, kSchedule>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
-  static_assert(kHeadDim != 256 || kFeatures == Features::kNone || kFeatures == Features::kMasks,
-                "the 256 backward takes plain calls and the masks' features only");
+  static_assert(kHeadDim != 256 || kFeatures == Features::kNone || kFeatures == Features::kMasks ||
+                    kFeatures == Features::kMasksSoftcap || kFeatures == Features::kMasksDropout,
+                "the 256 backward takes plain calls, the masks' features, the soft cap and dropout only");
   const auto& s = p.shape;
   constexpr bool kBias = AddsBias(kFeatures);
   constexpr bool kPolicy = UsesMaskPolicy(kFeatures);
@@ -255,8 +256,8 @@ std::string LaunchBackwardScheduled(const AttentionParams& p, cudaStream_t strea
       static_assert(Tr::kBlockM == 64, "BwdBiasTile: one box of rows per step");
       if (auto e = EncodeBiasTilesMap<Element>(&bias_map, p); !e.empty()) return e + " (" + what + ")";
     }
-    // (Head dim 256: Backward256Kernel, plain or kMasks; its schedule is
-    // its own, bwd256_kernel.cuh.)
+    // (Head dim 256: Backward256Kernel, plain, kMasks, kMasksSoftcap or
+    // kMasksDropout; its schedule is its own, bwd256_kernel.cuh.)
     auto kernel = [] {
       if constexpr (kHeadDim == 256) return Backward256Kernel<Element, kFeatures>;
       else return BackwardKernel<Element, kHeadDim, kSchedule, kFeatures>;
@@ -482,10 +483,19 @@ std::string LaunchBackward(const AttentionParams& p, cudaStream_t stream) {
 template <typename Element, int kHeadDim>
 std::string LaunchBackwardWithFeatures(const AttentionParams& p, cudaStream_t stream) {
   constexpr BwdSchedule kSchedule = FeatureBwdSchedule(kHeadDim);
-  // Head dim 256: the masks' variant alone (Backward256Kernel<kMasks>; the
-  // soft cap and dropout stay on sm80's backward, handlers.cu's
-  // Sm90BackwardSupports), whose launch refuses the rest by name.
+  // Head dim 256: the masks' variant (Backward256Kernel<kMasks>), with the
+  // soft cap kMasksSoftcap, with dropout kMasksDropout (their policy also
+  // for calls whose only feature the transform is: the 256 steps' products
+  // dwarf the bits, and two variants fewer to compile); the launch refuses
+  // a bias and dropout with the soft cap by name (handlers.cu's
+  // Sm90BackwardSupports keeps them on sm80's backward).
   if constexpr (kHeadDim == 256) {
+    if (p.features.dropout_rate > 0.0 && p.features.dropout_seed)
+      return LaunchBackwardScheduled<Element, 256, kSchedule, Features::kMasksDropout>(p, stream,
+                                                                                      kSizedCausalSection);
+    if (p.features.softcap > 0.0)
+      return LaunchBackwardScheduled<Element, 256, kSchedule, Features::kMasksSoftcap>(p, stream,
+                                                                                      kSizedCausalSection);
     return LaunchBackwardScheduled<Element, 256, kSchedule, Features::kMasks>(p, stream, kSizedCausalSection);
   } else {
     const bool plain = p.features.OnlyTransforms();
@@ -536,11 +546,13 @@ std::string LaunchBiasGradient(const AttentionParams& p, cudaStream_t stream) {
 
 // In bwd_launch_256_<dtype>.cu: the 256 kernels (bwd256_kernel.cuh), plain
 // calls, default and deterministic, their own objects so that CI's two
-// cores compile them beside the others.
-#define JAX_FLASH_INSTANTIATE_SM90_BWD_256(Element)                                                     \
-  template std::string LaunchBackward<Element, 256>(const AttentionParams&, cudaStream_t);             \
-  template std::string LaunchBackwardWithFeatures<Element, 256>(const AttentionParams&, cudaStream_t); \
+// cores compile them beside the others; the feature variants (kMasks,
+// kMasksSoftcap, kMasksDropout) in bwd_launch_256_features_<dtype>.cu.
+#define JAX_FLASH_INSTANTIATE_SM90_BWD_256(Element)                                         \
+  template std::string LaunchBackward<Element, 256>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchBackwardDeterministicDefault<Element, 256>(const AttentionParams&, int*, cudaStream_t);
+#define JAX_FLASH_INSTANTIATE_SM90_BWD_256_FEATURES(Element) \
+  template std::string LaunchBackwardWithFeatures<Element, 256>(const AttentionParams&, cudaStream_t);
 
 // In bwd_launch_features_<dtype>.cu, their own files, so that CI's two
 // cores compile them beside the plain ones.

@@ -117,14 +117,15 @@ struct FragmentDropout {
   // (keys `key` + 8hh, key = the warpgroup's first key + 16 warp + g;
   // queries m0 + 8j + 2t + e; m0 a multiple of 16): bit kRowBits hh + 2j + e
   // (FeatureStepMask's layout: kRowBits = kBlockM / 4) of the result,
-  // 32 bits at kBlockM = 64, 64 at 128. Packed, so that they are made while
+  // 32 bits at kBlockM = 64, 64 at 128, 16 (of 32) at 32 (the 256 backward's
+  // query halves: m0 the half's first query). Packed, so that they are made while
   // S^T and dP^T run (the tensor cores are otherwise idle while both
   // warpgroups turn them into P and dS). The call of (jp, e) serves queries
   // m0 + 16jp + 2t + e (+ 8: j = 2jp + 1) and the key group of `key`, whose
   // words w = 2 (warp % 2) + hh are this thread's.
-  template <int kBlockM, typename Bits_ = std::conditional_t<kBlockM == 64, uint32_t, uint64_t>>
+  template <int kBlockM, typename Bits_ = std::conditional_t<kBlockM <= 64, uint32_t, uint64_t>>
   __host__ __device__ __forceinline__ Bits_ BackwardKeepBits(int key, int m0, int t) const {
-    static_assert(kBlockM == 64 || kBlockM == 128, "32 or 64 keep bits");
+    static_assert(kBlockM == 32 || kBlockM == 64 || kBlockM == 128, "16, 32 or 64 keep bits");
     constexpr int kRowBits = kBlockM / 4;
     const uint32_t c0 = uint32_t(key / 32 * 8 + key % 8);
     const bool upper = key % 32 >= 16;  // words 2, 3 (the odd warp of the pair)

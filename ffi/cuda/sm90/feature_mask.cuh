@@ -1053,8 +1053,9 @@ __host__ __device__ __forceinline__ StepMaskBits<kBlockM> DenseStepMask(const At
 // mask's block summary hides them all), and what is left to read per
 // element: a key-only mask's bytes (`key_mask`), a per-query mask's
 // (`dense`; null where its block summary shows every pair), segment ids
-// (meet == kSome). FeatureStepMask and FeatureStepClass both start here,
-// so that the class agrees with the bits by construction.
+// (meet == kSome). FeatureStepMask starts here; FeatureStepClass repeats
+// these tests field by field (at the producer's registers), held to the
+// bits by the host test.
 // kDenseMask: the variant takes a per-query mask too (ReadsDenseStepMask).
 struct StepScreen {
   MaskPolicy policy;
@@ -1117,10 +1118,21 @@ __host__ __device__ __forceinline__ StepMaskBits<kBlockM> FeatureStepMask(const 
     if (screen.dense) rows &= DenseStepMask<kBlockM>(p, screen.dense, policy.mask_row, policy.mask_col, m0, key, t);
   const bool ids = screen.meet == SegmentMeet::kSome;
   if (!ids && !policy.NeedsBoundsCheck(m0, int64_t(m0) + kBlockM, warp_j0, int64_t(warp_j0) + 16)) return rows;
-  MaskPolicy bounds = policy.WithoutSegments();
-  bounds.mask = nullptr;
-  Bits visible = Bits(VisibleBits<kTiles, false>(bounds, key, int64_t(m0) + 2 * t)) |
-                 Bits(VisibleBits<kTiles, false>(bounds, int64_t(key) + 8, int64_t(m0) + 2 * t)) << kRowBits;
+  // The bounds (lengths, causal, window, offsets): key k is seen by the
+  // queries [lo, hi) of QueryRange (exact for one key), the thread's
+  // columns m0 + 2t + 8j + e as ColumnRangeBits, a handful of integer
+  // operations where VisibleBits' per-column compares cost 4 kTiles compares
+  // and selects a key on every partial step (the window's left edge and the
+  // diagonal: 4 of a window tile's 10 steps).
+  constexpr int64_t kCols = 8 * kTiles;
+  const int64_t c0 = int64_t(m0) + 2 * t;
+  auto relative = [&](int64_t x) { return int(x - c0 < -1 ? -1 : (x - c0 > kCols ? kCols : x - c0)); };
+  auto query_bits = [&](int64_t k) {
+    int64_t lo, hi;
+    policy.QueryRange(k, k + 1, &lo, &hi);
+    return Bits(ColumnRangeBits<kTiles>(relative(lo), relative(hi)));
+  };
+  Bits visible = query_bits(key) | query_bits(int64_t(key) + 8) << kRowBits;
   if (ids) {
     // Reads clamped into the sequences (positions past them are hidden by
     // the bounds; a visited query block starts below seqlen_q).
@@ -1140,11 +1152,11 @@ __host__ __device__ __forceinline__ StepMaskBits<kBlockM> FeatureStepMask(const 
   return visible & rows;
 }
 
-// What one warp's step needs (ScreenStep's answer, kDenseMask as there):
+// What one warp's step needs (ScreenStep's tests, kDenseMask as there):
 // kStepHidden where FeatureStepMask's bits are 0 for every lane,
 // kStepVisible where they are all ones (no mask bytes, ids or bounds to
-// check), kStepCheck otherwise. The backward's row-statistics warp
-// (bwd_kernel.cuh, StageRowStats) makes it for the consumer warps a step or
+// check), kStepCheck otherwise. The backward's producer warp 3
+// (bwd_kernel.cuh, StageStepClasses) makes it for the consumer warps a step or
 // two ahead of them, so that their steps without element work skip the
 // policy (~300 instructions per warp and step, on the step's path).
 // A key-only mask (key padding) is read here for all 16 keys of the warp
@@ -1152,34 +1164,81 @@ __host__ __device__ __forceinline__ StepMaskBits<kBlockM> FeatureStepMask(const 
 // all shown leaves the other tests to decide, keys past the sequence
 // (clamped reads, as there) being the bounds' to hide.
 enum StepClass : uint32_t { kStepHidden = 0, kStepVisible = 1, kStepCheck = 2 };
+// ScreenStep's tests again, field by field from the parameters (the
+// producer runs it at 24 registers: built through MaskPolicy::For, with
+// its 64-bit fields and BroadcastOffset's 64-bit divisions, the step loop
+// that ran it was 1442 instructions with 135 local accesses at 128;
+// session 38). Every hiding test first (segment
+// summaries that never meet, a per-query mask's summary, a key-only mask
+// hiding all 16 keys), then those that leave pairs to check; the bounds
+// last, only where nothing else asked for a check. The host test holds it
+// to FeatureStepMask's bits for every warp and step of its configurations.
 template <int kBlockM, bool kDenseMask = true>
 __host__ __device__ __forceinline__ StepClass FeatureStepClass(const AttentionParams& p, int b, int h, int m0,
                                                                int warp_j0) {
-  const StepScreen screen = ScreenStep<kBlockM, kDenseMask>(p, b, h, m0, warp_j0);
-  if (screen.hidden) return kStepHidden;
-  bool mixed_keys = false;
-  if (screen.key_mask) {
-    const int k_last = int(p.shape.seqlen_k) - 1;
-    const uint8_t* keys = screen.policy.mask;
-    int shown = 0;
-#ifdef __CUDA_ARCH__
-    // Contiguous, aligned and inside the sequence: one 16-byte load.
-    if (screen.policy.mask_col == 1 && warp_j0 + 15 <= k_last &&
-        (reinterpret_cast<uintptr_t>(keys + warp_j0) & 15u) == 0) {
-      const uint4 w = *reinterpret_cast<const uint4*>(keys + warp_j0);
-      const uint32_t zero_bytes = __vcmpeq4(w.x, 0u) | __vcmpeq4(w.y, 0u) | __vcmpeq4(w.z, 0u) | __vcmpeq4(w.w, 0u);
-      shown = (w.x | w.y | w.z | w.w) == 0 ? 0 : zero_bytes == 0 ? 16 : 1;
-    } else
-#endif
-    {
-      for (int j = 0; j < 16; ++j) shown += keys[int64_t(std::min(warp_j0 + j, k_last)) * screen.policy.mask_col] != 0;
+  const AttentionFeatures& f = p.features;
+  bool check = false;
+  if (f.q_segment_ids && f.kv_segment_ids) {
+    if (f.q_segment_ranges && f.kv_segment_ranges) {
+      // MaskPolicy's summaries of this batch row (ForWithoutMaskArray), in
+      // 32-bit arithmetic.
+      const int q_blocks = int((p.shape.seqlen_q + kSegmentBlock - 1) / kSegmentBlock);
+      const int k_blocks = int((p.shape.seqlen_k + kSegmentBlock - 1) / kSegmentBlock);
+      const SegmentRanges q{f.q_segment_ranges + 2 * int64_t(b) * q_blocks, q_blocks};
+      const SegmentRanges k{f.kv_segment_ranges + 2 * int64_t(b) * k_blocks, k_blocks};
+      const SegmentMeet meet = Meet(SummarySpan<kBlockM>(q, m0), SummarySpan<16>(k, warp_j0));
+      if (meet == SegmentMeet::kNone) return kStepHidden;
+      check = meet == SegmentMeet::kSome;
+    } else {
+      check = true;
     }
-    if (shown == 0) return kStepHidden;
-    mixed_keys = shown < 16;
   }
-  const bool elements = mixed_keys || screen.dense || screen.meet == SegmentMeet::kSome ||
-                        screen.policy.NeedsBoundsCheck(m0, int64_t(m0) + kBlockM, warp_j0, int64_t(warp_j0) + 16);
-  return elements ? kStepCheck : kStepVisible;
+  if (f.mask) {
+    if (kDenseMask && f.mask_stride.row != 0) {
+      // A per-query mask: its block summary over the step's queries and the
+      // warp's 16 keys, else every pair read.
+      if (f.mask_blocks) {
+        const uint32_t bits = SliceMaskBlocks(f, b, h).SpanOf<kBlockM, 16, true>(m0, warp_j0);
+        if (!(bits & kMaskBlockSome)) return kStepHidden;
+        if (!(bits & kMaskBlockAll)) check = true;
+      } else {
+        check = true;
+      }
+    } else {
+      // Key-only: the warp's 16 key bytes (clamped into the sequence: keys
+      // past it are the bounds' to hide): none shown hides the step, some
+      // leave it to check.
+      const int k_last = int(p.shape.seqlen_k) - 1;
+      const uint8_t* keys = f.mask + BroadcastOffset32(f, f.mask_stride, b, h);
+      const int64_t col = f.mask_stride.col;
+      int shown = 0;
+#ifdef __CUDA_ARCH__
+      // Contiguous, aligned and inside the sequence: one 16-byte load.
+      if (col == 1 && warp_j0 + 15 <= k_last && (reinterpret_cast<uintptr_t>(keys + warp_j0) & 15u) == 0) {
+        const uint4 w = *reinterpret_cast<const uint4*>(keys + warp_j0);
+        const uint32_t zero_bytes = __vcmpeq4(w.x, 0u) | __vcmpeq4(w.y, 0u) | __vcmpeq4(w.z, 0u) | __vcmpeq4(w.w, 0u);
+        shown = (w.x | w.y | w.z | w.w) == 0 ? 0 : zero_bytes == 0 ? 16 : 1;
+      } else
+#endif
+      {
+        for (int j = 0; j < 16; ++j) shown += keys[int64_t(std::min(warp_j0 + j, k_last)) * col] != 0;
+      }
+      if (shown == 0) return kStepHidden;
+      if (shown < 16) check = true;
+    }
+  }
+  if (check) return kStepCheck;
+  // MaskPolicy::NeedsBoundsCheck over queries [m0, m0 + kBlockM) x keys
+  // [warp_j0, warp_j0 + 16), its lengths and diagonal read here.
+  int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
+  if (f.q_seqlens) seqlen_q = std::min<int64_t>(std::max(f.q_seqlens[b], 0), seqlen_q);
+  if (f.kv_seqlens) seqlen_k = std::min<int64_t>(std::max(f.kv_seqlens[b], 0), seqlen_k);
+  const int64_t i0 = m0, i1 = int64_t(m0) + kBlockM, j0 = warp_j0, j1 = int64_t(warp_j0) + 16;
+  const int64_t diagonal = f.position_offsets ? f.position_offsets[b] : 0;
+  const bool bounds = i1 > seqlen_q || j1 > seqlen_k || (p.is_causal && j1 - 1 > i0 + diagonal) ||
+                      (f.window_right >= 0 && j1 - 1 > i0 + diagonal + f.window_right) ||
+                      (f.window_left >= 0 && j0 < i1 - 1 + diagonal - f.window_left);
+  return bounds ? kStepCheck : kStepVisible;
 }
 
 }  // namespace jax_flash::cuda::sm90

@@ -200,48 +200,66 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
 template <typename Element, int kHeadDim>
 std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t stream) {
   constexpr Schedule kSchedule = FwdTraits<kHeadDim>::kDefaultSchedule;
-  // A bias: kMasksBias for a float32 one, kMasksBias16 for one of the
-  // inputs' 16-bit dtype (its loads into S's accumulators; no soft cap with
-  // either). On the H200 (session 19, sm90_check --bias, B=4 T=S=4096
-  // H=128 bf16) a [B,N,T,S] bias ran 354 TFLOP/s as bf16, 277 as float32.
-  // kMasksBiasTiles (the 16-bit bias through shared memory) where
-  // BiasTilesServe says TMA can read it and the device has the shared
-  // memory (every 9.x part has: 231,424 of its 232,448 bytes at 128).
-  if (p.features.bias) {
-    if (p.features.bias_type != BiasType::kAccum) {
-      if (BiasTilesServe(p) && DeviceHasSmem(BiasTiles<FwdTraits<kHeadDim, 0, 2>>::kSmemBytes))
-        return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBiasTiles>(p, stream);
-      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBias16>(p, stream);
+  if constexpr (kHeadDim == 256) {
+    // At 256 (80-key blocks): the masks' features (kMasks) and the soft cap
+    // (kPlainSoftcap alone, kSoftcap beside them). A bias, a boolean mask
+    // and dropout stay on the sm80 forward: their reads and Philox calls
+    // take 128-key blocks (MaskArrayRows, VisibleKeyBlocks4) or whole
+    // 32-key groups (ForwardDrop), and kMasksBiasTiles has no room beside
+    // 256's K/V ring.
+    if (p.features.bias || p.features.mask || p.features.dropout_rate > 0.0)
+      return "jax_flash: " + DescribeForward(p.shape, kHeadDim) +
+             ": a bias, a boolean mask or dropout at head dim 256 (the sm80 forward serves them)";
+    if (p.features.softcap > 0.0) {
+      if (p.features.OnlyTransforms())
+        return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kPlainSoftcap>(p, stream);
+      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kSoftcap>(p, stream);
     }
-    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBias>(p, stream);
+    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasks>(p, stream);
+  } else {
+    // A bias: kMasksBias for a float32 one, kMasksBias16 for one of the
+    // inputs' 16-bit dtype (its loads into S's accumulators; no soft cap with
+    // either). On the H200 (session 19, sm90_check --bias, B=4 T=S=4096
+    // H=128 bf16) a [B,N,T,S] bias ran 354 TFLOP/s as bf16, 277 as float32.
+    // kMasksBiasTiles (the 16-bit bias through shared memory) where
+    // BiasTilesServe says TMA can read it and the device has the shared
+    // memory (every 9.x part has: 231,424 of its 232,448 bytes at 128).
+    if (p.features.bias) {
+      if (p.features.bias_type != BiasType::kAccum) {
+        if (BiasTilesServe(p) && DeviceHasSmem(BiasTiles<FwdTraits<kHeadDim, 0, 2>>::kSmemBytes))
+          return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBiasTiles>(p, stream);
+        return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBias16>(p, stream);
+      }
+      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBias>(p, stream);
+    }
+    // A boolean mask: kMasksBoolean (its reads into the masks' bits; no soft
+    // cap or dropout with it, which that variant refuses), except beside the
+    // soft cap, which kMasksSoftcap reads (ReadsMaskArray), and a key-only
+    // one beside dropout, which kMasksDropout reads (TakesKeyMaskBeside).
+    const bool mask_beside =
+        p.features.softcap > 0.0 || (IsKeyOnlyMask(p.features) && p.features.dropout_rate > 0.0);
+    if (p.features.mask && !mask_beside)
+      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBoolean>(p, stream);
+    // Dropout (without the soft cap, which that variant refuses):
+    // kPlainDropout when it is the call's only feature (causal or not),
+    // kMasksDropout beside the masks' features.
+    if (p.features.dropout_rate > 0.0 && p.features.dropout_seed) {
+      if (p.features.OnlyTransforms())
+        return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kPlainDropout>(p, stream);
+      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksDropout>(p, stream);
+    }
+    // The soft cap: kPlainSoftcap when it is the call's only feature,
+    // kMasksSoftcap beside a boolean mask, kSoftcap (the same without the
+    // mask's code) beside the masks' other features.
+    if (p.features.softcap > 0.0) {
+      if (p.features.OnlyTransforms())
+        return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kPlainSoftcap>(p, stream);
+      if (p.features.mask)
+        return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksSoftcap>(p, stream);
+      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kSoftcap>(p, stream);
+    }
+    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasks>(p, stream);
   }
-  // A boolean mask: kMasksBoolean (its reads into the masks' bits; no soft
-  // cap or dropout with it, which that variant refuses), except beside the
-  // soft cap, which kMasksSoftcap reads (ReadsMaskArray), and a key-only
-  // one beside dropout, which kMasksDropout reads (TakesKeyMaskBeside).
-  const bool mask_beside =
-      p.features.softcap > 0.0 || (IsKeyOnlyMask(p.features) && p.features.dropout_rate > 0.0);
-  if (p.features.mask && !mask_beside)
-    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBoolean>(p, stream);
-  // Dropout (without the soft cap, which that variant refuses):
-  // kPlainDropout when it is the call's only feature (causal or not),
-  // kMasksDropout beside the masks' features.
-  if (p.features.dropout_rate > 0.0 && p.features.dropout_seed) {
-    if (p.features.OnlyTransforms())
-      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kPlainDropout>(p, stream);
-    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksDropout>(p, stream);
-  }
-  // The soft cap: kPlainSoftcap when it is the call's only feature,
-  // kMasksSoftcap beside a boolean mask, kSoftcap (the same without the
-  // mask's code) beside the masks' other features.
-  if (p.features.softcap > 0.0) {
-    if (p.features.OnlyTransforms())
-      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kPlainSoftcap>(p, stream);
-    if (p.features.mask)
-      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksSoftcap>(p, stream);
-    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kSoftcap>(p, stream);
-  }
-  return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasks>(p, stream);
 }
 
 #define JAX_FLASH_INSTANTIATE_SM90(Element)                                                 \
@@ -250,13 +268,15 @@ std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t str
   template std::string LaunchForward<Element, 256>(const AttentionParams&, cudaStream_t);
 
 // In launch_features_<dtype>.cu, their own files: the feature variants
-// double the sm90 build's compile time. 64 and 128 only: features at 256
-// stay on the sm80 forward (their consumers once spilled inside the
-// key-block loop; ptxas now shows only per-tile spills there, but no
-// timing has chosen them yet); the check program instantiates them for
-// their correctness and speed.
+// double the sm90 build's compile time. At 256 in
+// launch_features_256_<dtype>.cu (kMasks, kSoftcap, kPlainSoftcap: ptxas
+// shows per-tile spills only, the producer's tile loop and 4 consumer
+// accesses outside the key-block loops), so that CI's two cores compile
+// them beside the 64 / 128 variants.
 #define JAX_FLASH_INSTANTIATE_SM90_FEATURES(Element)                                                 \
   template std::string LaunchForwardWithFeatures<Element, 64>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchForwardWithFeatures<Element, 128>(const AttentionParams&, cudaStream_t);
+#define JAX_FLASH_INSTANTIATE_SM90_FEATURES_256(Element) \
+  template std::string LaunchForwardWithFeatures<Element, 256>(const AttentionParams&, cudaStream_t);
 
 }  // namespace jax_flash::cuda::sm90
