@@ -1,41 +1,32 @@
 #!/usr/bin/env bash
 # The device plan, in order (each call ~4-8 minutes of wall time; the
 # first adds ~85 s of cold start; a warm machine goes back after 30 s
-# idle, so issue the calls back to back). Session 39 ran masks256 and
-# masks256_suite (landed: 08070b4), classwarp (key padding 1.05x, packed
-# and window 1.00x) and window_profile (perf_history.md v37); then no
-# machine could be started for ~35 minutes, and the failed starts spent
-# the rest of the budget (each 90-160 s). Lesson: with under ~10 device
-# minutes left, a failed start leaves nothing for a suite; name
-# nvidia-h200 (either card) for correctness-only calls, which widens the
-# pool. Next, on main's wheel (rebuild first: `bash scripts/ab_wheel.sh
-# main40` on main's HEAD, MAIN_WHEEL=main40; the checkout's ab/ is empty
-# in a fresh session):
-#   1. bash pending/session31.sh classwarp_suite   carry ab/classwarp ab/classwarp_check   (~9 min)
-#      (rebuild both on main + pending/sm90-bwd-step-class-warp.patch:
-#      `bash scripts/ab_wheel.sh classwarp pending/sm90-bwd-step-class-warp.patch`,
-#      and in a worktree with the patch applied `OUT=$PWD/ab/classwarp_check
-#      STEP=build bash scripts/sm90_bwd_check.sh`; then land it: key
-#      padding 1.05x measured in v37)
-#   2. bash pending/session31.sh dethelper_ab       carry ab/main40 ab/dethelperjax   (~5 min)
-#      (MAIN_WHEEL=main40; ab/dethelperjax: `bash scripts/ab_wheel.sh
-#      dethelperjax pending/sm90-bwd-det-helper.patch
-#      pending/ab-det-helper-default.patch`; issue 21's deterministic
-#      target, 0.85x of the default; never run through JAX)
-#   2b. bash pending/session31.sh rangebits        carry ab/main40 ab/rangebits   (~6 min)
-#      (the backward step mask's bounds by ColumnRangeBits; step loop -44
-#      instructions at 128, -206 at 64, static; issue 19's window / packed)
-#   3. bash pending/session31.sh features36, then (a second call) grid36   carry ab/main40 .peers   (~6 + ~9 min)
-#      (.peers: `bash ../shared/peers/fa3_for_jax.sh .peers`, and
-#      /.peers/ in .git/info/exclude; issue 19's table after v37, the
-#      standard grid with the 256 backward's masks)
-#   4. bash pending/session31.sh sanitize_all      carry ab/main40   (~9 min)
-#      (session 39's masks256_suite ran the whole script at 256 with
-#      SANITIZE_KERNELS=256Kernel under all three tools without the crash
-#      session 38 saw; the sm90 filter over every head dim is left)
-#   5. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
-#   6. bash pending/session31.sh dropout_profile t1024_profile   carry ab/main40 .peers   (~9 min)
-#   7. bash pending/session31.sh packed_fwd_profile e2e   carry ab/main40 .peers
+# idle, so issue the calls back to back). Session 40 ran stack40_suite and
+# stack40_ab (five patches landed as 6965bd5; the helper warp through
+# JAX) and the peers beside the landed code (perf_history.md v38), after
+# ~13 minutes of failed starts. Lessons kept: a failed start costs 90-180
+# s; name nvidia-h200 (either card); once a machine is warm, short
+# benchmark calls (60-80 s) fit the budget's tail. Next, on main's wheel
+# (rebuild first: `bash scripts/ab_wheel.sh main41` on main's HEAD,
+# MAIN_WHEEL=main41; AB_PYTHON=/root/.pyenv/versions/3.12.1/bin/python3.12):
+#   1. the deterministic helper: rebase pending/sm90-bwd-det-helper.patch
+#      and ab-det-helper-default.patch onto 6965bd5 (the class warp's
+#      producer-warp dispatch meets the helper's in RunBackwardBlock: warp
+#      2 the helper, warp 3 the classes), build ab/dethelperjax on main,
+#      then a suite stage for it (as stack40_suite: the check program's
+#      deterministic cases, the whole suite, racecheck / synccheck) and
+#      dethelper_ab with MAIN_WHEEL=main41 (v38: 0.84-0.94x of the
+#      default; issue 21 asks >= 0.85)
+#   2. bash pending/session31.sh grid36   carry ab/main41 .peers   (~9 min)
+#      (the standard grid beside cuDNN and FA3, then T = 131072 / 262144
+#      with the memory line: issues 20 and 21's closing run, owed since v35)
+#   3. bash pending/session31.sh features36   carry ab/main41 .peers   (~6 min)
+#      (the whole --preset features table; v38 ran its plain, packed,
+#      window, key-length and key-padding rows at 128 and 256)
+#   4. bash pending/session31.sh sanitize_all      carry ab/main41   (~9 min)
+#   5. bash pending/session31.sh e2e   carry ab/main41 .peers
+#   6. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
+#   7. bash pending/session31.sh dropout_profile t1024_profile   carry ab/main41 .peers   (~9 min)
 # (30 device minutes a session: 1-2 fit one session with their suites.)
 # ab/main is 78e438f (ab24e31's kernels; softcap_poly's baseline, the
 # poly wheels being on it), the rest named here on older mains (good for
@@ -81,7 +72,7 @@ set -uo pipefail
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
-M=${MAIN_WHEEL:-main40}
+M=${MAIN_WHEEL:-main41}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
 feat="--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random --cases plain:1 segments:1 window:1 softcap:0 prefix_lm_softcap:0 dropout:0 plain:0"
@@ -278,7 +269,7 @@ case "$stage" in
     profile_against main 80 "packed_grad:BackwardKernel plain_grad_1024:BackwardKernel"
     ;;
   features36)
-    # Issue 19's table on one harness run (carry ["ab/main40", ".peers"],
+    # Issue 19's table on one harness run (carry ["ab/main41", ".peers"],
     # ~6 min): --preset features with cuDNN and FA3 beside, on main's wheel.
     root=$(pwd)
     python3 -m pip install -q --no-deps --target /tmp/ab_site/$M ab/$M/*.whl || exit 1
@@ -288,7 +279,7 @@ case "$stage" in
       --cotangent random --out "$OUT/features36" 2>&1 | tail -40)
     ;;
   grid36)
-    # Issues 20 and 21's closing run (carry ["ab/main40", ".peers"], ~9
+    # Issues 20 and 21's closing run (carry ["ab/main41", ".peers"], ~9
     # min): the standard grid (H = 64 / 128 / 256, T = 1024 / 4096 / 16384,
     # causal and not, B = 16384 / T, N = 2048 / H) beside cuDNN and FA3 in
     # one process, then T = 131072 and 262144 causal with the memory line.
@@ -504,7 +495,7 @@ case "$stage" in
     ;;
   sanitize_all)
     # Every sm90 kernel of main's wheel under synccheck, racecheck and
-    # memcheck (carry ["ab/main40"], ~9 min). Session 38's run of the same
+    # memcheck (carry ["ab/main41"], ~9 min). Session 38's run of the same
     # script with SANITIZE_KERNELS=256Kernel crashed every tool (rc 139,
     # no report), while a 256-only case was clean: sm90 (session 37's
     # filter, clean then) tells whether the crash follows the filter.
