@@ -9,14 +9,14 @@
 # benchmark calls (60-80 s) fit the budget's tail. Next, on main's wheel
 # (rebuild first: `bash scripts/ab_wheel.sh main41` on main's HEAD,
 # MAIN_WHEEL=main41; AB_PYTHON=/root/.pyenv/versions/3.12.1/bin/python3.12):
-#   1. the deterministic helper: rebase pending/sm90-bwd-det-helper.patch
-#      and ab-det-helper-default.patch onto 6965bd5 (the class warp's
-#      producer-warp dispatch meets the helper's in RunBackwardBlock: warp
-#      2 the helper, warp 3 the classes), build ab/dethelperjax on main,
-#      then a suite stage for it (as stack40_suite: the check program's
-#      deterministic cases, the whole suite, racecheck / synccheck) and
-#      dethelper_ab with MAIN_WHEEL=main41 (v38: 0.84-0.94x of the
-#      default; issue 21 asks >= 0.85)
+#   1. the deterministic helper (pending/sm90-bwd-det-helper.patch, rebased
+#      onto 6965bd5 in session 40: warp 2 the helper, warp 3 the classes,
+#      in RunBackwardBlock; ab-det-helper-default.patch after it),
+#      then `bash pending/session31.sh dethelper_suite` carry
+#      ab/dethelper41 ab/dethelperjax41 (session 40 rebased both patches
+#      and built both), and dethelper_ab with MAIN_WHEEL=main41 and
+#      ab/dethelperjax41 (its default wheel; v38: 0.84-0.94x of the default;
+#      issue 21 asks >= 0.85)
 #   2. bash pending/session31.sh grid36   carry ab/main41 .peers   (~9 min)
 #      (the standard grid beside cuDNN and FA3, then T = 131072 / 262144
 #      with the memory line: issues 20 and 21's closing run, owed since v35)
@@ -68,7 +68,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -231,7 +231,7 @@ case "$stage" in
     # helper as the package's handoff (ab-det-helper-default.patch), each
     # timing jax_flash and jax_flash_deterministic, two rounds; the
     # deterministic / default ratio per wheel is the target's (>= 0.87).
-    AB_DIRS="ab/$M ab/dethelperjax" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash jax_flash_deterministic \
+    AB_DIRS="ab/$M ab/${DETHELPER_WHEEL:-dethelperjax41}" AB_ROUNDS=2 BENCH_ARGS="--impl jax_flash jax_flash_deterministic \
       --head-dim 64 128 --seqlen 1024 4096 --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
     ;;
   softcap_poly)
@@ -446,6 +446,22 @@ case "$stage" in
     tests_against rangebits 200 "" test_features.py test_position_offsets.py test_sinks.py
     AB_DIRS="ab/$M ab/rangebits" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 128 64 256 --seqlen 4096 \
       --cotangent random --cases window:1 segments:1 kv_lengths:0 plain:1" bash scripts/gpu_ab.sh
+    ;;
+  dethelper_suite)
+    # The helper warp as the package's handoff, rebased onto 6965bd5 in
+    # session 40 (carry ["ab/dethelper41", "ab/dethelperjax41"], ~9.5 min;
+    # ab/dethelper41: the check program of main + both patches,
+    # `OUT=$PWD/ab/dethelper41 STEP=build bash scripts/sm90_bwd_compare_check.sh
+    # deterministic` in that tree, 16 s here; ab/dethelperjax41:
+    # `bash scripts/ab_wheel.sh dethelperjax41 pending/sm90-bwd-det-helper.patch
+    # pending/ab-det-helper-default.patch`): the check program's quick cases
+    # (every case bit for bit run to run and against the default), the
+    # whole suite, racecheck and synccheck; then, with dethelper_ab's v38
+    # timing (0.84-0.94x of the default), land both patches.
+    OUT=ab/dethelper41 STEP=run ARGS=--quick CHECK_TIMEOUT=100 bash scripts/sm90_bwd_compare_check.sh deterministic \
+      2>&1 | tail -12
+    echo "deterministic check rc ${PIPESTATUS[0]}"
+    suite_then_sanitizers dethelperjax41 ${DETHELPER_LIMITS:-360 470}
     ;;
   stack40_ab)
     # Session 40's stack (carry ["ab/main40", "ab/all40", "ab/main38",
