@@ -373,11 +373,7 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
     [[maybe_unused]] const int diagonal = a.is_causal ? m0 + half0 - n0 : INT32_MAX / 2;  // query - key offset
     [[maybe_unused]] const int key_limit = a.seqlen_k - n0;
     if constexpr (kSoftcap) {
-#pragma unroll
-      for (int k = 0; k < kHalf / 2; ++k) {
-        const float x = st[k] * a.softcap_scale;
-        st[k] = std::is_same_v<Element, __nv_bfloat16> ? TanhApprox(x) : FastTanh(x);
-      }
+      SoftcapTanh<Element>(st, a.softcap_scale);
     } else {
 #pragma unroll
       for (int j = 0; j < kHalf / 8; ++j) {

@@ -1187,11 +1187,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     [[maybe_unused]] const int diagonal = a.is_causal ? m0 - wg_n0 : INT32_MAX / 2;
     [[maybe_unused]] const int key_limit = a.seqlen_k - wg_n0;
     if constexpr (kSoftcap) {
-#pragma unroll
-      for (int k = 0; k < kBlockM / 2; ++k) {
-        const float x = st[k] * a.softcap_scale;
-        st[k] = std::is_same_v<Element, __nv_bfloat16> ? TanhApprox(x) : FastTanh(x);
-      }
+      SoftcapTanh<Element>(st, a.softcap_scale);
     } else {
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) {

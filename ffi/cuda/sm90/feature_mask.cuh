@@ -918,6 +918,20 @@ __host__ __device__ __forceinline__ float SoftcapSoftmaxScale(float scale_log2, 
   return scale_log2 * cap.cap_over_scale;
 }
 
+// The soft cap's tanh of every element in place, tanh(x scale_over_cap),
+// without its factor cap / scale (LogitFeatures::SoftcapRaw's tanh:
+// TanhApprox for bfloat16, FastTanh for float16): the forward's softmax
+// and the backward's P take that factor into their scale, and the
+// backward's dS its derivative 1 - tanh^2.
+template <typename Element, int N>
+__device__ __forceinline__ void SoftcapTanh(float (&x)[N], float scale_over_cap) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const float y = x[k] * scale_over_cap;
+    x[k] = std::is_same_v<Element, __nv_bfloat16> ? TanhApprox(y) : FastTanh(y);
+  }
+}
+
 // The features on S = Q K^T of one key block (raw logits): soft-capped
 // (kSoftcap), then -inf where `mask` hides the pair. The soft cap leaves
 // tanh(s scale / cap) alone, without its factor cap / scale: the caller's
@@ -926,13 +940,7 @@ __host__ __device__ __forceinline__ float SoftcapSoftmaxScale(float scale_log2, 
 // logit beside the exponential: two multiplies and the tanh).
 template <typename Element, int kBlockN, bool kSoftcap>
 __device__ __forceinline__ void ApplyFeatures(float (&s)[kBlockN / 2], SoftcapFactors cap, const BlockMask& mask) {
-  if constexpr (kSoftcap) {
-#pragma unroll
-    for (int k = 0; k < kBlockN / 2; ++k) {
-      const float x = s[k] * cap.scale_over_cap;
-      s[k] = std::is_same_v<Element, __nv_bfloat16> ? TanhApprox(x) : FastTanh(x);
-    }
-  }
+  if constexpr (kSoftcap) SoftcapTanh<Element>(s, cap.scale_over_cap);
   if (!mask.check) return;
 #pragma unroll
   for (int j = 0; j < kBlockN / 8; ++j)
