@@ -17,6 +17,8 @@
 #      and built both), and dethelper_ab with MAIN_WHEEL=main41 and
 #      ab/dethelperjax41 (its default wheel; v38: 0.84-0.94x of the default;
 #      issue 21 asks >= 0.85)
+#   1b. bash pending/session31.sh det256_profile   carry ab/main41   (~4 min)
+#      (the deterministic 256 backward, 0.64-0.68x of the default in v38)
 #   2. bash pending/session31.sh grid36   carry ab/main41 .peers   (~9 min)
 #      (the standard grid beside cuDNN and FA3, then T = 131072 / 262144
 #      with the memory line: issues 20 and 21's closing run, owed since v35)
@@ -68,7 +70,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -462,6 +464,19 @@ case "$stage" in
       2>&1 | tail -12
     echo "deterministic check rc ${PIPESTATUS[0]}"
     suite_then_sanitizers dethelperjax41 ${DETHELPER_LIMITS:-360 470}
+    ;;
+  det256_profile)
+    # Where the deterministic 256 backward's time goes (v38: 0.64-0.68x of
+    # the default, issue 21 asks >= 0.85; carry ["ab/main41"], ~4 min):
+    # Nsight Compute with source counters on Deterministic256Kernel against
+    # Backward256Kernel at B = 4, T = 4096, N = 8, non-causal. The question
+    # for the next change: is it the chain of key blocks (each waits for
+    # the one before at every query block, so a wave of tiles pays ~64 red
+    # and fence latencies: then split the accumulator by key-block parity,
+    # two chains of half the length summed in a fixed order by the
+    # conversion), or the per-warp spin and fence inside each step (then a
+    # handoff off the consumers, which 256's full shared memory makes hard)?
+    profile_against $M 120 "det256_grad:Deterministic256Kernel default256_grad:Backward256Kernel"
     ;;
   stack40_ab)
     # Session 40's stack (carry ["ab/main40", "ab/all40", "ab/main38",

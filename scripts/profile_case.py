@@ -33,6 +33,8 @@ Cases (bf16, H=128, N=16; `grad` ones run the fused backward too):
                   benchmark's window case)
   plain256_1024   B=16 T=1024 causal, N=8, H=256, fwd (v30: 0.74x of FA3; at 256
                   Q is released only after both epilogues, PERF Next 4)
+  det256_grad, default256_grad: det_grad and default_grad at N=8, H=256 (v38:
+                  the deterministic 256 backward at 0.64-0.68x of the default)
   (default, dropout, keymask without `_grad`: their forward alone)
 scripts/profile_features.sh runs them under ncu and summarizes.
 """
@@ -48,7 +50,7 @@ import jax_flash
 case = sys.argv[1]
 grad = case.endswith("grad") or "_grad_" in case
 b, t = (16, 1024) if case.endswith("1024") else (4, 4096)
-n, h = (8, 256) if case.startswith("plain256") else (16, 128)
+n, h = (8, 256) if "256" in case else (16, 128)
 rng = np.random.default_rng(0)
 q, k, v = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16) for _ in range(3))
 kwargs = dict(is_causal=not case.startswith(("det", "default", "dropout", "keymask", "padmask", "kvlen", "softcap",
