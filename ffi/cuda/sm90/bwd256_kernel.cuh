@@ -3,9 +3,9 @@
 // features (lengths, windows, position offsets, segment ids, a boolean
 // mask: the mask policy's steps and visibility bits, below), in its
 // kMasksSoftcap / kMasksDropout variants those and the soft cap / dropout,
-// float16 and bfloat16. Between sm80's DeltaAndClearKernel and DqConvertKernel, as the
-// 64 / 128 kernel (bwd_kernel.cuh), whose producer, barriers, tile order and
-// steps it shares (bwd_launch.cuh launches both).
+// float16 and bfloat16. Between sm80's DeltaAndClearKernel and
+// DqConvertKernel, as the 64 / 128 kernel (bwd_kernel.cuh), whose producer,
+// barriers, tile order and steps it shares (bwd_launch.cuh launches both).
 //
 // Why a kernel of its own: the 128 kernel gives each consumer warpgroup 64
 // keys with dK and dV over the whole head dim in its registers; at 256 that
@@ -446,8 +446,9 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
         }
         const uint32_t p_word = PackPair<Element>(st[k], st[k + 1]);
         const uint32_t ds_word =
-            kSoftcap || kDropout ? PackPair<Element>(ds[0], ds[1])
-                     : PackPair<Element>(st[k] * (dpt[k] - delta.x), st[k + 1] * (dpt[k + 1] - delta.y));
+            kSoftcap || kDropout
+                ? PackPair<Element>(ds[0], ds[1])
+                : PackPair<Element>(st[k] * (dpt[k] - delta.x), st[k + 1] * (dpt[k + 1] - delta.y));
         const uint32_t offset = (row0 + 8 * hh) * 128 + (((half0 / 8 + j) ^ g) * 16) + 4 * t;
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_tile + offset), "r"(p_word) : "memory");
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_tile + offset), "r"(ds_word) : "memory");
