@@ -19,6 +19,8 @@
 #      issue 21 asks >= 0.85)
 #   1b. bash pending/session31.sh det256_profile   carry ab/main41   (~4 min)
 #      (the deterministic 256 backward, 0.64-0.68x of the default in v38)
+#   1c. bash pending/session31.sh fdrop256   carry ab/main41 ab/fdrop256   (~6 min)
+#      (dropout alone at 256 on the sm90 forward; then its suite)
 #   2. bash pending/session31.sh grid36   carry ab/main41 .peers   (~9 min)
 #      (the standard grid beside cuDNN and FA3, then T = 131072 / 262144
 #      with the memory line: issues 20 and 21's closing run, owed since v35)
@@ -70,7 +72,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab fdrop256 det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -464,6 +466,20 @@ case "$stage" in
       2>&1 | tail -12
     echo "deterministic check rc ${PIPESTATUS[0]}"
     suite_then_sanitizers dethelperjax41 ${DETHELPER_LIMITS:-360 470}
+    ;;
+  fdrop256)
+    # pending/sm90-fwd-dropout-256.patch (session 40: dropout as the call's
+    # only feature at 256 on the sm90 forward, kPlainDropout on 64-key
+    # blocks, instead of sm80's forward at ~144 TFLOP/s; carry
+    # ["ab/main41", "ab/fdrop256"], ~6 min; `bash scripts/ab_wheel.sh
+    # fdrop256 pending/sm90-fwd-dropout-256.patch`): the dropout and 256
+    # dispatch tests against the wheel, then one round of dropout and plain
+    # at 256, causal or not. Predicted: the forward 2.5-3.5x of sm80's
+    # (kPlainDropout at 128 runs ~0.68 of plain; 64-key blocks cost ~5-10%
+    # of 80's). Lands after its suite (a suite stage like stack40_suite).
+    tests_against fdrop256 200 "dropout or dispatch_at_256" test_features.py test_attention.py test_sm90_dropout.py
+    AB_DIRS="ab/$M ab/fdrop256" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 256 --seqlen 4096 \
+      --cotangent random --cases dropout:0 dropout:1 plain:0 plain:1" bash scripts/gpu_ab.sh
     ;;
   det256_profile)
     # Where the deterministic 256 backward's time goes (v38: 0.64-0.68x of
