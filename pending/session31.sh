@@ -4,7 +4,7 @@
 # idle, so issue the calls back to back). Session 40 ran stack40_suite and
 # stack40_ab (five patches landed as 6965bd5; the helper warp through
 # JAX) and the peers beside the landed code (perf_history.md v38), after
-# ~13 minutes of failed starts. Lessons kept: a failed start costs 90-180
+# six failed starts over ~45 minutes (736 s of the budget). Lessons kept: a failed start costs 90-180
 # s; name nvidia-h200 (either card); once a machine is warm, short
 # benchmark calls (60-80 s) fit the budget's tail. Next, on main's wheel
 # (rebuild first: `bash scripts/ab_wheel.sh main41` on main's HEAD,
