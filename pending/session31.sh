@@ -17,8 +17,9 @@
 #      and built both), and dethelper_ab with MAIN_WHEEL=main41 and
 #      ab/dethelperjax41 (its default wheel; v38: 0.84-0.94x of the default;
 #      issue 21 asks >= 0.85)
-#   1b. bash pending/session31.sh det256_profile   carry ab/main41   (~4 min)
-#      (the deterministic 256 backward, 0.64-0.68x of the default in v38)
+#   1b. bash pending/session31.sh det256_profile det256par   carry ab/main41 ab/det256par   (~9 min)
+#      (the deterministic 256 backward, 0.64-0.68x of the default in v38:
+#      where its time goes, then the two-chain candidate; a suite if faster)
 #   1c. bash pending/session31.sh fdrop256   carry ab/main41 ab/fdrop256   (~6 min)
 #      (dropout alone at 256 on the sm90 forward; then its suite)
 #   2. bash pending/session31.sh grid36   carry ab/main41 .peers   (~9 min)
@@ -72,7 +73,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab fdrop256 det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab det256par fdrop256 det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -480,6 +481,21 @@ case "$stage" in
     tests_against fdrop256 200 "dropout or dispatch_at_256" test_features.py test_attention.py test_sm90_dropout.py
     AB_DIRS="ab/$M ab/fdrop256" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 256 --seqlen 4096 \
       --cotangent random --cases dropout:0 dropout:1 plain:0 plain:1" bash scripts/gpu_ab.sh
+    ;;
+  det256par)
+    # pending/sm90-bwd256-det-two-chains.patch (session 40: the deterministic
+    # 256 backward's key blocks in two chains, even ones into dq_accum and
+    # odd ones into a second accumulator, each chain ordered among its own,
+    # summed in one order before the conversion; twice the scratch; carry
+    # ["ab/main41", "ab/det256par"], ~5 min; `bash scripts/ab_wheel.sh
+    # det256par pending/sm90-bwd256-det-two-chains.patch`): the
+    # deterministic tests against the wheel (bit for bit run to run, vmap,
+    # against the default and float64), then one round of jax_flash and
+    # jax_flash_deterministic at 256. Predicted, if the chain is the cost
+    # (det256_profile tells): 0.64-0.68x -> 0.75-0.85x of the default.
+    tests_against det256par 200 "deterministic" test_attention.py
+    AB_DIRS="ab/$M ab/det256par" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash jax_flash_deterministic --head-dim 256 \
+      --seqlen 1024 4096 --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
     ;;
   det256_profile)
     # Where the deterministic 256 backward's time goes (v38: 0.64-0.68x of
