@@ -92,8 +92,8 @@ __global__ void __launch_bounds__(GenericTraits<kHeadDim>::kThreads)
   }
 
   Element* out = static_cast<Element*>(p.out) + b * p.q_stride.batch + h * p.q_stride.head;
-#pragma unroll
   const float sink2 = SinkLog2<float>(p.features, b, h, s.num_heads);  // -inf: no sinks
+#pragma unroll
   for (int r = 0; r < R; ++r) {
     const int64_t row = warp_row0 + r;
     const float l = WarpSum(lane_sum[r]);
