@@ -73,7 +73,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab det256par fdrop256 det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab combo41_suite combo41_ab det256par fdrop256 det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -536,6 +536,52 @@ case "$stage" in
     else
       echo "dethelper_ab left for a later call (${SECONDS} s used)"
     fi
+    ;;
+  combo41_suite)
+    # Session 41: one suite for five pending patches together (carry
+    # ["ab/dethelper41", "ab/combo41b", "ab/combo41c"], ~9.5 min):
+    # ab/combo41b = main + the helper warp as the deterministic handoff
+    # (sm90-bwd-det-helper.patch, ab-det-helper-default.patch) + the
+    # two-chain deterministic 256 backward (sm90-bwd256-det-two-chains-on-
+    # helper.patch, the same patch rebased onto the helper) + dropout alone
+    # at 256 on the sm90 forward (sm90-fwd-dropout-256.patch) + a bias at
+    # 256 on the sm90 forward (sm90-fwd-bias-256-on-combo.patch: the tiles
+    # on 64-key blocks); ab/combo41c = that + a boolean mask at 256 on the
+    # sm90 forward (sm90-fwd-mask-256-on-combo.patch). The helper's check
+    # program's quick cases (bit for bit run to run and against the
+    # default), combo41c's 256 tests under -x (a wrong kernel shows in a
+    # minute; if one fails, the suite runs on combo41b), then the whole
+    # suite, racecheck and synccheck.
+    OUT=ab/dethelper41 STEP=run ARGS=--quick CHECK_TIMEOUT=100 bash scripts/sm90_bwd_compare_check.sh deterministic \
+      2>&1 | tail -12
+    echo "deterministic check rc ${PIPESTATUS[0]}"
+    W=${COMBO:-combo41c}
+    if [ "$W" = combo41c ]; then
+      root=$(pwd)
+      python3 -m pip install -q --no-deps --target /tmp/ab_site/combo41c ab/combo41c/*.whl || exit 1
+      if ! (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/combo41c timeout 150 \
+            python3 -m pytest -q -x -n 12 -p no:cacheprovider "$root/ab/combo41c/tests/test_attention.py" \
+            "$root/ab/combo41c/tests/test_features.py" "$root/ab/combo41c/tests/test_bias16.py" -k 256 2>&1 | tail -8;
+            exit "${PIPESTATUS[0]}"); then
+        echo "combo41c's 256 tests failed: the suite runs on combo41b"
+        W=combo41b
+      fi
+    fi
+    echo "suite on $W"
+    suite_then_sanitizers $W ${COMBO_LIMITS:-330 440}
+    ;;
+  combo41_ab)
+    # The five patches timed (carry ["ab/main41", "ab/combo41c"], ~8 min at
+    # COMBO_ROUNDS=1): deterministic and default at 64 / 128 (the helper;
+    # v38: 0.84-0.94x of the default, issue 21 asks >= 0.85), at 256 (the
+    # two chains; v38 0.64-0.68x, predicted 0.75-0.85x), and dropout, a
+    # bf16 bias [1, N, T, S], a key-padding mask and a prefix-LM mask at
+    # 256 (sm80's forward before; predicted 2.5-3.5x, 1.8-2.5x, ~2x, ~2x).
+    AB_DIRS="ab/$M ab/${COMBO:-combo41c}" AB_ROUNDS=${COMBO_ROUNDS:-2} BENCH_ARGS="--impl jax_flash \
+      jax_flash_deterministic --head-dim 64 128 256 --seqlen 1024 4096 --causal 0 1 --cotangent random;--impl \
+      jax_flash --head-dim 256 --seqlen 4096 --cotangent random --cases dropout:0 dropout:1 bias:0 bias:1 mask:0 \
+      prefix_lm:0 plain:0" \
+      bash scripts/gpu_ab.sh
     ;;
   stack40_suite)
     # If stack40_ab timed faster (carry ["ab/all40", "ab/stack40_check"],
