@@ -539,31 +539,34 @@ case "$stage" in
     ;;
   combo41_suite)
     # Session 41: one suite for five pending patches together (carry
-    # ["ab/dethelper41", "ab/combo41b", "ab/combo41c"], ~9.5 min):
+    # ["ab/dethelper41", "ab/combo41b", "ab/combo41d"], ~9.5 min):
     # ab/combo41b = main + the helper warp as the deterministic handoff
     # (sm90-bwd-det-helper.patch, ab-det-helper-default.patch) + the
     # two-chain deterministic 256 backward (sm90-bwd256-det-two-chains-on-
     # helper.patch, the same patch rebased onto the helper) + dropout alone
     # at 256 on the sm90 forward (sm90-fwd-dropout-256.patch) + a bias at
     # 256 on the sm90 forward (sm90-fwd-bias-256-on-combo.patch: the tiles
-    # on 64-key blocks); ab/combo41c = that + a boolean mask at 256 on the
-    # sm90 forward (sm90-fwd-mask-256-on-combo.patch). The helper's check
+    # on 64-key blocks); ab/combo41d = that + a boolean mask at 256 on the
+    # sm90 forward (sm90-fwd-mask-256-on-combo.patch) + the rest of the
+    # forward's features at 256 (sm90-fwd-features-256-on-mask.patch: a
+    # mask beside the soft cap, dropout beside the masks, one dispatch for
+    # every head dim). The helper's check
     # program's quick cases (bit for bit run to run and against the
-    # default), combo41c's 256 tests under -x (a wrong kernel shows in a
+    # default), combo41d's 256 tests under -x (a wrong kernel shows in a
     # minute; if one fails, the suite runs on combo41b), then the whole
     # suite, racecheck and synccheck.
     OUT=ab/dethelper41 STEP=run ARGS=--quick CHECK_TIMEOUT=100 bash scripts/sm90_bwd_compare_check.sh deterministic \
       2>&1 | tail -12
     echo "deterministic check rc ${PIPESTATUS[0]}"
-    W=${COMBO:-combo41c}
-    if [ "$W" = combo41c ]; then
+    W=${COMBO:-combo41d}
+    if [ "$W" = combo41d ]; then
       root=$(pwd)
-      python3 -m pip install -q --no-deps --target /tmp/ab_site/combo41c ab/combo41c/*.whl || exit 1
-      if ! (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/combo41c timeout 150 \
-            python3 -m pytest -q -x -n 12 -p no:cacheprovider "$root/ab/combo41c/tests/test_attention.py" \
-            "$root/ab/combo41c/tests/test_features.py" "$root/ab/combo41c/tests/test_bias16.py" -k 256 2>&1 | tail -8;
+      python3 -m pip install -q --no-deps --target /tmp/ab_site/combo41d ab/combo41d/*.whl || exit 1
+      if ! (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/combo41d timeout 150 \
+            python3 -m pytest -q -x -n 12 -p no:cacheprovider "$root/ab/combo41d/tests/test_attention.py" \
+            "$root/ab/combo41d/tests/test_features.py" "$root/ab/combo41d/tests/test_bias16.py" -k 256 2>&1 | tail -8;
             exit "${PIPESTATUS[0]}"); then
-        echo "combo41c's 256 tests failed: the suite runs on combo41b"
+        echo "combo41d's 256 tests failed: the suite runs on combo41b"
         W=combo41b
       fi
     fi
@@ -571,13 +574,13 @@ case "$stage" in
     suite_then_sanitizers $W ${COMBO_LIMITS:-330 440}
     ;;
   combo41_ab)
-    # The five patches timed (carry ["ab/main41", "ab/combo41c"], ~8 min at
+    # The six patches timed (carry ["ab/main41", "ab/combo41d"], ~8 min at
     # COMBO_ROUNDS=1): deterministic and default at 64 / 128 (the helper;
     # v38: 0.84-0.94x of the default, issue 21 asks >= 0.85), at 256 (the
     # two chains; v38 0.64-0.68x, predicted 0.75-0.85x), and dropout, a
     # bf16 bias [1, N, T, S], a key-padding mask and a prefix-LM mask at
     # 256 (sm80's forward before; predicted 2.5-3.5x, 1.8-2.5x, ~2x, ~2x).
-    AB_DIRS="ab/$M ab/${COMBO:-combo41c}" AB_ROUNDS=${COMBO_ROUNDS:-2} BENCH_ARGS="--impl jax_flash \
+    AB_DIRS="ab/$M ab/${COMBO:-combo41d}" AB_ROUNDS=${COMBO_ROUNDS:-2} BENCH_ARGS="--impl jax_flash \
       jax_flash_deterministic --head-dim 64 128 256 --seqlen 1024 4096 --causal 0 1 --cotangent random;--impl \
       jax_flash --head-dim 256 --seqlen 4096 --cotangent random --cases dropout:0 dropout:1 bias:0 bias:1 mask:0 \
       prefix_lm:0 plain:0" \
