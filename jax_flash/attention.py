@@ -111,25 +111,24 @@ def attention(
         and, with ``return_residual``, the sink as its logsumexp. Taken in
         float32 (float64 for float64 inputs).
       implementation: which CUDA kernel family runs: ``None`` picks the fastest
-        that supports the inputs. On Hopper GPUs that is the sm90 forward
-        (with sequence lengths, segment ids, windows, position offsets, and
-        either a soft cap, dropout, or a bias or a boolean mask that is not
-        broadcast along the keys; a boolean mask also beside a soft cap,
-        a key-only one, [B|1, N|1, 1, S], beside dropout; only at head
-        dims up to 128), and the sm90 backward for plain calls at head
-        dims up to 256, for calls above 128 with the masks' features
-        alone (lengths, windows, position offsets, segment ids, a boolean
-        mask), and for calls at head dims up to 128 with those
-        features (a per-query boolean mask also beside dropout) but a
-        per-query boolean mask beside a soft cap at head dims up to 64 or
-        dropout with a soft cap (a bias contiguous
-        along the keys included, its gradient on the
-        sm90 bias-gradient pass), and its deterministic variant for
-        ``deterministic`` plain calls. ``"sm90"`` forces the Hopper (wgmma /
-        TMA) forward (compute capability 9.x, 16-bit, head dim a multiple of
-        8, those features) and, where it covers the call (head dim <= 128,
-        those features; above 128 plain calls and the masks' features;
-        deterministic: plain calls), the Hopper backward (sm80's otherwise);
+        that supports the inputs. On Hopper GPUs that is the sm90 (wgmma /
+        TMA) family wherever it covers the call, forward and backward each
+        on its own (any family gives the same gradients of the same out and
+        lse). Its forward takes plain calls and the masks' features
+        (sequence lengths, segment ids, windows, position offsets) with
+        either a soft cap, dropout or a boolean mask contiguous along the
+        keys (a boolean mask also beside a soft cap, a key-only one, [B|1,
+        N|1, 1, S], beside dropout), and at head dims up to 128 a bias
+        contiguous along the keys instead. Its backward takes plain calls,
+        the masks' features with a boolean mask, a soft cap or dropout (not
+        a soft cap with dropout, nor at head dim 64 a per-query mask with a
+        soft cap), at head dims up to 128 also a bias contiguous along the
+        keys (its gradient on the sm90 bias-gradient pass), and
+        ``deterministic`` plain calls on its deterministic variant. Other
+        calls run the sm80 kernels. ``"sm90"`` forces the Hopper forward
+        (compute capability 9.x, 16-bit, head dim a multiple of 8, those
+        features; an error otherwise) and, where it covers the call, the
+        Hopper backward (sm80's otherwise);
         ``"sm80"`` forces the mma.sync tensor-core kernels
         (float16/bfloat16, head dim a multiple of 8, compute capability
         >= 8.0; an error otherwise), ``"generic"`` the exact SIMT kernels that

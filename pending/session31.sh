@@ -580,11 +580,11 @@ case "$stage" in
     # two chains; v38 0.64-0.68x, predicted 0.75-0.85x), and dropout, a
     # bf16 bias [1, N, T, S], a key-padding mask and a prefix-LM mask at
     # 256 (sm80's forward before; predicted 2.5-3.5x, 1.8-2.5x, ~2x, ~2x).
-    AB_DIRS="ab/$M ab/${COMBO:-combo41d}" AB_ROUNDS=${COMBO_ROUNDS:-2} BENCH_ARGS="--impl jax_flash \
-      jax_flash_deterministic --head-dim 64 128 256 --seqlen 1024 4096 --causal 0 1 --cotangent random;--impl \
-      jax_flash --head-dim 256 --seqlen 4096 --cotangent random --cases dropout:0 dropout:1 bias:0 bias:1 mask:0 \
-      prefix_lm:0 plain:0" \
-      bash scripts/gpu_ab.sh
+    AB_DIRS="ab/$M ab/${COMBO:-combo41d}" AB_ROUNDS=${COMBO_ROUNDS:-1} BENCH_ARGS="--impl jax_flash \
+      jax_flash_deterministic --head-dim 256 --seqlen 1024 4096 --causal 0 1 --cotangent random;--impl jax_flash \
+      --head-dim 256 --seqlen 4096 --cotangent random --cases dropout:0 dropout:1 bias:0 bias:1 mask:0 prefix_lm:0 \
+      softcap:0 plain:0;--impl jax_flash jax_flash_deterministic --head-dim 128 64 --seqlen 4096 1024 --causal 0 1 \
+      --cotangent random" bash scripts/gpu_ab.sh
     ;;
   stack40_suite)
     # If stack40_ab timed faster (carry ["ab/all40", "ab/stack40_check"],

@@ -193,13 +193,15 @@ def test_sm90_dispatch_at_256(rng):
     kernels would compute the same values). Forward: lengths, a window and
     segment ids run the sm90 forward's kMasks variant ("with masks"), the
     soft cap kPlainSoftcap alone and kSoftcap beside a window, plain calls
-    the plain kernel; a boolean mask stays on sm80's forward. Backward:
-    the masks' features and a boolean mask run Backward256Kernel's kMasks
-    variant, plain calls its plain one, the soft cap (beside them, a dense
-    boolean mask too) kMasksSoftcap, dropout (after sm80's forward)
-    kMasksDropout. Every element of out and the gradients against float64
-    too, for the feature cases (dropout's against the reference's own
-    factors)."""
+    the plain kernel; on 64-key blocks a boolean mask kMasksBoolean,
+    beside the soft cap kMasksSoftcap, dropout kPlainDropout alone and
+    kMasksDropout beside the masks (a key-padding mask too); a bias sm80's
+    forward. Backward: the masks' features and a boolean mask run
+    Backward256Kernel's kMasks variant, plain calls its plain one, the
+    soft cap (beside them, a dense boolean mask too) kMasksSoftcap,
+    dropout kMasksDropout; a bias sm80's backward. Every
+    element of out and the gradients against float64 too, for the feature
+    cases (dropout's against the reference's own factors)."""
     from jax_flash import _ffi
 
     b, t, n, kh = 2, 200, 4, 2
@@ -210,12 +212,24 @@ def test_sm90_dispatch_at_256(rng):
         (dict(is_causal=True, q_segment_ids=ids, kv_segment_ids=ids), " with masks", " with masks"),
         (dict(local_window_size=(50, 10)), " with masks", " with masks"),
         (dict(key_value_seq_lengths=jnp.asarray([t, 111], jnp.int32)), " with masks", " with masks"),
-        (dict(mask=jnp.asarray(rng.random((b, 1, 1, t)) > 0.3)), None, " with masks"),
+        (dict(mask=jnp.asarray(rng.random((b, 1, 1, t)) > 0.3)), " with masks and boolean mask", " with masks"),
+        (dict(mask=jnp.asarray(rng.random((b, n, t, t)) > 0.3), is_causal=True), " with masks and boolean mask",
+         " with masks"),
         (dict(logits_soft_cap=5.0), " with soft cap, causal or none", " with masks and soft cap"),
         (dict(logits_soft_cap=5.0, is_causal=True, local_window_size=(60, 0)),
          " with masks and soft cap, no boolean mask", " with masks and soft cap"),
-        (dict(logits_soft_cap=5.0, mask=jnp.asarray(rng.random((b, 1, t, t)) > 0.2)), None, " with masks and soft cap"),
-        (dict(dropout_rate=0.2, dropout_rng=jax.random.key(3), is_causal=True), None, " with masks and dropout"),
+        (dict(logits_soft_cap=5.0, mask=jnp.asarray(rng.random((b, 1, t, t)) > 0.2)), " with masks and soft cap",
+         " with masks and soft cap"),
+        (dict(dropout_rate=0.2, dropout_rng=jax.random.key(3), is_causal=True), " with dropout, causal or none",
+         " with masks and dropout"),
+        (dict(dropout_rate=0.2, dropout_rng=jax.random.key(5), local_window_size=(50, 10)), " with masks and dropout",
+         " with masks and dropout"),
+        (dict(dropout_rate=0.2, dropout_rng=jax.random.key(7), mask=jnp.asarray(rng.random((b, n, 1, t)) > 0.3)),
+         " with masks and dropout", " with masks and dropout"),
+        # A bias: sm80's forward and backward.
+        (dict(bias=jnp.asarray(rng.standard_normal((b, n, t, t)), jnp.bfloat16), is_causal=True), None, None),
+        (dict(bias=jnp.asarray(rng.standard_normal((b, 1, t, t)), jnp.float32), q_segment_ids=ids, kv_segment_ids=ids),
+         None, None),
     ]
     dout = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
     _ffi.record_kernels(True)

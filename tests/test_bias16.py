@@ -94,6 +94,8 @@ TILE_SHAPES = {
     "1x1xTxS": ((1, 1, T_TILES, S_TILES), 64),
     "TxS": ((T_TILES, S_TILES), 128),
     "BxNx1xS": ((B, N, 1, S_TILES), 128),  # broadcast over the queries: kMasksBias16
+    "1xNxTxS-256": ((1, N, T_TILES, S_TILES), 256),  # (sm80's kernels at 256)
+    "BxNx1xS-256": ((B, N, 1, S_TILES), 256),
 }
 
 
@@ -102,7 +104,8 @@ TILE_SHAPES = {
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_16bit_bias_in_whole_16_byte_rows(rng, dtype, shape, combo):
     """The forward's bias tiles (on the GPU; every family computes the same):
-    out and the gradients against the reference, head dims 64 and 128."""
+    out and the gradients against the reference, head dims 64 and 128 (and
+    256: sm80's forward and backward)."""
     bias_shape, head_dim = TILE_SHAPES[shape]
     q, k, v = random_qkv(rng, B, T_TILES, S_TILES, N, K, head_dim, dtype)
     bias = jnp.asarray(rng.standard_normal(bias_shape) * 2.0, dtype)

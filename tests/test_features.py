@@ -140,17 +140,16 @@ DROPOUT_IMPLS = ([None, "sm80"] + (["sm90"] if ON_HOPPER else [])) if ON_GPU els
     (64, "bfloat16", dict()),
     (256, "bfloat16", dict(is_causal=True, local_window_size=(150, 0), segments=True)),
     (256, "float16", dict(broadcast=True)),
+    (256, "bfloat16", dict(is_causal=True)),
 ], ids=["64-causal", "128", "128-window-segments", "64-broadcast-lengths", "128-key-padding", "128-causal", "64",
-        "256-window-segments", "256-broadcast"])
+        "256-window-segments", "256-broadcast", "256-causal"])
 def test_dropout_over_many_blocks(rng, impl, head_dim, dtype, extra):
     """Dropout where each tile sees several key blocks and each key block
     several query steps (T=300, S=520: tails in both), GQA 4:2, with the
     masks' features beside it, against the reference's own dropout factors
     (every element of out, lse and the three gradients). At 256 the sm90
-    backward's kMasksDropout (by query halves) after sm80's forward, which
-    an sm90-forced call cannot take."""
-    if impl == "sm90" and head_dim > 128:
-        pytest.skip("no sm90 forward with dropout at head dim 256 (the default runs sm80's, then sm90's backward)")
+    backward's kMasksDropout (by query halves) after the sm90 forward's
+    kPlainDropout or kMasksDropout on 64-key blocks."""
     b, t, s, n, kh = 2, 300, 520, 4, 2
     q, k, v = random_qkv(rng, b, t, s, n, kh, head_dim, dtype)
     extra = dict(extra)
@@ -257,9 +256,8 @@ def test_key_padding_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
     over several key blocks and query steps, GQA 4:2, beside the other
     masks and the soft cap (on the H200 the sm90 backward's feature
     variants read it per key; at 256 its 64-key tiles keep their steps and
-    the bits hide the keys), every element of out, lse and the gradients."""
-    if impl == "sm90" and head_dim > 128:
-        pytest.skip("the sm90 forward takes masks up to head dim 128 (forced, a clear error)")
+    the bits hide the keys; the sm90 forward's 64-key blocks read 2 key
+    bytes a lane), every element of out, lse and the gradients."""
     b, t, s, n, kh = 2, 300, 520, 4, 2
     q, k, v = random_qkv(rng, b, t, s, n, kh, head_dim, dtype)
     extra = dict(extra, mask=jnp.asarray(_key_padding(rng, b, n, s)), implementation=impl)
@@ -324,8 +322,6 @@ def test_dense_mask_over_many_blocks(rng, impl, head_dim, dtype, extra):
     128 (kMasksSoftcap), the sm80 one at 64."""
     if impl == "sm90" and "dropout_rate" in extra:
         pytest.skip("the sm90 forward takes no per-query mask beside dropout (its refusal is tested below)")
-    if impl == "sm90" and head_dim > 128:
-        pytest.skip("the sm90 forward takes masks up to head dim 128 (forced, a clear error)")
     b, t, s, n, kh = 2, 300, 520, 4, 2
     if extra.pop("small", False):  # one block summary entry down each side, both tails
         t, s = 40, 70

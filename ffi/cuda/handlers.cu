@@ -91,16 +91,14 @@ ffi::Error DispatchTensorCores(ffi::DataType dtype, const AttentionShape& shape,
 // backward (sm90::LaunchForwardWithFeatures, LaunchBackwardWithFeatures):
 // lengths, windows, position offsets, segment ids and either the soft cap
 // or dropout (kMasksSoftcap / kSoftcap, kMasksDropout; kPlainSoftcap,
-// kPlainDropout where the transform is the call's only feature), at head
-// dims up to 128; above 128 (the 256 kernels) the same without dropout. A
-// bias, a boolean mask and dropout with the soft cap stay on the sm80
-// kernels (a bias and a mask: Sm90ForwardTakesFeatures, the backward's
-// bias variants), as does dropout above 128.
+// kPlainDropout where the transform is the call's only feature). A bias, a
+// boolean mask and dropout with the soft cap stay on the sm80 kernels (a
+// bias and a mask: Sm90ForwardTakesFeatures, the backward's bias
+// variants).
 bool Sm90TakesFeatures(const AttentionParams& p) {
   const AttentionFeatures& f = p.features;
   if (!f.Any()) return true;
-  if (f.bias || f.mask || (f.dropout_rate > 0.0 && f.softcap > 0.0)) return false;
-  return p.shape.head_dim <= 128 || !(f.dropout_rate > 0.0);
+  return !(f.bias || f.mask || (f.dropout_rate > 0.0 && f.softcap > 0.0));
 }
 
 // The forward's: those, or with the masks' features either a bias (the
@@ -110,14 +108,16 @@ bool Sm90TakesFeatures(const AttentionParams& p) {
 // without the soft cap or dropout) or a boolean mask (kMasksBoolean,
 // MaskArrayRows; beside the soft cap kMasksSoftcap reads it, beside dropout
 // kMasksDropout a key-only one), not both, contiguous along the keys
-// (broadcast over batch, heads or queries), at head dims up to 128. The
+// (broadcast over batch, heads or queries); the bias up to head dim 128,
+// the rest at every head dim (at 256 on 64-key blocks where a variant
+// reads mask bytes or draws dropout: LaunchForwardWithFeatures). The
 // backward (Sm90BackwardSupports) decides for itself: any family's gives
 // the same gradients of the same out and lse.
 bool Sm90ForwardTakesFeatures(const AttentionParams& p) {
   const AttentionFeatures& f = p.features;
   if (!f.bias && !f.mask) return Sm90TakesFeatures(p);
-  // (Above 128 neither: LaunchForwardWithFeatures' 256 variants.)
-  if ((f.bias && f.mask) || p.shape.head_dim > 128) return false;
+  // (A bias above 128 stays on sm80's forward: LaunchForwardWithFeatures.)
+  if ((f.bias && f.mask) || (f.bias && p.shape.head_dim > 128)) return false;
   // A boolean mask beside the soft cap (sm90::ReadsMaskArray: key-only or
   // per query), or a key-only one (key padding) beside dropout
   // (sm90::TakesKeyMaskBeside): their variants read its bytes.
@@ -127,8 +127,7 @@ bool Sm90ForwardTakesFeatures(const AttentionParams& p) {
     without.features.mask = nullptr;
     return Sm90TakesFeatures(without);
   }
-  return p.shape.head_dim <= 128 && !(f.dropout_rate > 0.0) && !(f.softcap > 0.0) &&
-         (f.bias ? f.bias_stride.col == 1 : f.mask_stride.col == 1);
+  return !(f.dropout_rate > 0.0) && !(f.softcap > 0.0) && (f.bias ? f.bias_stride.col == 1 : f.mask_stride.col == 1);
 }
 
 // Whether the Hopper forward (sm90/) serves this call: built with sm_90a,
@@ -343,10 +342,10 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
     return ffi::Error::InvalidArgument(
         "jax_flash: implementation='sm90' needs a GPU of compute capability 9.x (a build with "
         "sm_90a), float16/bfloat16 inputs, a head dim that is a multiple of 8 (at most 256), a "
-        "positive scale, and features it takes (lengths, segments, window, offsets and the soft cap; "
-        "at head dims up to 128 also either dropout, a bias or a boolean mask contiguous along the keys "
-        "instead of the soft cap, the mask also beside the soft cap, a key-only mask [B, N, 1, S] beside "
-        "dropout)");
+        "positive scale, and features it takes (lengths, segments, window, offsets and either the soft "
+        "cap, dropout or a boolean mask contiguous along the keys, the mask also beside the soft cap, a "
+        "key-only mask [B, N, 1, S] beside dropout; at head dims up to 128 also a bias contiguous along "
+        "the keys instead)");
   }
 #ifdef JAX_FLASH_WITH_SM90
   if ((Family(family) == Family::kAuto || Family(family) == Family::kSm90) && sm90_ok) {

@@ -14,6 +14,8 @@
 //     the policy says no pair needs one (NeedsBoundsCheck false, segment
 //     ids all meeting), so the int32 fast test is the policy's;
 //   - ColumnRangeBits, the masks of a column range, for every range;
+//   - KeyBallotBits, a key-only mask's ballots in the fragment's layout,
+//     at 128 and 64 keys;
 //   - the backward's (bwd_kernel.cuh) the same from the key side: a tile of
 //     128 keys' query blocks of 64 and of 128 (the Rows128 schedules;
 //     FeatureQueryBlocks' QueryRange part)
@@ -444,6 +446,34 @@ long CheckColumnRangeBits() {
   return failures;
 }
 
+// KeyBallotBits (the forward's key-only mask, MaskArrayRows::ApplyKeys)
+// against its definition: lane l's byte i is key kBytes l + i (LoadKeys),
+// ballot i has bit l where it is visible, and thread t's bit 2j + e is
+// fragment column 8j + 2t + e. Random ballots, and each single key alone.
+template <int kBlockN>
+long CheckKeyBallotBits(std::mt19937& rng, long* checked) {
+  constexpr int kBytes = kBlockN / 32;
+  long failures = 0;
+  for (int n = 0; n < 2000 + kBlockN; ++n) {
+    uint32_t w[kBytes];
+    for (int i = 0; i < kBytes; ++i) w[i] = n < kBlockN ? 0u : uint32_t(rng());
+    if (n < kBlockN) w[n % kBytes] = 1u << (n / kBytes);  // key n alone
+    for (int t = 0; t < 4; ++t) {
+      uint32_t want = 0;
+      for (int j = 0; j < kBlockN / 8; ++j)
+        for (int e = 0; e < 2; ++e) {
+          const int key = 8 * j + 2 * t + e;
+          want |= ((w[key % kBytes] >> (key / kBytes)) & 1u) << (2 * j + e);
+        }
+      const uint32_t got = KeyBallotBits<kBlockN>(w, t);
+      ++*checked;
+      if (got != want && failures++ < 5)
+        std::printf("FAIL KeyBallotBits<%d> case %d t %d: %08x, want %08x\n", kBlockN, n, t, got, want);
+    }
+  }
+  return failures;
+}
+
 }  // namespace
 
 int main() {
@@ -451,6 +481,7 @@ int main() {
   std::mt19937 rng(1234);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   long configs = 0, checked = 0;
+  failures += CheckKeyBallotBits<128>(rng, &checked) + CheckKeyBallotBits<64>(rng, &checked);
   for (int n = 0; n < 400; ++n) {
     Spec c;
     c.T = uniform(1, 700);

@@ -510,13 +510,21 @@ __device__ __forceinline__ void StageDq(const BackwardArgs& a, const float (&dq)
 // kAtSend, raised at that send, right after the wait (the package's since
 // session 21, the faster at 7 of 8 timed shapes); kUnderSReadAhead, kUnderS
 // with the step's own counter read once in the same window (DqOrder::ready).
-enum class DqHandoff { kUnderS, kAtSend, kUnderSReadAhead };
+// kHelperWarp (session 31's candidate): the consumers only stage their
+// shares; warp 2 of the producer warpgroup, idle otherwise, waits on the
+// counters, issues the reduce-adds, waits for them and raises the counters
+// (HelpDqSends), so that no spin, acquire or release fence is left on the
+// consumers' path (v25's profile: ~20% of their stall samples).
+enum class DqHandoff { kUnderS, kAtSend, kUnderSReadAhead, kHelperWarp };
 
-// Lane 0's hooks around a warp's dQ send (SendDqFull, ConsumeBackwardTile's
-// send_dq). DqUnordered, the plain kernels': the staging is free once the
+// Hooks around a warp's dQ send (SendDqFull, ConsumeBackwardTile's send_dq;
+// lane 0's, except AfterStaging, every lane's after its stores and proxy
+// fence). DqUnordered, the plain kernels': the staging is free once the
 // previous step's reduces have read it; the reduce goes out at once.
 struct DqUnordered {
+  static constexpr bool kIssuesReduce = true;
   __device__ __forceinline__ void BeforeStaging() const { BulkWaitRead<0>(); }
+  __device__ __forceinline__ void AfterStaging() const {}
   __device__ __forceinline__ void BeforeReduce() const {}
 };
 
@@ -556,6 +564,7 @@ struct DqUnordered {
 // already saw the target, so that the send's chain under dK loses that
 // L2 round trip.
 struct DqOrder {
+  static constexpr bool kIssuesReduce = true;
   int* counters;
   int current, target, complete;
   bool ready;
@@ -563,6 +572,7 @@ struct DqOrder {
     BulkWait<0>();
     Arrive(counters, complete);
   }
+  __device__ __forceinline__ void AfterStaging() const {}
   __device__ __forceinline__ void BeforeReduce() const {
     if (ready) CounterProxyFence();
     else CounterWaitAtLeast(counters + current, target);
@@ -571,6 +581,37 @@ struct DqOrder {
   // BulkWait<0> after the loop); -1: none.
   static __device__ __forceinline__ void Arrive(int* counters, int index) {
     if (index >= 0) CounterArriveAfterBulk(counters + index);
+  }
+};
+
+// DqHandoff::kHelperWarp's consumer side: the warp's staging is free once
+// the helper lane serving it has seen the previous step's reduces read it
+// (`free`, parity of the step before), and the staged share goes to that
+// lane by `full` (32 arrivals, each lane's after its own stores and proxy
+// fence); the helper issues the reduce (HelpDqSends).
+struct DqToHelper {
+  static constexpr bool kIssuesReduce = false;
+  uint32_t full, free, parity;
+  __device__ __forceinline__ void BeforeStaging() const { MbarrierWait(free, parity ^ 1); }
+  // Every lane, after its own stores and proxy fence (32 arrivals per
+  // phase, as BwdBarriers::empty's: no reliance on __syncwarp to order the
+  // other lanes' stores before lane 0's release).
+  __device__ __forceinline__ void AfterStaging() const { MbarrierArrive(full); }
+  __device__ __forceinline__ void BeforeReduce() const {}
+};
+
+// The helper's barriers (DqHandoff::kHelperWarp): per consumer warp w a
+// staging-full mbarrier (the warp's 32 lanes arrive) and a staging-free
+// one (the serving helper lane arrives), past the kernel's own
+// (BwdTraits::kHelperBarrierOffset).
+template <typename Tr>
+struct DqHelperBarriers {
+  uint32_t base;
+  __device__ uint32_t full(int w) const { return base + 8 * w; }
+  __device__ uint32_t free(int w) const { return base + 8 * (Tr::kConsumerWarps + w); }
+  __device__ void Init() const {
+    for (int w = 0; w < Tr::kConsumerWarps; ++w) MbarrierInit(full(w), 32), MbarrierInit(free(w), 1);
+    FenceBarrierInit();
   }
 };
 
@@ -605,19 +646,22 @@ __device__ __forceinline__ void SendDqFull(const BackwardArgs& a, const float (&
                    "f"(dq[4 * j + 2 * hh]), "f"(dq[4 * j + 2 * hh + 1])
                    : "memory");
   FenceProxyAsync();
+  order.AfterStaging();
   __syncwarp();
   if (lane == 0) {
     float* const rows =
         a.dq_accum + ((int64_t(b) * a.num_heads + h) * a.seqlen_q + m0 + 16 * warp) * Tr::kHeadDim + col0 * 8;
     const uint32_t src = stage + 4 * warp * 2 * kGroupFloats;
     order.BeforeReduce();
-    if constexpr (Tr::kDqCols == Tr::kHeadDim) {
-      BulkReduceAddF32(rows, src, 2 * kGroupFloats * 4);
-    } else {
-      BulkReduceAddF32(rows, src, kGroupFloats * 4);
-      BulkReduceAddF32(rows + 8 * Tr::kHeadDim, src + kGroupFloats * 4, kGroupFloats * 4);
+    if constexpr (Order::kIssuesReduce) {
+      if constexpr (Tr::kDqCols == Tr::kHeadDim) {
+        BulkReduceAddF32(rows, src, 2 * kGroupFloats * 4);
+      } else {
+        BulkReduceAddF32(rows, src, kGroupFloats * 4);
+        BulkReduceAddF32(rows + 8 * Tr::kHeadDim, src + kGroupFloats * 4, kGroupFloats * 4);
+      }
+      BulkCommit();
     }
-    BulkCommit();
   }
 }
 
@@ -900,6 +944,10 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   static_assert(!kDeterministic || Tr::kBlockN % kBlockM == 0, "dq_earlier's last visitor: m0 / kBlockN");
   constexpr bool kArriveAtSend = kHandoff == DqHandoff::kAtSend;
   constexpr bool kReadAhead = kHandoff == DqHandoff::kUnderSReadAhead;
+  // kHelperWarp: the consumers stage and hand over; the counters are the
+  // helper's (HelpDqSends).
+  constexpr bool kHelper = kDeterministic && kHandoff == DqHandoff::kHelperWarp;
+  constexpr bool kConsumerCounters = kDeterministic && !kHelper;
   constexpr bool kSendAfterDp = kSchedule == BwdSchedule::kLeanDqEarlyDp;
   // At 128 dQ's 32 floats beside dK, dV (128), S^T and dP^T (64) in flight
   // leave too few registers: ptxas serializes the wgmma (C7512) and spills.
@@ -1043,9 +1091,13 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   auto send_dq = [&](int i) {
     // The share's first query (m0 of the step at 64 queries per step).
     const int m0 = m0_of(i) + dq_row0;
-    // kDeterministic: the step's order (DqOrder).
-    std::conditional_t<kDeterministic, DqOrder, DqUnordered> order{};
-    if constexpr (kDeterministic) {
+    // kDeterministic: the step's order (DqOrder), or kHelperWarp's
+    // handover to the lane of the helper warp that serves this warp.
+    std::conditional_t<kHelper, DqToHelper, std::conditional_t<kDeterministic, DqOrder, DqUnordered>> order{};
+    if constexpr (kHelper) {
+      const DqHelperBarriers<Tr> helper{Opaque(smem) + Tr::kHelperBarrierOffset};
+      order = DqToHelper{helper.full(4 * warpgroup + warp), helper.free(4 * warpgroup + warp), uint32_t(i & 1)};
+    } else if constexpr (kDeterministic) {
       order = DqOrder{dq_counters, counter_index(i), Tr::kConsumerWarps * dq_earlier(i),
                       kArriveAtSend ? dq_previous : -1, kReadAhead && dq_complete == -2};
       if constexpr (!kArriveAtSend) dq_complete = dq_previous;
@@ -1064,12 +1116,15 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     const uint32_t dq_stage = Opaque(smem) + Tr::kDqStageOffset + warpgroup * Tr::kDqStageBytes;
     StageDq<Tr>(a, dq, dq_stage, m0, dq_cols, warp, g, t);
     FenceProxyAsync();
+    order.AfterStaging();  // kHelper: every lane's arrival on `full`
     __syncwarp();
     // kDiagonalMasks: the test rebuilt per send from an opaque lane, so
     // that ptxas does not hold it as a predicate across the loop, whose two
     // step copies left it none and spilled it (one LDL per step at 128).
     const int reduce_lane = kDiagonalMasks ? int(Opaque(uint32_t(lane))) : lane;
-    if constexpr (kDeterministic) {
+    if constexpr (kHelper) {
+      // Nothing: the helper sends (or not: dq_cols) and counts.
+    } else if constexpr (kDeterministic) {
       // Every warp waits (and arrives, DqOrder), whether or not it has rows
       // or columns to add: the counts per key block stay kConsumerWarps.
       if (reduce_lane == 0) {
@@ -1156,7 +1211,7 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     if constexpr (kBiasGradient) load_bias(min(i + 1, steps.count - 1));
     // kDeterministic: the counter of the block whose adds the previous
     // step's send saw complete, raised while S^T and dP^T run (DqOrder).
-    if constexpr (kDeterministic && !kArriveAtSend) {
+    if constexpr (kConsumerCounters && !kArriveAtSend) {
       if (lane == 0) DqOrder::Arrive(dq_counters, dq_complete);
       dq_complete = -1;
       // kReadAhead: this step's counter read once here (DqOrder::ready).
@@ -1472,7 +1527,9 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
     }
   }
   if constexpr (kBiasGradient) return;  // no dQ reduces, no dK, dV
-  if constexpr (kDeterministic) {
+  if constexpr (kHelper) {
+    // Nothing: the helper warp's reads of the staging keep the block alive.
+  } else if constexpr (kDeterministic) {
     // The last two steps' blocks: the one seen complete by the last send,
     // then the last step's own, once its reduces are complete.
     if (lane == 0) {
@@ -1499,6 +1556,64 @@ __device__ __forceinline__ void ConsumeBackwardTile(const BackwardArgs& a, const
   else NamedBarrierSync(kStageBarrier + 1, 128);
   StoreStagedKeyRows<Element, Tr>(a, a.dk, k_tile, warpgroup, wg_n0, tile.b, tile.hk, tid);
   StoreStagedKeyRows<Element, Tr>(a, a.dv, v_tile, warpgroup, wg_n0, tile.b, tile.hk, tid);
+}
+
+// DqHandoff::kHelperWarp's helper: warp 2 of the producer warpgroup, lane
+// w serving consumer warp w (warpgroup w / 4, warp w % 4), steps in the
+// consumers' order. Per step, each serving lane on its own (no warp
+// collective): waits for the step's query block's counter (DqOrder's
+// target: the earlier key blocks' arrivals; acquire, proxy fence) and for
+// its warp's staged share (DqToHelper's `full`), issues the warp's
+// reduce-adds (ReduceDqRows, none where the warp has no columns), frees
+// the staging once they have read it, waits for them to complete and
+// raises the counter by 1 (CounterArriveAfterBulk: the issuing thread's
+// own release, as DqOrder's per warp; 8 lanes, kConsumerWarps per step).
+template <typename Tr>
+__device__ __forceinline__ void HelpDqSends(const BackwardArgs& a, uint32_t smem, const BwdTile& tile,
+                                            const BwdSteps<Tr>& steps, int* dq_counters, int lane) {
+  if (lane >= Tr::kConsumerWarps) return;  // lane w serves consumer warp w
+  const DqHelperBarriers<Tr> helper{smem + Tr::kHelperBarrierOffset};
+  const int warpgroup = lane / 4, warp = lane % 4;
+  const int dq_col0 = Tr::kDqSplitColumns ? Tr::kDqCols * warpgroup : 0;
+  const int dq_row0 = Tr::kDqSplitRows ? Tr::kDqRows * warpgroup : 0;
+  const int dq_cols = min(Tr::kDqCols, a.head_dim - dq_col0);
+  const uint32_t stage = smem + Tr::kDqStageOffset + warpgroup * Tr::kDqStageBytes;
+  const int m_blocks = (a.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  for (int i = 0; i < steps.count; ++i) {
+    const int m0 = steps.m0(i), h = steps.head(i, tile.hk, a.group);
+    int* const counter = dq_counters + (tile.b * a.num_heads + h) * m_blocks + m0 / Tr::kBlockM;
+    // ConsumeBackwardTile's dq_earlier.
+    const int last = a.is_causal ? min(a.key_blocks - 1, m0 / Tr::kBlockN) : a.key_blocks - 1;
+    const int earlier = a.keys_descending ? last - tile.n_block : tile.n_block;
+    // Each serving lane on its own: the counter (acquire, proxy fence),
+    // then its warp's share, its adds, their reads (staging free), their
+    // completion, and its own arrival (+1, release: CounterArriveAfterBulk,
+    // the other handoffs' per-thread pattern; 8 lanes, +8 per step).
+    CounterWaitAtLeast(counter, Tr::kConsumerWarps * earlier);
+    MbarrierWait(helper.full(lane), i & 1);
+    const int share_m0 = m0 + dq_row0;
+    if (share_m0 + Tr::kDqRows <= a.seqlen_q && a.head_dim == Tr::kHeadDim) {
+      // A full share: SendDqFull's runs (its staging order is
+      // ReduceDqRows' for full groups), from one base.
+      constexpr uint32_t kGroupBytes = 8 * Tr::kDqCols * 4;
+      float* const rows = a.dq_accum + ((int64_t(tile.b) * a.num_heads + h) * a.seqlen_q + share_m0 + 16 * warp) *
+                                           Tr::kHeadDim + dq_col0 * 8;
+      const uint32_t src = stage + warp * 2 * kGroupBytes;
+      if constexpr (Tr::kDqCols == Tr::kHeadDim) {
+        BulkReduceAddF32(rows, src, 2 * kGroupBytes);
+      } else {
+        BulkReduceAddF32(rows, src, kGroupBytes);
+        BulkReduceAddF32(rows + 8 * Tr::kHeadDim, src + kGroupBytes, kGroupBytes);
+      }
+      BulkCommit();
+    } else if (dq_cols > 0) {
+      ReduceDqRows<Tr>(a, stage, tile.b, h, share_m0, warp, dq_col0, dq_cols);
+    }
+    BulkWaitRead<0>();
+    MbarrierArrive(helper.free(lane));
+    BulkWait<0>();
+    CounterArriveAfterBulk(counter);
+  }
 }
 
 // The bias-gradient pass's tile order: BwdTile's, but where the bias is
@@ -1539,9 +1654,11 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
   // Swizzled tiles need 1024-byte aligned atoms (kSmemBytes includes the slack).
   const uint32_t smem = (SmemAddress(smem_raw) + 1023u) & ~1023u;
   const BwdBarriers<Tr> bars{smem + Tr::kBarrierOffset};
+  constexpr bool kHelper = kDeterministic && kHandoff == DqHandoff::kHelperWarp;
   if (threadIdx.x == 0) {
     if constexpr (kBiasTiles) BwdBiasTile<Tr>{smem}.Init();  // (before bars.Init's fence)
     bars.Init(kPolicy);
+    if constexpr (kHelper) DqHelperBarriers<Tr>{smem + Tr::kHelperBarrierOffset}.Init();
   }
   __syncthreads();
 
@@ -1568,6 +1685,8 @@ __device__ __forceinline__ void RunBackwardBlock(const CUtensorMap* q_map, const
       }
     } else if (threadIdx.x / 32 == 1) {
       StageRowStats<Tr, kFeatures, Element>(a, p, bars, smem, tile, steps, threadIdx.x % 32);
+    } else if (kHelper && threadIdx.x / 32 == 2) {
+      HelpDqSends<Tr>(a, smem, tile, steps, dq_counters, threadIdx.x % 32);
     } else if (threadIdx.x / 32 == 3) {
       if constexpr (kPolicy) StageStepClasses<Tr, kFeatures>(a, p, bars, smem, tile, steps, threadIdx.x % 32);
     }
@@ -1603,7 +1722,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 // instantiations keep their names and code; the counters a parameter of
 // their own after p, so that BackwardArgs, and with it p's offset in the
 // parameters of every other kernel, stays as it is. kHandoff: where the
-// counters are raised and read (DqHandoff; the default and two candidates).
+// counters are raised and read (DqHandoff; the default and three candidates).
 template <typename Element, int kHeadDim, BwdSchedule kSchedule, DqHandoff kHandoff = DqHandoff::kUnderS>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
     DeterministicBackwardKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,

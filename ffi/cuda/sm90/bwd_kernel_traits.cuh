@@ -251,9 +251,9 @@ struct BwdTraits {
   // the extra 1024 requested. Bytes at 128 x 128 (kBlockM x kBlockN), head
   // dim 64: K, V 16 KiB each, Q, dO 2 x 16 KiB each (128 rows of 128
   // bytes), dS^T 2 x 32 KiB (both warpgroups' keys x 128 queries), dQ
-  // staging 2 x 16 KiB, lse / delta 2 x 1 KiB, step classes 2 x 16 bytes: 194 KiB + 32, + 56 bytes of
-  // mbarriers + 1024 of alignment slack = 199,768 (one block per SM, as at
-  // 64 x 128).
+  // staging 2 x 16 KiB, lse / delta 2 x 1 KiB, step classes 2 x 16 bytes: 194 KiB + 32, + 184 bytes of
+  // mbarriers (56 + the helper's 128) + 1024 of alignment slack = 199,896
+  // (one block per SM, as at 64 x 128).
   static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKOffset + kKvTileBytes;
   static constexpr int kQOffset = kVOffset + kKvTileBytes;
@@ -265,7 +265,10 @@ struct BwdTraits {
   static constexpr int kBarrierOffset = kStepClassOffset + kStages * kStepClassBytes;
   // kv_full, then per stage q_full, do_full, empty.
   static constexpr int kBarriers = 1 + 3 * kStages;
-  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
+  // DqHandoff::kHelperWarp's (DqHelperBarriers): a staging-full and a
+  // staging-free mbarrier per consumer warp (128 bytes, whichever kernel).
+  static constexpr int kHelperBarrierOffset = kBarrierOffset + 8 * kBarriers;
+  static constexpr int kSmemBytes = kHelperBarrierOffset + 8 * 2 * kConsumerWarps + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KiB per block");
 };
 

@@ -398,7 +398,7 @@ int64_t DeterministicCounterCount(const AttentionShape& s) {
 // n + 1 made r steps into its tile, so the tiles of a pair may run side by
 // side (in the default's sections) with r steps to spare, less the handoff.
 // kHandoff: where DeterministicBackwardKernel raises and reads its counters
-// (DqHandoff: the template default, kUnderS, and two candidates for the
+// (DqHandoff: the template default, kUnderS, and three candidates for the
 // check program's A/B).
 constexpr int kDeterministicSection = -2;
 enum class DqKeyOrder { kDefault, kAscending, kDescending };
@@ -566,16 +566,20 @@ std::string LaunchBiasGradient(const AttentionParams& p, cudaStream_t stream) {
   template std::string LaunchBiasGradient<Element, 64>(const AttentionParams&, cudaStream_t);     \
   template std::string LaunchBiasGradient<Element, 128>(const AttentionParams&, cudaStream_t);
 
-// The package's deterministic launch (bwd_launch.h): DqHandoff::kAtSend
-// and the default section (kDeterministicSection). kAtSend timed faster
-// than kUnderS at 7 of 8 shapes in session 21's check (bf16, B = 4,
-// T = 4096 and B = 1, T = 16384, H = 64 / 128, causal or not: 0.82-0.87x of
-// the default backward's speed against kUnderS's 0.76-0.87x).
+// The package's deterministic launch (bwd_launch.h): DqHandoff::kHelperWarp
+// (since session 41; kAtSend before) and the default section
+// (kDeterministicSection). kAtSend timed faster than kUnderS at 7 of 8
+// shapes in session 21's check (0.82-0.87x of the default backward's
+// speed against kUnderS's 0.76-0.87x); the helper warp, which takes the
+// counters' waits and raises off the consumers, 1.04-1.15x kAtSend through
+// JAX on the H200 (sessions 40 and 41: 0.83-0.95x of the default at H = 64
+// / 128, T = 1024 / 4096; docs/bench/combo41_h200_ab.md). At 256
+// Deterministic256Kernel raises its counters at its send either way.
 template <typename Element, int kHeadDim>
 std::string LaunchBackwardDeterministicDefault(const AttentionParams& p, int* counters, cudaStream_t stream) {
   static_assert(DeterministicCounterBlock(kHeadDim) == BwdTraitsFor<kHeadDim, DefaultBwdSchedule(kHeadDim)>::kBlockM,
                 "bwd_launch.h's DeterministicCounters must count DeterministicCounterCount's blocks");
-  return LaunchBackwardDeterministic<Element, kHeadDim, DqHandoff::kAtSend>(p, counters, stream);
+  return LaunchBackwardDeterministic<Element, kHeadDim, DqHandoff::kHelperWarp>(p, counters, stream);
 }
 
 // In bwd_launch_deterministic_<dtype>.cu (the deterministic variant's own

@@ -181,11 +181,21 @@ __device__ __forceinline__ KeyBlocks FeatureKeyBlocks(const AttentionParams& p, 
   if constexpr (kMaskArray) {
     // In int32 and with the keys contiguous (UnsupportedFeatures): 64-bit
     // indices spilled the producer's 40 registers.
-    static_assert(kBlockN == 128, "VisibleKeyBlocks4: 128-key blocks");
+    static_assert(kBlockN == 128 || kBlockN == 64, "VisibleKeyBlocks4: 128-key blocks, or pairs of 64");
     const AttentionFeatures& f = p.features;
-    if (f.mask && f.mask_stride.row == 0 && kb.hi > kb.lo)
-      TrimHiddenKeyBlocks128(f.mask + BroadcastOffset32(f, f.mask_stride, b, h), int(policy.seqlen_k), &kb.lo,
-                             &kb.hi);
+    if (f.mask && f.mask_stride.row == 0 && kb.hi > kb.lo) {
+      const uint8_t* keys = f.mask + BroadcastOffset32(f, f.mask_stride, b, h);
+      if constexpr (kBlockN == 128) {
+        TrimHiddenKeyBlocks128(keys, int(policy.seqlen_k), &kb.lo, &kb.hi);
+      } else {
+        // 64-key blocks (the 256 forward's): trimmed by the 128-key blocks
+        // that hold them, whose hidden ones hide both halves.
+        int lo = kb.lo / 2, hi = (kb.hi + 1) / 2;
+        TrimHiddenKeyBlocks128(keys, int(policy.seqlen_k), &lo, &hi);
+        kb.lo = max(kb.lo, 2 * lo);
+        kb.hi = max(kb.lo, min(kb.hi, 2 * hi));
+      }
+    }
     // A per-query mask with its block summary: the key blocks it hides for
     // all of the tile's rows, from both ends (a prefix-LM or document mask's
     // blocks past its visible span; hidden blocks between visible ones are
@@ -589,6 +599,36 @@ struct BlockMask {
   bool check;  // false: every pair of the warp's rows is visible
 };
 
+// Thread t's BlockMask bits (bit 2j + e: fragment column 8j + 2t + e) of
+// a key-only block from the warp's ballots of its key bytes: ballot i has
+// bit l where key kBytes l + i is visible (MaskArrayRows::LoadKeys: kBytes
+// = kBlockN / 32 bytes per lane). Host-callable for
+// tests/cpp/sm90_feature_mask_test.cu.
+//   128 keys: column c is key 4l + i with l = 2j + t / 2, i = 2 (t % 2) + e,
+//     so shifting ballot i right by t / 2 puts column j's bit at 2j, and the
+//     even bits of the e = 0 and e = 1 ballots interleave into bit 2j + e.
+//   64 keys: column c is key 2l + i with l = 4j + t, i = e: bit 4j + t of
+//     ballot e goes to bit 2j + e (shift right by t, then halve the bit
+//     positions 4j to 2j: the classic compress of the even bits).
+template <int kBlockN>
+__host__ __device__ __forceinline__ uint32_t KeyBallotBits(const uint32_t (&w)[kBlockN / 32], int t) {
+  if constexpr (kBlockN == 128) {
+    const int shift = t >> 1;
+    const uint32_t w0 = (t & 1) ? w[2] : w[0], w1 = (t & 1) ? w[3] : w[1];
+    return ((w0 >> shift) & 0x55555555u) | ((w1 >> shift) & 0x55555555u) << 1;
+  } else {
+    static_assert(kBlockN == 64, "4 or 2 key bytes per lane");
+    auto halve = [](uint32_t x) {  // bits 4j (j < 8) to 2j
+      x &= 0x11111111u;
+      x = (x | (x >> 1)) & 0x33333333u;
+      x = (x | (x >> 2)) & 0x0f0f0f0fu;
+      x = (x | (x >> 4)) & 0x00ff00ffu;
+      return (x | (x >> 8)) & 0x0000ffffu;
+    };
+    return halve(w[0] >> t) | halve(w[1] >> t) << 1;
+  }
+}
+
 // The boolean mask array of the kMasksBoolean variant (True = visible, as
 // jax.nn.dot_product_attention), per consumer thread and tile, ANDed into
 // the BlockMask of the structural bounds and segment ids (FeatureRows) in
@@ -619,10 +659,11 @@ struct MaskArrayRows {
   int seqlen_k;
   bool pairs;  // every row address even: 16-bit loads of column pairs
 
-  // A key-only block's bytes, keys n0 + 4 lane + k in byte k (1 past
-  // seqlen_k: such keys are hidden by the bounds and must not make a block
-  // look mixed). One register in flight a block ahead (four bytes in four
-  // made kMasksDropout's consumers spill at 128).
+  // A key-only block's bytes, keys n0 + kBytes lane + k in byte k (kBytes =
+  // kBlockN / 32: 4 at 128, 2 at 64; 1 past seqlen_k: such keys are hidden
+  // by the bounds and must not make a block look mixed). One register in
+  // flight a block ahead (four bytes in four made kMasksDropout's
+  // consumers spill at 128).
   struct KeyBytes {
     uint32_t word;
   };
@@ -641,17 +682,20 @@ struct MaskArrayRows {
   }
 
   // The key bytes of block [n0, n0 + kBlockN) from a key-only row `keys`
-  // (one 32-bit load where the lane's four are in the sequence and
-  // 4-byte aligned, as for a row of S % 4 == 0 keys).
+  // (one 32-bit load, 16-bit at 64, where the lane's bytes are in the
+  // sequence and aligned, as for a row of S % 4 == 0 keys).
   template <int kBlockN>
   __device__ __forceinline__ static KeyBytes LoadKeys(const uint8_t* keys, int seqlen_k, int n0, int lane) {
-    static_assert(kBlockN == 128, "4 key bytes per lane");
-    const int j = n0 + 4 * lane;
-    if (((reinterpret_cast<uintptr_t>(keys) & 3u) == 0) && j + 3 < seqlen_k)
-      return {*reinterpret_cast<const uint32_t*>(keys + j)};
+    static_assert(kBlockN == 128 || kBlockN == 64, "4 or 2 key bytes per lane");
+    constexpr int kBytes = kBlockN / 32;
+    const int j = n0 + kBytes * lane;
+    if (((reinterpret_cast<uintptr_t>(keys) & (kBytes - 1u)) == 0) && j + kBytes - 1 < seqlen_k) {
+      if constexpr (kBytes == 4) return {*reinterpret_cast<const uint32_t*>(keys + j)};
+      else return {*reinterpret_cast<const uint16_t*>(keys + j)};
+    }
     uint32_t word = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) word |= uint32_t(j + i < seqlen_k ? keys[j + i] : uint8_t(1)) << (8 * i);
+    for (int i = 0; i < kBytes; ++i) word |= uint32_t(j + i < seqlen_k ? keys[j + i] : uint8_t(1)) << (8 * i);
     return {word};
   }
   template <int kBlockN>
@@ -659,19 +703,19 @@ struct MaskArrayRows {
     return LoadKeys<kBlockN>(keys, seqlen_k, n0, lane);
   }
 
-  // Key-only: ballot i has bit l where key n0 + 4 l + i is visible; column
-  // c = 8j + 2t + e of the thread is key 4 l + i with l = 2j + t / 2 and
-  // i = 2 (t % 2) + e, so shifting ballot i right by t / 2 puts column j's
-  // bit at 2j, and the even bits of the e = 0 and e = 1 ballots interleave
-  // into the BlockMask layout (bit 2j + e).
+  // Key-only: the warp's ballots of the block's bytes (KeyBallotBits),
+  // applied to both of the thread's rows.
+  template <int kBlockN>
   __device__ __forceinline__ static void ApplyKeys(BlockMask& m, const KeyBytes& k, int t) {
-    uint32_t w[4];
+    constexpr int kBytes = kBlockN / 32;
+    uint32_t w[kBytes];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = __ballot_sync(0xffffffffu, ((k.word >> (8 * i)) & 0xffu) != 0);
-    if ((w[0] & w[1] & w[2] & w[3]) == 0xffffffffu) return;  // all visible
-    const int shift = t >> 1;
-    const uint32_t w0 = (t & 1) ? w[2] : w[0], w1 = (t & 1) ? w[3] : w[1];
-    const uint32_t bits = ((w0 >> shift) & 0x55555555u) | ((w1 >> shift) & 0x55555555u) << 1;
+    for (int i = 0; i < kBytes; ++i) w[i] = __ballot_sync(0xffffffffu, ((k.word >> (8 * i)) & 0xffu) != 0);
+    uint32_t all = w[0];
+#pragma unroll
+    for (int i = 1; i < kBytes; ++i) all &= w[i];
+    if (all == 0xffffffffu) return;  // all visible
+    const uint32_t bits = KeyBallotBits<kBlockN>(w, t);
     m.visible[0] &= bits;
     m.visible[1] &= bits;
     m.check = true;
@@ -769,10 +813,15 @@ struct MaskBlockEntries {
   // `row`: the summary row's entries (null: no summary), `cols` its length.
   template <int kBlockN>
   __device__ __forceinline__ static MaskBlockEntries Load(const uint8_t* row, int cols, int n0) {
-    static_assert(kBlockN == 2 * kMaskBlock, "two entries per key block");
+    static_assert(kBlockN == 2 * kMaskBlock || kBlockN == kMaskBlock, "two entries per key block, or one");
     if (!row) return {};
     const int c = n0 / int(kMaskBlock);
-    return {row[c], row[min(c + 1, cols - 1)]};
+    if constexpr (kBlockN == kMaskBlock) {
+      const uint32_t e = row[c];
+      return {e, e};
+    } else {
+      return {row[c], row[min(c + 1, cols - 1)]};
+    }
   }
 };
 

@@ -216,7 +216,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
   MaskBlockEntries next_entries{};
   // (kMasksSoftcap's calls may have no mask: params.features.mask tells,
   // read from the parameters where needed.)
-  // (if constexpr: LoadKeys and MaskBlockEntries exist at kBlockN 128 only.)
+  // (if constexpr: LoadKeys and MaskBlockEntries exist at kBlockN 128 and 64 only.)
   if constexpr (kMaskArray) if (params.features.mask) {
     mask_rows = MaskArrayRows::For(params, b, h, wg_m0 + row0);
     if (mask_rows.keys && n_blocks > 0) next_key_bytes = mask_rows.LoadKeys<kBlockN>((n_hi - 1) * kBlockN, lane);
@@ -255,7 +255,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
         if (mask_rows.keys) {  // (the same for the whole warp: ballots)
           const MaskArrayRows::KeyBytes bytes = next_key_bytes;
           next_key_bytes = mask_rows.LoadKeys<kBlockN>(max(n0 - kBlockN, 0), lane);
-          MaskArrayRows::ApplyKeys(m, bytes, t);
+          MaskArrayRows::ApplyKeys<kBlockN>(m, bytes, t);
         } else {
           const uint32_t summary = next_entries.Bits();
           next_entries = MaskBlockEntries::Load<kBlockN>(summary_row, params.features.mask_block_cols,
@@ -271,7 +271,7 @@ __device__ __forceinline__ void ConsumeTile(const ForwardArgs& a, const Attentio
         if (beside_keys) {
           const MaskArrayRows::KeyBytes bytes = next_key_bytes;
           next_key_bytes = MaskArrayRows::LoadKeys<kBlockN>(beside_keys, a.seqlen_k, max(n0 - kBlockN, 0), lane);
-          MaskArrayRows::ApplyKeys(m, bytes, t);
+          MaskArrayRows::ApplyKeys<kBlockN>(m, bytes, t);
         }
       }
     }

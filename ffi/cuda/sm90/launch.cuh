@@ -46,7 +46,8 @@ std::string LaunchForwardScheduled(const AttentionParams& p, cudaStream_t stream
   using Tr = FwdTraits<kHeadDim, kBlockN, kC>;
   static_assert(std::is_same_v<Element, __nv_bfloat16> || std::is_same_v<Element, __half>);
   static_assert(kFeatures == Features::kNone || Tr::kBlockN <= 128, "VisibleBits: 32 bits per fragment row");
-  static_assert(kFeatures != Features::kMasksBoolean || Tr::kBlockN == 128, "MaskArrayRows: 4 key bytes per lane");
+  static_assert(kFeatures != Features::kMasksBoolean || Tr::kBlockN == 128 || Tr::kBlockN == 64,
+                "MaskArrayRows: 4 or 2 key bytes per lane");
   static_assert(kFeatures != Features::kMasksBiasTiles || kHeadDim <= 128,
                 "BiasTiles: no room for them beside 256's K/V ring");
   static_assert(kFeatures == Features::kNone || kC == 2, "feature variants: two consumers (VariantConsumers)");
@@ -197,33 +198,37 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
 // default schedule and key block, on two consumer warpgroups
 // (VariantConsumers): kMasksSoftcap only where the soft cap is on, so that
 // calls without it keep the masks-only variant's registers.
+//
+// At 256 the variants that read a boolean mask's bytes or draw dropout run
+// on 64-key blocks (kBlockN64), the others on 256's 80: MaskArrayRows
+// reads 4 or 2 key bytes per lane (128 or 64 keys), a dense mask's summary
+// has one entry per 64 keys, and ForwardDrop's Philox calls serve whole
+// 32-key groups. A key-only mask trims a tile's 64-key blocks by the
+// 128-key blocks that hold them (FeatureKeyBlocks). ptxas at 256 (bf16):
+// no consumer local access in the key-block loops of kMasks, kSoftcap,
+// kPlainSoftcap and kPlainDropout; 5 in kMasksDropout's, 10 in
+// kMasksBoolean's and 14 in kMasksSoftcap's (the mask's bytes of a block,
+// loaded before any is used). A bias at 256 stays on sm80's forward
+// (handlers.cu): its tiles on 64-key blocks (two stages of 80-key K and V
+// leave them no room) gave wrong non-causal results on the H200 in
+// session 41 (pending/sm90-fwd-bias-256-on-combo.patch).
 template <typename Element, int kHeadDim>
 std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t stream) {
   constexpr Schedule kSchedule = FwdTraits<kHeadDim>::kDefaultSchedule;
+  constexpr int kBlockN64 = kHeadDim == 256 ? 64 : 0;  // (0: the head dim's default key block)
   if constexpr (kHeadDim == 256) {
-    // At 256 (80-key blocks): the masks' features (kMasks) and the soft cap
-    // (kPlainSoftcap alone, kSoftcap beside them). A bias, a boolean mask
-    // and dropout stay on the sm80 forward: their reads and Philox calls
-    // take 128-key blocks (MaskArrayRows, VisibleKeyBlocks4) or whole
-    // 32-key groups (ForwardDrop), and kMasksBiasTiles has no room beside
-    // 256's K/V ring.
-    if (p.features.bias || p.features.mask || p.features.dropout_rate > 0.0)
-      return "jax_flash: " + DescribeForward(p.shape, kHeadDim) +
-             ": a bias, a boolean mask or dropout at head dim 256 (the sm80 forward serves them)";
-    if (p.features.softcap > 0.0) {
-      if (p.features.OnlyTransforms())
-        return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kPlainSoftcap>(p, stream);
-      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kSoftcap>(p, stream);
-    }
-    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasks>(p, stream);
-  } else {
-    // A bias: kMasksBias for a float32 one, kMasksBias16 for one of the
-    // inputs' 16-bit dtype (its loads into S's accumulators; no soft cap with
-    // either). On the H200 (session 19, sm90_check --bias, B=4 T=S=4096
-    // H=128 bf16) a [B,N,T,S] bias ran 354 TFLOP/s as bf16, 277 as float32.
-    // kMasksBiasTiles (the 16-bit bias through shared memory) where
-    // BiasTilesServe says TMA can read it and the device has the shared
-    // memory (every 9.x part has: 231,424 of its 232,448 bytes at 128).
+    if (p.features.bias)
+      return "jax_flash: " + DescribeForward(p.shape, kHeadDim) + ": a bias at head dim 256 (the sm80 forward "
+             "serves it)";
+  }
+  // A bias: kMasksBias for a float32 one, kMasksBias16 for one of the
+  // inputs' 16-bit dtype (its loads into S's accumulators; no soft cap with
+  // either). On the H200 (session 19, sm90_check --bias, B=4 T=S=4096
+  // H=128 bf16) a [B,N,T,S] bias ran 354 TFLOP/s as bf16, 277 as float32.
+  // kMasksBiasTiles (the 16-bit bias through shared memory) where
+  // BiasTilesServe says TMA can read it and the device has the shared
+  // memory (every 9.x part has: 231,424 of its 232,448 bytes at 128).
+  if constexpr (kHeadDim != 256) {
     if (p.features.bias) {
       if (p.features.bias_type != BiasType::kAccum) {
         if (BiasTilesServe(p) && DeviceHasSmem(BiasTiles<FwdTraits<kHeadDim, 0, 2>>::kSmemBytes))
@@ -232,34 +237,34 @@ std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t str
       }
       return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBias>(p, stream);
     }
-    // A boolean mask: kMasksBoolean (its reads into the masks' bits; no soft
-    // cap or dropout with it, which that variant refuses), except beside the
-    // soft cap, which kMasksSoftcap reads (ReadsMaskArray), and a key-only
-    // one beside dropout, which kMasksDropout reads (TakesKeyMaskBeside).
-    const bool mask_beside =
-        p.features.softcap > 0.0 || (IsKeyOnlyMask(p.features) && p.features.dropout_rate > 0.0);
-    if (p.features.mask && !mask_beside)
-      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBoolean>(p, stream);
-    // Dropout (without the soft cap, which that variant refuses):
-    // kPlainDropout when it is the call's only feature (causal or not),
-    // kMasksDropout beside the masks' features.
-    if (p.features.dropout_rate > 0.0 && p.features.dropout_seed) {
-      if (p.features.OnlyTransforms())
-        return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kPlainDropout>(p, stream);
-      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksDropout>(p, stream);
-    }
-    // The soft cap: kPlainSoftcap when it is the call's only feature,
-    // kMasksSoftcap beside a boolean mask, kSoftcap (the same without the
-    // mask's code) beside the masks' other features.
-    if (p.features.softcap > 0.0) {
-      if (p.features.OnlyTransforms())
-        return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kPlainSoftcap>(p, stream);
-      if (p.features.mask)
-        return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksSoftcap>(p, stream);
-      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kSoftcap>(p, stream);
-    }
-    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasks>(p, stream);
   }
+  // A boolean mask: kMasksBoolean (its reads into the masks' bits; no soft
+  // cap or dropout with it, which that variant refuses), except beside the
+  // soft cap, which kMasksSoftcap reads (ReadsMaskArray), and a key-only
+  // one beside dropout, which kMasksDropout reads (TakesKeyMaskBeside).
+  const bool mask_beside =
+      p.features.softcap > 0.0 || (IsKeyOnlyMask(p.features) && p.features.dropout_rate > 0.0);
+  if (p.features.mask && !mask_beside)
+    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, kBlockN64, Features::kMasksBoolean>(p, stream);
+  // Dropout (without the soft cap, which that variant refuses):
+  // kPlainDropout when it is the call's only feature (causal or not),
+  // kMasksDropout beside the masks' features.
+  if (p.features.dropout_rate > 0.0 && p.features.dropout_seed) {
+    if (p.features.OnlyTransforms())
+      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, kBlockN64, Features::kPlainDropout>(p, stream);
+    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, kBlockN64, Features::kMasksDropout>(p, stream);
+  }
+  // The soft cap: kPlainSoftcap when it is the call's only feature,
+  // kMasksSoftcap beside a boolean mask, kSoftcap (the same without the
+  // mask's code) beside the masks' other features.
+  if (p.features.softcap > 0.0) {
+    if (p.features.OnlyTransforms())
+      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kPlainSoftcap>(p, stream);
+    if (p.features.mask)
+      return LaunchForwardScheduled<Element, kHeadDim, kSchedule, kBlockN64, Features::kMasksSoftcap>(p, stream);
+    return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kSoftcap>(p, stream);
+  }
+  return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasks>(p, stream);
 }
 
 #define JAX_FLASH_INSTANTIATE_SM90(Element)                                                 \
@@ -269,10 +274,9 @@ std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t str
 
 // In launch_features_<dtype>.cu, their own files: the feature variants
 // double the sm90 build's compile time. At 256 in
-// launch_features_256_<dtype>.cu (kMasks, kSoftcap, kPlainSoftcap: ptxas
-// shows per-tile spills only, the producer's tile loop and 4 consumer
-// accesses outside the key-block loops), so that CI's two cores compile
-// them beside the 64 / 128 variants.
+// launch_features_256_<dtype>.cu (seven variants; LaunchForwardWithFeatures
+// gives their local accesses), so that CI's two cores compile them beside
+// the 64 / 128 variants.
 #define JAX_FLASH_INSTANTIATE_SM90_FEATURES(Element)                                                 \
   template std::string LaunchForwardWithFeatures<Element, 64>(const AttentionParams&, cudaStream_t); \
   template std::string LaunchForwardWithFeatures<Element, 128>(const AttentionParams&, cudaStream_t);

@@ -35,8 +35,8 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream);
 // contiguous along the keys (neither with the soft cap), or those and
 // dropout (kMasksDropout, without the soft cap). Other combinations are
 // refused with a message (the sm80 forward serves them). Built for kHeadDim
-// 64 and 128; at 256 the masks' features and the soft cap alone (a bias, a
-// boolean mask or dropout refused there; launch.cuh says why).
+// 64, 128 and 256 (at 256 without a bias, some variants on 64-key blocks;
+// launch.cuh says why).
 template <typename Element, int kHeadDim>
 std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t stream);
 
