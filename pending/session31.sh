@@ -1,37 +1,27 @@
 #!/usr/bin/env bash
 # The device plan, in order (each call ~4-8 minutes of wall time; the
 # first adds ~85 s of cold start; a warm machine goes back after 30 s
-# idle, so issue the calls back to back). Session 40 ran stack40_suite and
-# stack40_ab (five patches landed as 6965bd5; the helper warp through
-# JAX) and the peers beside the landed code (perf_history.md v38), after
-# six failed starts over ~45 minutes (736 s of the budget). Lessons kept: a failed start costs 90-180
-# s; name nvidia-h200 (either card); once a machine is warm, short
-# benchmark calls (60-80 s) fit the budget's tail. Next, on main's wheel
-# (rebuild first: `bash scripts/ab_wheel.sh main41` on main's HEAD,
-# MAIN_WHEEL=main41; AB_PYTHON=/root/.pyenv/versions/3.12.1/bin/python3.12):
-#   1. the deterministic helper (pending/sm90-bwd-det-helper.patch, rebased
-#      onto 6965bd5 in session 40: warp 2 the helper, warp 3 the classes,
-#      in RunBackwardBlock; ab-det-helper-default.patch after it),
-#      then `bash pending/session31.sh dethelper_suite` carry
-#      ab/dethelper41 ab/dethelperjax41 (session 40 rebased both patches
-#      and built both), and dethelper_ab with MAIN_WHEEL=main41 and
-#      ab/dethelperjax41 (its default wheel; v38: 0.84-0.94x of the default;
-#      issue 21 asks >= 0.85)
-#   1b. bash pending/session31.sh det256_profile det256par   carry ab/main41 ab/det256par   (~9 min)
-#      (the deterministic 256 backward, 0.64-0.68x of the default in v38:
-#      where its time goes, then the two-chain candidate; a suite if faster)
-#   1c. bash pending/session31.sh fdrop256   carry ab/main41 ab/fdrop256   (~6 min)
-#      (dropout alone at 256 on the sm90 forward; then its suite)
-#   2. bash pending/session31.sh grid36   carry ab/main41 .peers   (~9 min)
+# idle, so issue the calls back to back). Session 41 ran combo41_suite and
+# combo41_ab (perf_history.md v39: the helper warp and the 256 forward's
+# masks and dropout landed as 366e068; the two chains dropped; the 256
+# bias tiles wrong non-causal) after five failed starts and six refusals
+# over ~65 minutes (811 s of the budget). Lessons kept: a failed start
+# costs 90-180 s, a refusal while none_now holds 15 s: read `status`
+# first and wait out none_now; once a machine is warm, issue the next
+# call at once. Next, on main's wheel (rebuild first: `bash
+# scripts/ab_wheel.sh main42` on main's HEAD, MAIN_WHEEL=main42;
+# AB_PYTHON=/root/.pyenv/versions/3.12.1/bin/python3.12):
+#   1. bash pending/session31.sh main_suite   carry ab/main42   (~9.5 min)
+#      (v39's suite ran on a wheel holding the landed kernels beside the
+#      dropped ones; racecheck's tool died there)
+#   2. bash pending/session31.sh bias256_debug   carry ab/bias256   (~5 min)
+#   3. bash pending/session31.sh grid36   carry ab/main42 .peers   (~9 min)
 #      (the standard grid beside cuDNN and FA3, then T = 131072 / 262144
 #      with the memory line: issues 20 and 21's closing run, owed since v35)
-#   3. bash pending/session31.sh features36   carry ab/main41 .peers   (~6 min)
-#      (the whole --preset features table; v38 ran its plain, packed,
-#      window, key-length and key-padding rows at 128 and 256)
-#   4. bash pending/session31.sh sanitize_all      carry ab/main41   (~9 min)
-#   5. bash pending/session31.sh e2e   carry ab/main41 .peers
-#   6. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
-#   7. bash pending/session31.sh dropout_profile t1024_profile   carry ab/main41 .peers   (~9 min)
+#   4. bash pending/session31.sh features36   carry ab/main42 .peers   (~6 min)
+#   5. bash pending/session31.sh e2e   carry ab/main42 .peers
+#   6. bash pending/session31.sh det256_profile   carry ab/main42
+#   7. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
 # (30 device minutes a session: 1-2 fit one session with their suites.)
 # ab/main is 78e438f (ab24e31's kernels; softcap_poly's baseline, the
 # poly wheels being on it), the rest named here on older mains (good for
@@ -73,11 +63,11 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab combo41_suite combo41_ab det256par fdrop256 det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
-M=${MAIN_WHEEL:-main41}
+M=${MAIN_WHEEL:-main42}
 mkdir -p "$OUT"
 t1024="--impl jax_flash --head-dim 64 128 256 --seqlen 1024 --causal 0 1 --cotangent random"
 feat="--impl jax_flash --head-dim 128 --seqlen 4096 --cotangent random --cases plain:1 segments:1 window:1 softcap:0 prefix_lm_softcap:0 dropout:0 plain:0"
@@ -468,35 +458,6 @@ case "$stage" in
     echo "deterministic check rc ${PIPESTATUS[0]}"
     suite_then_sanitizers dethelperjax41 ${DETHELPER_LIMITS:-360 470}
     ;;
-  fdrop256)
-    # pending/sm90-fwd-dropout-256.patch (session 40: dropout as the call's
-    # only feature at 256 on the sm90 forward, kPlainDropout on 64-key
-    # blocks, instead of sm80's forward at ~144 TFLOP/s; carry
-    # ["ab/main41", "ab/fdrop256"], ~6 min; `bash scripts/ab_wheel.sh
-    # fdrop256 pending/sm90-fwd-dropout-256.patch`): the dropout and 256
-    # dispatch tests against the wheel, then one round of dropout and plain
-    # at 256, causal or not. Predicted: the forward 2.5-3.5x of sm80's
-    # (kPlainDropout at 128 runs ~0.68 of plain; 64-key blocks cost ~5-10%
-    # of 80's). Lands after its suite (a suite stage like stack40_suite).
-    tests_against fdrop256 200 "dropout or dispatch_at_256" test_features.py test_attention.py test_sm90_dropout.py
-    AB_DIRS="ab/$M ab/fdrop256" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash --head-dim 256 --seqlen 4096 \
-      --cotangent random --cases dropout:0 dropout:1 plain:0 plain:1" bash scripts/gpu_ab.sh
-    ;;
-  det256par)
-    # pending/sm90-bwd256-det-two-chains.patch (session 40: the deterministic
-    # 256 backward's key blocks in two chains, even ones into dq_accum and
-    # odd ones into a second accumulator, each chain ordered among its own,
-    # summed in one order before the conversion; twice the scratch; carry
-    # ["ab/main41", "ab/det256par"], ~5 min; `bash scripts/ab_wheel.sh
-    # det256par pending/sm90-bwd256-det-two-chains.patch`): the
-    # deterministic tests against the wheel (bit for bit run to run, vmap,
-    # against the default and float64), then one round of jax_flash and
-    # jax_flash_deterministic at 256. Predicted, if the chain is the cost
-    # (det256_profile tells): 0.64-0.68x -> 0.75-0.85x of the default.
-    tests_against det256par 200 "deterministic" test_attention.py
-    AB_DIRS="ab/$M ab/det256par" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash jax_flash_deterministic --head-dim 256 \
-      --seqlen 1024 4096 --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
-    ;;
   det256_profile)
     # Where the deterministic 256 backward's time goes (v38: 0.64-0.68x of
     # the default, issue 21 asks >= 0.85; carry ["ab/main41"], ~4 min):
@@ -536,6 +497,58 @@ case "$stage" in
     else
       echo "dethelper_ab left for a later call (${SECONDS} s used)"
     fi
+    ;;
+  main_suite)
+    # The whole suite on main's wheel, then racecheck and synccheck on the
+    # sm90 kernels (carry ["ab/main42"], ~9.5 min; session 41 landed
+    # 366e068 on a suite of a wheel holding its kernels beside two
+    # patches it dropped).
+    suite_then_sanitizers $M ${MAIN_LIMITS:-360 470}
+    ;;
+  bias256_debug)
+    # The 256 bias tiles' non-causal failure (session 41, perf_history.md
+    # v39; carry ["ab/bias256"]: `bash scripts/ab_wheel.sh bias256
+    # pending/sm90-fwd-bias-256.patch`, ~5 min): the failing tests three
+    # times (does it fail every time, in the same elements?), the forward
+    # alone against float64 over a small matrix (T = 64 / 200, S = 64 /
+    # 128 / 264, causal or not: which block counts fail), then racecheck and
+    # synccheck on that forward alone (a race between the tile's copy and
+    # its reads, new with the overlap schedule, would show there).
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/bias256 ab/bias256/*.whl || exit 1
+    root=$(pwd)
+    for i in 1 2 3; do
+      (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/bias256 timeout 60 python3 -m pytest -q \
+        -p no:cacheprovider "$root/ab/bias256/tests/test_bias16.py" -k "1xNxTxS-256" 2>&1 | grep -E "Error:|passed|failed")
+    done
+    cat > /tmp/bias256_case.py <<'PY'
+import sys
+import jax, jax.numpy as jnp, numpy as np, jax_flash
+from jax_flash import reference
+rng = np.random.default_rng(1)
+small = len(sys.argv) > 1
+shapes = [(200, 264)] if small else [(64, 64), (64, 128), (200, 264), (128, 320), (256, 256), (200, 128)]
+for t, s in shapes:
+    for causal in (False, True):
+        q = jnp.asarray(rng.standard_normal((1, t, 2, 256)), jnp.float16)
+        k, v = (jnp.asarray(rng.standard_normal((1, s, 2, 256)), jnp.float16) for _ in range(2))
+        bias = jnp.asarray(rng.standard_normal((1, 2, t, s)), jnp.float16)
+        out = np.asarray(jax_flash.attention(q, k, v, bias, is_causal=causal), np.float64)
+        if small:
+            continue
+        want = np.asarray(reference.attention(*(np.asarray(x, np.float64) for x in (q, k, v, bias)), is_causal=causal))
+        err = np.abs(out - want)
+        bad = np.argwhere(err > 0.01 * (np.abs(want).max() + np.abs(want)))
+        rows = sorted(set(int(r) for r in bad[:, 1])) if len(bad) else []
+        print(f"T={t} S={s} causal={int(causal)}: max err {err.max():.3g}, {len(bad)} bad elements, rows {rows[:12]}")
+PY
+    for i in 1 2; do
+      (cd /tmp && PYTHONPATH=/tmp/ab_site/bias256 timeout 90 python3 /tmp/bias256_case.py 2>&1 | grep -v Warning | tail -12)
+    done
+    san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer | head -1)
+    for tool in racecheck synccheck; do
+      (cd /tmp && PYTHONPATH=/tmp/ab_site/bias256 timeout 150 "$san" --tool $tool --kernel-name regex:ForwardKernel \
+        python3 /tmp/bias256_case.py small 2>&1 | grep -E "ERROR SUMMARY|Hazard|Error|hazard" | head -8)
+    done
     ;;
   combo41_suite)
     # Session 41: one suite for five pending patches together (carry
