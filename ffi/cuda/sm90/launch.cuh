@@ -211,16 +211,11 @@ std::string LaunchForward(const AttentionParams& p, cudaStream_t stream) {
 // loaded before any is used). A bias at 256 stays on sm80's forward
 // (handlers.cu): its tiles on 64-key blocks (two stages of 80-key K and V
 // leave them no room) gave wrong non-causal results on the H200 in
-// session 41 (pending/sm90-fwd-bias-256-on-combo.patch).
+// session 41 (pending/sm90-fwd-bias-256.patch).
 template <typename Element, int kHeadDim>
 std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t stream) {
   constexpr Schedule kSchedule = FwdTraits<kHeadDim>::kDefaultSchedule;
   constexpr int kBlockN64 = kHeadDim == 256 ? 64 : 0;  // (0: the head dim's default key block)
-  if constexpr (kHeadDim == 256) {
-    if (p.features.bias)
-      return "jax_flash: " + DescribeForward(p.shape, kHeadDim) + ": a bias at head dim 256 (the sm80 forward "
-             "serves it)";
-  }
   // A bias: kMasksBias for a float32 one, kMasksBias16 for one of the
   // inputs' 16-bit dtype (its loads into S's accumulators; no soft cap with
   // either). On the H200 (session 19, sm90_check --bias, B=4 T=S=4096
@@ -228,8 +223,11 @@ std::string LaunchForwardWithFeatures(const AttentionParams& p, cudaStream_t str
   // kMasksBiasTiles (the 16-bit bias through shared memory) where
   // BiasTilesServe says TMA can read it and the device has the shared
   // memory (every 9.x part has: 231,424 of its 232,448 bytes at 128).
-  if constexpr (kHeadDim != 256) {
-    if (p.features.bias) {
+  if (p.features.bias) {
+    if constexpr (kHeadDim == 256) {
+      return "jax_flash: " + DescribeForward(p.shape, kHeadDim) + ": a bias at head dim 256 (the sm80 forward "
+             "serves it)";
+    } else {
       if (p.features.bias_type != BiasType::kAccum) {
         if (BiasTilesServe(p) && DeviceHasSmem(BiasTiles<FwdTraits<kHeadDim, 0, 2>>::kSmemBytes))
           return LaunchForwardScheduled<Element, kHeadDim, kSchedule, 0, Features::kMasksBiasTiles>(p, stream);
