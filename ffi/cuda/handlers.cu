@@ -117,7 +117,7 @@ bool Sm90ForwardTakesFeatures(const AttentionParams& p) {
   const AttentionFeatures& f = p.features;
   if (!f.bias && !f.mask) return Sm90TakesFeatures(p);
   // (A bias above 128 stays on sm80's forward: LaunchForwardWithFeatures.)
-  if ((f.bias && f.mask) || (f.bias && p.shape.head_dim > 128)) return false;
+  if (f.bias && (f.mask || p.shape.head_dim > 128)) return false;
   // A boolean mask beside the soft cap (sm90::ReadsMaskArray: key-only or
   // per query), or a key-only one (key padding) beside dropout
   // (sm90::TakesKeyMaskBeside): their variants read its bytes.
