@@ -63,7 +63,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab detdefer_suite detdefer_ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -498,6 +498,22 @@ case "$stage" in
       echo "dethelper_ab left for a later call (${SECONDS} s used)"
     fi
     ;;
+  detdefer_suite)
+    # The whole suite on main + the deterministic 256 backward's deferred
+    # dQ turn (pending/sm90-bwd256-det-deferred-pass.patch; carry
+    # ["ab/detdefer"], ~9.5 min), then racecheck and synccheck on the sm90
+    # kernels: main's own suite too (every other kernel is main's).
+    suite_then_sanitizers detdefer ${MAIN_LIMITS:-360 470}
+    ;;
+  detdefer_ab)
+    # The deferred dQ turn timed (carry ["ab/main42", "ab/detdefer"], ~4
+    # min): deterministic and default at 256 (v39: 0.63-0.68x; predicted
+    # 0.78-0.9x if the per-step fence is the cost), two rounds, then the
+    # deterministic tests against the candidate.
+    AB_DIRS="ab/$M ab/detdefer" AB_ROUNDS=${DET_ROUNDS:-2} AB_TESTS="tests/test_attention.py" AB_K="deterministic" \
+      AB_TEST_DIRS=ab/detdefer BENCH_ARGS="--impl jax_flash jax_flash_deterministic --head-dim 256 --seqlen 1024 \
+      4096 --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
+    ;;
   main_suite)
     # The whole suite on main's wheel, then racecheck and synccheck on the
     # sm90 kernels (carry ["ab/main42"], ~9.5 min; session 41 landed
@@ -516,7 +532,7 @@ case "$stage" in
     # its reads, new with the overlap schedule, would show there).
     python3 -m pip install -q --no-deps --target /tmp/ab_site/bias256 ab/bias256/*.whl || exit 1
     root=$(pwd)
-    for i in 1 2 3; do
+    for i in $(seq ${BIAS_REPS:-3}); do
       (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/bias256 timeout 60 python3 -m pytest -q \
         -p no:cacheprovider "$root/ab/bias256/tests/test_bias16.py" -k "1xNxTxS-256" 2>&1 | grep -E "Error:|passed|failed")
     done
@@ -541,12 +557,12 @@ for t, s in shapes:
         rows = sorted(set(int(r) for r in bad[:, 1])) if len(bad) else []
         print(f"T={t} S={s} causal={int(causal)}: max err {err.max():.3g}, {len(bad)} bad elements, rows {rows[:12]}")
 PY
-    for i in 1 2; do
+    for i in $(seq ${BIAS_CASE_REPS:-2}); do
       (cd /tmp && PYTHONPATH=/tmp/ab_site/bias256 timeout 90 python3 /tmp/bias256_case.py 2>&1 | grep -v Warning | tail -12)
     done
     san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer | head -1)
     for tool in racecheck synccheck; do
-      (cd /tmp && PYTHONPATH=/tmp/ab_site/bias256 timeout 150 "$san" --tool $tool --kernel-name regex:ForwardKernel \
+      (cd /tmp && PYTHONPATH=/tmp/ab_site/bias256 timeout ${BIAS_SAN_LIMIT:-150} "$san" --tool $tool --kernel-name regex:ForwardKernel \
         python3 /tmp/bias256_case.py small 2>&1 | grep -E "ERROR SUMMARY|Hazard|Error|hazard" | head -8)
     done
     ;;
