@@ -196,8 +196,9 @@ __device__ __forceinline__ void AddDqShare(const BackwardArgs& a, const float (&
 // lane 0 spins until the counter holds `target`, the arrivals of the key
 // blocks before this one in the order (8 warps each), and the warp meets
 // it at a __syncwarp (which orders the lanes' reds after lane 0's acquire);
-// after them every lane fences its reds (gpu scope, acq_rel) and, past a second
-// __syncwarp, lane 0 raises the counter with release semantics. Each
+// after them (at the next step's first products: ConsumeBackwardTile256's
+// pass_pending_turn) every lane fences its reds (gpu scope, acq_rel) and,
+// past a second __syncwarp, lane 0 raises the counter with release semantics. Each
 // accumulator element takes one add per tile (the warp's rows, the
 // warpgroup's columns), so the order of the tiles fixes every sum's
 // order: dq is the same bit for bit run to run.
@@ -297,6 +298,22 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
   [[maybe_unused]] FragmentDropout dropout{};
   if constexpr (kDropout) dropout = FragmentDropout::For(p, tile.b, 0);
 
+  // kDeterministic: the step's query block's counter (its index in
+  // dq_counters; -1: none) whose turn this warp still has to pass. The
+  // pass's fence waits until the warp's 32 reds a thread are performed at
+  // gpu scope (~an L2 round trip behind the last of them): made right
+  // after the reds, under dV and dK's products, it held each step until
+  // then (the deterministic backward ran 0.64-0.68x of the default, v38).
+  // So the pass waits for the next step's S^T and dP^T to be issued (or
+  // the tile's end), and the fence drains what is left under them. The
+  // next key block's warps wait about a step longer for each query block;
+  // no wait of this warp comes before the pass (the next step's copies
+  // depend on this block's consumers only), so no cycle of waits.
+  [[maybe_unused]] int pending_turn = -1;
+  auto pass_pending_turn = [&] {
+    if constexpr (kDeterministic)
+      if (pending_turn >= 0) PassDqTurn(dq_counters + pending_turn, lane), pending_turn = -1;
+  };
   // The step's dQ share (its product done) into the accumulator.
   auto send_dq = [&](const float (&dq)[kColumns / 2], int m0) {
     if constexpr (kDeterministic) {
@@ -306,12 +323,12 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
       // (a.keys_descending), n + 1 .. the last key block that visits it
       // (causal: the one on its diagonal, m0 / 64).
       const int m_blocks = (a.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-      int* const counter = dq_counters + (tile.b * a.num_heads + step_h) * m_blocks + m0 / Tr::kBlockM;
+      const int counter = (tile.b * a.num_heads + step_h) * m_blocks + m0 / Tr::kBlockM;
       const int last = a.is_causal ? min(a.key_blocks - 1, m0 / Tr::kBlockN) : a.key_blocks - 1;
       const int earlier = a.keys_descending ? last - tile.n_block : tile.n_block;
-      WaitDqTurn(counter, Tr::kConsumerWarps * earlier, lane);
+      WaitDqTurn(dq_counters + counter, Tr::kConsumerWarps * earlier, lane);
       AddDqShare<Tr>(a, dq, tile.b, step_h, m0, col0, warp, g, t);
-      PassDqTurn(counter, lane);
+      pending_turn = counter;  // (passed under the next step's first products: pass_pending_turn)
     } else {
       AddDqShare<Tr>(a, dq, tile.b, step_h, m0, col0, warp, g, t);
     }
@@ -337,6 +354,7 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
     WgmmaFence();
     KeysTimesRowsT<Tr, Element, kHalf>(dpt, base + Tr::kVOffset, do_tile + half0 * 128);
     WgmmaCommit();
+    pass_pending_turn();  // (kDeterministic: the previous step's, under S^T and dP^T)
     // kPolicy: the step's visibility bits while S^T and dP^T run (as
     // step_p's), shifted so that this warpgroup's queries (columns half0 /
     // 8 + j of FeatureStepMask's rows) sit at j.
@@ -729,6 +747,7 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
   } else {
     for_each_step([&](int i) { step_ds(i); });
   }
+  pass_pending_turn();  // (kDeterministic: the tile's last step's)
 
   // dK, dV through shared memory (KeyRowPiece, as the 64 / 128 kernels'
   // epilogue): warpgroup w stages its column half of the block's 64 rows in
