@@ -63,7 +63,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab check256 detdefer_suite detdefer_ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab tiles256 check256 detdefer_suite detdefer_ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -525,6 +525,15 @@ case "$stage" in
     (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/$M timeout 150 \
       python3 "$OLDPWD/pending/check_256_blocks.py" 2>&1 | grep -v "Warn\|astype\|jnp.asarray" | tail -70)
     (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/bias256 timeout 90 \
+      python3 "$OLDPWD/pending/check_256_blocks.py" tiles256 2>&1 | grep -v "Warn\|astype\|jnp.asarray" | tail -30)
+    ;;
+  tiles256)
+    # The bias tiles at 256 with the proxy fence (carry ["ab/bias256fence"],
+    # ~1 min): every case of check_256_blocks.py's tiles256 (5 .. 64 key
+    # blocks, three times each, and the 64 / 128 tiles over 32 blocks).
+    w=${TILES_WHEEL:-bias256fence}
+    python3 -m pip install -q --no-deps --target /tmp/ab_site/$w ab/$w/*.whl || exit 1
+    (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/$w timeout 150 \
       python3 "$OLDPWD/pending/check_256_blocks.py" tiles256 2>&1 | grep -v "Warn\|astype\|jnp.asarray" | tail -30)
     ;;
   main_suite)
