@@ -1,27 +1,23 @@
 #!/usr/bin/env bash
 # The device plan, in order (each call ~4-8 minutes of wall time; the
 # first adds ~85 s of cold start; a warm machine goes back after 30 s
-# idle, so issue the calls back to back). Session 41 ran combo41_suite and
-# combo41_ab (perf_history.md v39: the helper warp and the 256 forward's
-# masks and dropout landed as 366e068; the two chains dropped; the 256
-# bias tiles wrong non-causal) after five failed starts and six refusals
-# over ~65 minutes (811 s of the budget). Lessons kept: a failed start
-# costs 90-180 s, a refusal while none_now holds 15 s: read `status`
-# first and wait out none_now; once a machine is warm, issue the next
-# call at once. Next, on main's wheel (rebuild first: `bash
-# scripts/ab_wheel.sh main42` on main's HEAD, MAIN_WHEEL=main42;
-# AB_PYTHON=/root/.pyenv/versions/3.12.1/bin/python3.12):
-#   1. bash pending/session31.sh main_suite   carry ab/main42   (~9.5 min)
-#      (v39's suite ran on a wheel holding the landed kernels beside the
-#      dropped ones; racecheck's tool died there)
-#   2. bash pending/session31.sh bias256_debug   carry ab/bias256   (~5 min)
-#   3. bash pending/session31.sh grid36   carry ab/main42 .peers   (~9 min)
-#      (the standard grid beside cuDNN and FA3, then T = 131072 / 262144
-#      with the memory line: issues 20 and 21's closing run, owed since v35)
-#   4. bash pending/session31.sh features36   carry ab/main42 .peers   (~6 min)
-#   5. bash pending/session31.sh e2e   carry ab/main42 .peers
-#   6. bash pending/session31.sh det256_profile   carry ab/main42
-#   7. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
+# idle, so issue the calls back to back). Session 42 (perf_history.md
+# v40, on an H100: no H200 came) ran detdefer_ab, bias256_debug,
+# detdefer_suite (the whole suite on main + the deferred deterministic
+# turn, which landed), check256, the grid's 128 / 256 points and the long
+# sequences. Lessons kept: a failed start costs 90-180 s, a refusal
+# while none_now holds 15 s: read `status` first and wait out none_now;
+# when the kind flips to nvidia-h100-x1, a call without `kind` takes the
+# H100; once a machine is warm, issue the next call at once. Next:
+#   1. bash pending/session31.sh tiles256 fence_ab   carry ab/bias256fence ab/main42   (~6 min)
+#      (the 256 bias tiles with the proxy fence: right from the fifth key
+#      block on? the fence's cost at 64 / 128, the tiles' speed at 256)
+#   2. bash pending/session31.sh bias256fence_suite   carry ab/bias256fence   (~9.5 min)
+#      (lands pending/sm90-fwd-bias-256.patch + sm90-bias-tiles-proxy-fence.patch)
+#   3. bash pending/session31.sh det256_profile   carry ab/main42   (~4 min)
+#   4. bash pending/session31.sh grid36   carry ab/main42 .peers   (~9 min, on an H200)
+#   5. bash pending/session31.sh features36 / e2e   carry ab/main42 .peers
+#   6. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
 # (30 device minutes a session: 1-2 fit one session with their suites.)
 # ab/main is 78e438f (ab24e31's kernels; softcap_poly's baseline, the
 # poly wheels being on it), the rest named here on older mains (good for
@@ -63,7 +59,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab tiles256 check256 detdefer_suite detdefer_ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab fence_ab bias256fence_suite tiles256 check256 detdefer_suite detdefer_ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -526,6 +522,19 @@ case "$stage" in
       python3 "$OLDPWD/pending/check_256_blocks.py" 2>&1 | grep -v "Warn\|astype\|jnp.asarray" | tail -70)
     (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/ab_site/bias256 timeout 90 \
       python3 "$OLDPWD/pending/check_256_blocks.py" tiles256 2>&1 | grep -v "Warn\|astype\|jnp.asarray" | tail -30)
+    ;;
+  fence_ab)
+    # The proxy fence's cost and the 256 tiles' speed (carry ["ab/main42",
+    # "ab/bias256fence"], ~4 min): a bf16 bias [1, N, T, S] at 64 / 128
+    # (the landed tiles, now fenced: predicted <= 1% slower) and 256 (sm80's
+    # forward against the tiles: v39 4.3-4.7x), two rounds.
+    AB_DIRS="ab/$M ab/bias256fence" AB_ROUNDS=${FENCE_ROUNDS:-2} BENCH_ARGS="--impl jax_flash --head-dim 64 128 256 \
+      --seqlen 4096 --cotangent random --cases bias:0 bias:1 plain:0" bash scripts/gpu_ab.sh
+    ;;
+  bias256fence_suite)
+    # The whole suite on main + the 256 bias tiles + the proxy fence (carry
+    # ["ab/bias256fence"], ~9.5 min), then racecheck and synccheck: lands both.
+    suite_then_sanitizers bias256fence ${MAIN_LIMITS:-360 470}
     ;;
   tiles256)
     # The bias tiles at 256 with the proxy fence (carry ["ab/bias256fence"],
