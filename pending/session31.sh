@@ -12,8 +12,10 @@
 #   1. bash pending/session31.sh tiles256 fence_ab   carry ab/bias256fence ab/main42   (~6 min)
 #      (the 256 bias tiles with the proxy fence: right from the fifth key
 #      block on? the fence's cost at 64 / 128, the tiles' speed at 256)
-#   2. bash pending/session31.sh bias256fence_suite   carry ab/bias256fence   (~9.5 min)
-#      (lands pending/sm90-fwd-bias-256.patch + sm90-bias-tiles-proxy-fence.patch)
+#   2. bash pending/session31.sh biasbwd256_suite   carry ab/biasbwd256   (~9.5 min)
+#      (lands pending/sm90-fwd-bias-256.patch + sm90-bias-tiles-proxy-fence.patch
+#      + sm90-bwd-bias-256.patch; bias256fence_suite without the last if it fails)
+#   2b. bash pending/session31.sh biasbwd256_ab   carry ab/main42 ab/biasbwd256   (~4 min)
 #   3. bash pending/session31.sh det256_profile   carry ab/main42   (~4 min)
 #   4. bash pending/session31.sh grid36   carry ab/main42 .peers   (~9 min, on an H200)
 #   5. bash pending/session31.sh features36 / e2e   carry ab/main42 .peers
@@ -59,7 +61,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab fence_ab bias256fence_suite tiles256 check256 detdefer_suite detdefer_ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab biasbwd256_ab biasbwd256_suite fence_ab bias256fence_suite tiles256 check256 detdefer_suite detdefer_ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -535,6 +537,20 @@ case "$stage" in
     # The whole suite on main + the 256 bias tiles + the proxy fence (carry
     # ["ab/bias256fence"], ~9.5 min), then racecheck and synccheck: lands both.
     suite_then_sanitizers bias256fence ${MAIN_LIMITS:-360 470}
+    ;;
+  biasbwd256_ab)
+    # The 256 backward's bias variants (carry ["ab/main42", "ab/biasbwd256"],
+    # ~4 min): a bf16 bias [1, N, T, S] and a float32 one at 256, fwd / bwd
+    # (sm80's forward and backward on main42; the tiles forward and
+    # kMasksBias16 / kMasksBias backward on the candidate), and plain.
+    AB_DIRS="ab/$M ab/biasbwd256" AB_ROUNDS=${BIAS_ROUNDS:-1} BENCH_ARGS="--impl jax_flash --head-dim 256 \
+      --seqlen 4096 1024 --cotangent random --cases bias:0 bias:1 plain:0" bash scripts/gpu_ab.sh
+    ;;
+  biasbwd256_suite)
+    # The whole suite on main + the 256 forward's bias tiles + the proxy
+    # fence + the 256 backward's bias variants (carry ["ab/biasbwd256"],
+    # ~9.5 min), then racecheck and synccheck: lands the three.
+    suite_then_sanitizers biasbwd256 ${MAIN_LIMITS:-360 470}
     ;;
   tiles256)
     # The bias tiles at 256 with the proxy fence (carry ["ab/bias256fence"],
