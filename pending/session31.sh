@@ -16,7 +16,7 @@
 #      (lands pending/sm90-fwd-bias-256.patch + sm90-bias-tiles-proxy-fence.patch
 #      + sm90-bwd-bias-256.patch; bias256fence_suite without the last if it fails)
 #   2b. bash pending/session31.sh biasbwd256_ab   carry ab/main42 ab/biasbwd256   (~4 min)
-#   3. bash pending/session31.sh det256_profile   carry ab/main42   (~4 min)
+#   3. bash pending/session31.sh det256_parts det256_profile   carry ab/detdefer ab/detnowait ab/detnowaitnopass ab/main42   (~9 min)
 #   4. bash pending/session31.sh grid36   carry ab/main42 .peers   (~9 min, on an H200)
 #   5. bash pending/session31.sh features36 / e2e   carry ab/main42 .peers
 #   6. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
@@ -61,7 +61,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab biasbwd256_ab biasbwd256_suite fence_ab bias256fence_suite tiles256 check256 detdefer_suite detdefer_ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab det256_parts biasbwd256_ab biasbwd256_suite fence_ab bias256fence_suite tiles256 check256 detdefer_suite detdefer_ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -537,6 +537,18 @@ case "$stage" in
     # The whole suite on main + the 256 bias tiles + the proxy fence (carry
     # ["ab/bias256fence"], ~9.5 min), then racecheck and synccheck: lands both.
     suite_then_sanitizers bias256fence ${MAIN_LIMITS:-360 470}
+    ;;
+  det256_parts)
+    # Where the deterministic 256 backward's time goes, by removal (carry
+    # ["ab/detdefer", "ab/detnowait", "ab/detnowaitnopass"], ~5 min; the
+    # two candidates are A/B builds, not for landing:
+    # pending/ab-det256-nowait.patch drops each step's wait for its turn,
+    # ab-det256-nowait-nopass.patch the pass too, leaving the default's
+    # work in the deterministic kernel's split and tile order). main's
+    # (ab/detdefer) 0.61-0.68 of the default on the H100: what each part
+    # costs, before det256_profile says why.
+    AB_DIRS="ab/detdefer ab/detnowait ab/detnowaitnopass" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash \
+      jax_flash_deterministic --head-dim 256 --seqlen 1024 4096 --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
     ;;
   biasbwd256_ab)
     # The 256 backward's bias variants (carry ["ab/main42", "ab/biasbwd256"],
