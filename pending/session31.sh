@@ -18,6 +18,7 @@
 #   2b. bash pending/session31.sh biasbwd256_ab   carry ab/main42 ab/biasbwd256   (~4 min)
 #   3. bash pending/session31.sh det256_parts det256_profile   carry ab/detdefer ab/detnowait ab/detnowaitnopass ab/main42   (~9 min)
 #   4. bash pending/session31.sh grid36   carry ab/main42 .peers   (~9 min, on an H200)
+#   4b. bash pending/session31.sh long_profile   carry ab/main42   (~4 min)
 #   5. bash pending/session31.sh features36 / e2e   carry ab/main42 .peers
 #   6. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
 # (30 device minutes a session: 1-2 fit one session with their suites.)
@@ -61,7 +62,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab det256_parts biasbwd256_ab biasbwd256_suite fence_ab bias256fence_suite tiles256 check256 detdefer_suite detdefer_ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab long_profile det256_parts biasbwd256_ab biasbwd256_suite fence_ab bias256fence_suite tiles256 check256 detdefer_suite detdefer_ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -537,6 +538,15 @@ case "$stage" in
     # The whole suite on main + the 256 bias tiles + the proxy fence (carry
     # ["ab/bias256fence"], ~9.5 min), then racecheck and synccheck: lands both.
     suite_then_sanitizers bias256fence ${MAIN_LIMITS:-360 470}
+    ;;
+  long_profile)
+    # Why the causal backward at T = 131072 runs 0.86x of FA3 when T =
+    # 16384 runs 0.93x (v40, H100; carry ["ab/main42"], ~4 min): Nsight
+    # Compute on BackwardKernel at both (L2 hit rate, DRAM throughput, the
+    # stall reasons). A whole head's Q, dO and float32 dQ rows are 128 MiB
+    # at 131072 (16 MiB at 16384), over the L2's 50-60 MiB: do the blocks
+    # in flight keep to a band of rows, or re-read them from HBM?
+    profile_against $M 200 "long_grad_16384:BackwardKernel long_grad_131072:BackwardKernel"
     ;;
   det256_parts)
     # Where the deterministic 256 backward's time goes, by removal (carry

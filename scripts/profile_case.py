@@ -35,6 +35,10 @@ Cases (bf16, H=128, N=16; `grad` ones run the fused backward too):
                   Q is released only after both epilogues, PERF Next 4)
   det256_grad, default256_grad: det_grad and default_grad at N=8, H=256 (v38:
                   the deterministic 256 backward at 0.64-0.68x of the default)
+  long_grad_131072, long_grad_16384: B=1 T=131072 / 16384 causal, N=16, fwd+bwd
+                  (v40: the backward at 0.86x of FA3 at 131072, 0.93x at
+                  16384: its L2 hit rate and DRAM throughput, one launch of
+                  ~0.3 s at 131072)
   (default, dropout, keymask without `_grad`: their forward alone)
 scripts/profile_features.sh runs them under ncu and summarizes.
 """
@@ -50,6 +54,8 @@ import jax_flash
 case = sys.argv[1]
 grad = case.endswith("grad") or "_grad_" in case
 b, t = (16, 1024) if case.endswith("1024") else (4, 4096)
+if case.startswith("long"):
+    b, t = 1, int(case.rsplit("_", 1)[1])
 n, h = (8, 256) if "256" in case else (16, 128)
 rng = np.random.default_rng(0)
 q, k, v = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16) for _ in range(3))
