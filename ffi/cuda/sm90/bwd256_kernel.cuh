@@ -303,9 +303,10 @@ __device__ __forceinline__ void ConsumeBackwardTile256(const BackwardArgs& a, co
   // pass's fence waits until the warp's 32 reds a thread are performed at
   // gpu scope (~an L2 round trip behind the last of them): made right
   // after the reds, under dV and dK's products, it held each step until
-  // then (the deterministic backward ran 0.64-0.68x of the default, v38).
-  // So the pass waits for the next step's S^T and dP^T to be issued (or
-  // the tile's end), and the fence drains what is left under them. The
+  // then. So the pass waits for the next step's S^T and dP^T to be issued
+  // (or the tile's end), and the fence drains what is left under them
+  // (v40, H100: 1.04-1.08x; the kernel is still 0.61-0.68x of the default,
+  // its time mostly elsewhere: pending/session31.sh's det256_parts). The
   // next key block's warps wait about a step longer for each query block;
   // no wait of this warp comes before the pass (the next step's copies
   // depend on this block's consumers only), so no cycle of waits.
