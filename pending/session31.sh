@@ -9,16 +9,19 @@
 # while none_now holds 15 s: read `status` first and wait out none_now;
 # when the kind flips to nvidia-h100-x1, a call without `kind` takes the
 # H100; once a machine is warm, issue the next call at once. Next:
-#   1. bash pending/session31.sh tiles256 fence_ab   carry ab/bias256fence ab/main42   (~6 min)
-#      (the 256 bias tiles with the proxy fence: right from the fifth key
-#      block on? the fence's cost at 64 / 128, the tiles' speed at 256)
-#   2. bash pending/session31.sh biasbwd256_suite   carry ab/biasbwd256   (~9.5 min)
-#      (lands pending/sm90-fwd-bias-256.patch + sm90-bias-tiles-proxy-fence.patch
-#      + sm90-bwd-bias-256.patch; bias256fence_suite without the last if it fails)
-#   2b. bash pending/session31.sh biasbwd256_ab   carry ab/main42 ab/biasbwd256   (~4 min)
-#   3. bash pending/session31.sh det256_parts det256_profile   carry ab/detdefer ab/detnowait ab/detnowaitnopass ab/main42   (~9 min)
-#   4. bash pending/session31.sh grid36   carry ab/main42 .peers   (~9 min, on an H200)
-#   4b. bash pending/session31.sh long_profile   carry ab/main42   (~4 min)
+#   1. bash pending/session31.sh biasbwd256_suite   carry ab/biasbwd256   (~9.5 min)
+#      (the whole suite on main + the 256 forward's bias tiles + the proxy
+#      fence + the 256 backward's bias variants; its test_bias16 runs the
+#      256 tiles over 16 key blocks, where they failed at random without the
+#      fence. Green: land pending/sm90-fwd-bias-256.patch,
+#      sm90-bias-tiles-proxy-fence.patch, sm90-bwd-bias-256.patch; red in
+#      the tiles only: `tiles256` on ab/bias256fence says whether the fence
+#      is the fix)
+#   2. bash pending/session31.sh bias_ab det256_parts   carry ab/main42 ab/biasbwd256 ab/detdefer ab/detnowait ab/detnowaitnopass   (~9 min)
+#      (the fence's cost at 64 / 128, the 256 forward's tiles and backward's
+#      bias against sm80's; the deterministic 256's parts)
+#   3. bash pending/session31.sh grid36   carry ab/main42 .peers   (~9 min, on an H200)
+#   4. bash pending/session31.sh long_profile det256_profile   carry ab/main42   (~8 min)
 #   5. bash pending/session31.sh features36 / e2e   carry ab/main42 .peers
 #   6. bash pending/session31.sh softcap_poly       carry ab/main ab/plaintx ab/poly4 ab/poly2
 # (30 device minutes a session: 1-2 fit one session with their suites.)
@@ -62,7 +65,7 @@
 set -uo pipefail
 # Several stages run in one call in the order given (each call starts cold,
 # ~85 s of the budget): e.g. `bash pending/session31.sh bwd256 dethelper`.
-[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab long_profile det256_parts biasbwd256_ab biasbwd256_suite fence_ab bias256fence_suite tiles256 check256 detdefer_suite detdefer_ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash pending/session31.sh STAGE... (ab bias_ab long_profile det256_parts biasbwd256_ab biasbwd256_suite fence_ab bias256fence_suite tiles256 check256 detdefer_suite detdefer_ab main_suite bias256_debug combo41_suite combo41_ab det256_profile dethelper_suite stack40_ab stack40_suite rangebits bwd256 bwd256_suite dethelper dethelper_ab e2e packed_profile dropout_profile softcap_poly classwarp classwarp_suite masks256 masks256_suite epi256 epi256_suite features36 grid36 packed_fwd_profile sanitize_all stepclass stepclass_suite t1024_profile window_profile)"; exit 2; }
 export OUT=${OUT:-/tmp/gpu_out}
 # Main's wheel (scripts/ab_wheel.sh NAME on main's HEAD): the harness,
 # profile and baseline stages time it.
@@ -559,6 +562,16 @@ case "$stage" in
     # costs, before det256_profile says why.
     AB_DIRS="ab/detdefer ab/detnowait ab/detnowaitnopass" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash \
       jax_flash_deterministic --head-dim 256 --seqlen 1024 4096 --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
+    ;;
+  bias_ab)
+    # The three 256 bias patches against main (carry ["ab/main42",
+    # "ab/biasbwd256"], ~4 min, one round): a bf16 bias [1, N, T, S] at 64
+    # / 128 (the landed tiles, now fenced: predicted <= 1% slower), at 256
+    # (sm80's forward and backward on main42; the tiles forward, v39
+    # 4.3-4.7x, and Backward256Kernel's kMasksBias16, predicted 0.75-0.85
+    # of plain from 0.39), and plain at each.
+    AB_DIRS="ab/$M ab/biasbwd256" AB_ROUNDS=${BIAS_ROUNDS:-1} BENCH_ARGS="--impl jax_flash --head-dim 64 128 256 \
+      --seqlen 4096 --cotangent random --cases bias:0 bias:1 plain:0" bash scripts/gpu_ab.sh
     ;;
   biasbwd256_ab)
     # The 256 backward's bias variants (carry ["ab/main42", "ab/biasbwd256"],
