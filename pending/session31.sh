@@ -17,7 +17,7 @@
 #      sm90-bias-tiles-proxy-fence.patch, sm90-bwd-bias-256.patch; red in
 #      the tiles only: `tiles256` on ab/bias256fence says whether the fence
 #      is the fix)
-#   2. bash pending/session31.sh bias_ab det256_parts   carry ab/main42 ab/biasbwd256 ab/detdefer ab/detnowait ab/detnowaitnopass   (~9 min)
+#   2. bash pending/session31.sh bias_ab det256_parts   carry ab/main42 ab/biasbwd256 ab/detdefer ab/detpassatsend ab/detnowait ab/detnowaitnopass   (~10 min)
 #      (the fence's cost at 64 / 128, the 256 forward's tiles and backward's
 #      bias against sm80's; the deterministic 256's parts)
 #   3. bash pending/session31.sh grid36   carry ab/main42 .peers   (~9 min, on an H200)
@@ -553,14 +553,18 @@ case "$stage" in
     ;;
   det256_parts)
     # Where the deterministic 256 backward's time goes, by removal (carry
-    # ["ab/detdefer", "ab/detnowait", "ab/detnowaitnopass"], ~5 min; the
+    # ["ab/detdefer", "ab/detpassatsend", "ab/detnowait", "ab/detnowaitnopass"], ~6 min; the
     # two candidates are A/B builds, not for landing:
     # pending/ab-det256-nowait.patch drops each step's wait for its turn,
     # ab-det256-nowait-nopass.patch the pass too, leaving the default's
     # work in the deterministic kernel's split and tile order). main's
     # (ab/detdefer) 0.61-0.68 of the default on the H100: what each part
     # costs, before det256_profile says why.
-    AB_DIRS="ab/detdefer ab/detnowait ab/detnowaitnopass" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash \
+    # ab/detpassatsend (pending/sm90-bwd256-det-pass-at-send.patch, a
+    # candidate to land): the pass a whole step after its reds, at the
+    # next send, when they have drained (predicted 1.1-1.2x if the fence's
+    # drain is what the nowait-nopass build gains over nowait).
+    AB_DIRS="ab/detdefer ab/detpassatsend ab/detnowait ab/detnowaitnopass" AB_ROUNDS=1 BENCH_ARGS="--impl jax_flash \
       jax_flash_deterministic --head-dim 256 --seqlen 1024 4096 --causal 0 1 --cotangent random" bash scripts/gpu_ab.sh
     ;;
   bias_ab)
