@@ -548,7 +548,16 @@ case "$stage" in
     # Compute on BackwardKernel at both (L2 hit rate, DRAM throughput, the
     # stall reasons). A whole head's Q, dO and float32 dQ rows are 128 MiB
     # at 131072 (16 MiB at 16384), over the L2's 50-60 MiB: do the blocks
-    # in flight keep to a band of rows, or re-read them from HBM?
+    # in flight keep to a band of rows, or re-read them from HBM? A second
+    # suspect (session 42, on paper): past the first wave every tile of a
+    # head starts as the one before it ends, 2 query blocks further on and
+    # 2 steps shorter, so at 131072 the tiles in flight walk the SAME query
+    # block in step (key block n starts at query block 2n, lasts 2048 - 2n
+    # steps), and their dQ reduce-adds meet on the same 32 KiB of the
+    # accumulator at once: look at the L2's red / atomic throughput and the
+    # bulk-reduce waits. At 16384 the first wave is the whole head, its
+    # tiles 2 blocks apart. A fix would stagger the walks a little (a few
+    # blocks per tile, keeping one band for L2), not spread them.
     profile_against $M 200 "long_grad_16384:BackwardKernel long_grad_131072:BackwardKernel"
     ;;
   det256_parts)
