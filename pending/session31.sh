@@ -557,7 +557,12 @@ case "$stage" in
     # accumulator at once: look at the L2's red / atomic throughput and the
     # bulk-reduce waits. At 16384 the first wave is the whole head, its
     # tiles 2 blocks apart. A fix would stagger the walks a little (a few
-    # blocks per tile, keeping one band for L2), not spread them.
+    # blocks per tile, keeping one band for L2), not spread them. (FA3's
+    # backward LPT scheduler, hopper/tile_scheduler.hpp, sizes its sections
+    # to 40 MB of Q, dO and dQ accumulator per (head, batch): at 131072 one
+    # head is 128 MiB, so its order is ours, key blocks of one head in
+    # order, each walking up from its diagonal; so the order alone does not
+    # explain the gap.)
     profile_against $M 200 "long_grad_16384:BackwardKernel long_grad_131072:BackwardKernel"
     ;;
   det256_parts)
